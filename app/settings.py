@@ -1,0 +1,72 @@
+"""Service settings: one pydantic-settings class, environment prefix ``RAGSPEC_``.
+
+Only ``app`` reads this object; library packages get small frozen config dataclasses built from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+BUNDLED = "bundled"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RAGSPEC_", env_file=None, extra="ignore")
+
+    data_dir: Path = Field(Path("data"), description="Documents, indexes, KV cache and converted models")
+    host: str = Field("127.0.0.1", description="Bind address of `ragspec serve`")
+    port: int = Field(8000, ge=1, le=65535, description="Port of `ragspec serve`")
+    log_level: str = Field("INFO", description="Python logging level")
+
+    redis_url: str | None = Field(
+        None, description="redis://host:port/db for sessions and the cross-session draft cache; in-process when unset"
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated Bearer keys; each key is a tenant. Empty: no auth"
+    )
+
+    target_model: str = Field(BUNDLED, description="Target LLM: 'bundled' (SmolLM2-135M), a local HF dir or hub id")
+    drafter_model: str = Field(BUNDLED, description="RAPID drafter LM (same vocabulary as the target)")
+    embedding_model: str = Field(BUNDLED, description="'bundled' (all-MiniLM-L6-v2), a local dir or hub id")
+    embedding_kind: Literal["auto", "bge-m3", "flag"] = Field(
+        "auto", description="bge-m3 (BGEM3FlagModel) or flag (FlagModel, mean pooling); auto picks by name"
+    )
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
+
+    chunk_tokens: int = Field(512, ge=16, le=8192, description="Chunk size in target tokens")
+    chunk_overlap: int = Field(0, ge=0, description="Chunk overlap in tokens")
+    retrieval_threshold: float | None = Field(
+        None, description="Similarity threshold (default 0.3 for BGE-M3, calibrated for the bundled embedder)"
+    )
+    retrieval_budget_cap: int = Field(8192, ge=256, description="Cap on the RAG context budget max(L/24, 4096)")
+    retrieval_top_k: int = Field(16, ge=1, le=256, description="Hits considered per question")
+
+    max_upload_mb: float = Field(50.0, gt=0, description="Largest accepted upload (MB) -> 413 above")
+    max_question_chars: int = Field(4000, ge=1, description="Longest accepted question -> 422 above")
+    max_document_ids: int = Field(16, ge=1, description="Most documents per question")
+    max_new_tokens: int = Field(1024, ge=1, description="Upper bound on max_tokens per answer")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
+    queue_size: int = Field(8, ge=0, description="Waiting generations beyond the running one -> 429 above")
+
+    kv_cache_bytes: int = Field(2 << 30, ge=0, description="Byte budget of the document KV cache (LRU)")
+    kv_cache_persist: bool = Field(True, description="Persist document KV caches to disk across restarts")
+    draft_budget_max: int = Field(64, ge=0, le=512, description="Most draft-tree nodes per verify step")
+    session_ttl_s: int = Field(24 * 3600, ge=60, description="Session history lifetime")
+    draft_cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Cross-session draft cache TTL")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"

@@ -1,0 +1,103 @@
+"""Incremental detokenization and stop strings for streaming.
+
+Byte-level BPE tokens can split a multi-byte character, and many tokenizers fold a leading space into
+the token, so decoding tokens one by one loses spaces or emits broken characters. We decode a small
+window of recent tokens twice (with and without the new ones) and emit only the difference, holding
+text back while it ends in an incomplete character (U+FFFD).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas that concatenate to ``decode(all_ids)``."""
+
+    def __init__(self, tokenizer: Any, context: int = 6) -> None:
+        self.tokenizer = tokenizer
+        self.context = context
+        self.ids: list[int] = []
+        self._prefix = 0  # window start: tokens before it are already emitted and never re-decoded
+        self._read = 0  # tokens up to here are emitted
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add tokens; return the newly complete text (possibly empty)."""
+        self.ids.extend(int(i) for i in ids)
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
+        if after.endswith(REPLACEMENT):  # incomplete multi-byte character: wait for more tokens
+            return ""
+        if not after.startswith(before):  # a merge rewrote the window (rare): resynchronise
+            return self._resync()
+        delta = after[len(before) :]
+        self._read = len(self.ids)
+        self._prefix = max(self._prefix, self._read - self.context)
+        return delta
+
+    def _resync(self) -> str:
+        # Extremely rare with byte-level BPE; emit what the full decode adds beyond what was emitted.
+        full = self._decode(self.ids)
+        emitted = self._decode(self.ids[: self._read])
+        self._read = len(self.ids)
+        self._prefix = max(0, self._read - self.context)
+        return full[len(emitted) :] if full.startswith(emitted) else ""
+
+    def flush(self) -> str:
+        """Text still held back at the end (e.g. a dangling partial character)."""
+        if self._read == len(self.ids):
+            return ""
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
+        self._read = len(self.ids)
+        return after[len(before) :] if after.startswith(before) else ""
+
+
+class StopMatcher:
+    """Streams text while holding back any tail that could still become a stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.text = ""  # everything seen
+        self.emitted = 0  # chars of ``text`` already released
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Add text; return what may be released now. Sets ``stopped`` when a stop string appears."""
+        if self.stopped:
+            return ""
+        self.text += delta
+        if not self.stops:
+            out = self.text[self.emitted :]
+            self.emitted = len(self.text)
+            return out
+        search_from = max(0, self.emitted - max(len(s) for s in self.stops))
+        cut = min((i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            out = self.text[self.emitted : cut]
+            self.text = self.text[:cut]
+            self.emitted = cut
+            return out
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        safe = len(self.text) - hold
+        out = self.text[self.emitted : safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return out
+
+    def finish(self) -> str:
+        """Release the held-back tail at the end of generation."""
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out

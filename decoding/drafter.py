@@ -1,0 +1,81 @@
+"""The ``Drafter`` protocol: anything that proposes a draft tree below the root each step.
+
+The engine never knows who drafted: it asks every drafter for a tree, merges them in the order given,
+verifies once, and reports the outcome back to every drafter through ``observe``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from decoding.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """What a drafter may learn from the target's prompt at the start of a request.
+
+    ``prompt_topk`` (optional) holds the target's top-k next-token ids at every prompt position
+    (``[len(prompt_ids), k]`` long, row j predicts position j + 1), computed once per document prefix.
+    """
+
+    prompt_ids: Sequence[int]
+    prompt_topk: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One step's question to a drafter.
+
+    ``root`` is the token already decided by the target and not yet verified in the KV cache;
+    ``generated`` holds every generated token so far, ``root`` last. ``budget`` is the most unique nodes
+    this drafter's tree may hold (excluding the root).
+    """
+
+    root: int
+    generated: Sequence[int]
+    budget: int
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What one verify pass found, reported to every drafter.
+
+    ``tree`` is the merged tree that was verified; ``accepted_nodes`` the accepted node indices (root
+    excluded) in path order; ``new_tokens`` the tokens appended to the output by this step: the accepted
+    node tokens followed by the next root (bonus / recovered token). ``node_topk`` is the target's
+    top-k prediction after the root (row 0) and after every node (row i + 1), ``[n + 1, k]`` long:
+    rejected nodes included, for logit-cue tables.
+    """
+
+    root: int
+    tree: DraftTree
+    accepted_nodes: Sequence[int]
+    new_tokens: Sequence[int]
+    node_topk: torch.Tensor
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A source of draft tokens. ``name`` labels its nodes in stats (``accepted_by_source``)."""
+
+    name: str
+
+    def begin(self, prompt: PromptInfo) -> None:
+        """Start a request over ``prompt`` (called once, after the target's prefill)."""
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        """Return a tree of at most ``request.budget`` nodes below ``request.root`` (may be empty)."""
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        """Learn from a verify step (accepted tokens, target top-k at every node)."""
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        """The request finished with ``output_ids`` (generated tokens); persist what is worth keeping."""
+
+    def reset(self) -> None:
+        """Drop all per-request state."""

@@ -1,0 +1,374 @@
+"""The engine: prefill (with the shared document prefix cache), then autoregressive or speculative decoding.
+
+A ladder of small steps, gpt-fast style:
+
+    prefill -> first root -> [propose -> merge -> verify forward -> accept -> compact KV -> observe]* -> done
+
+Every step verifies ``root + draft tree`` in one target forward with a tree attention mask on top of the
+cached prefix. With no drafters (or a budget of 0) the tree is empty and the step is one plain
+autoregressive forward, so the baseline and speculative decoding share every line but the drafting.
+The engine never branches on who drafted: it merges whatever trees the drafters return.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from decoding.budget import BudgetPolicy, BudgetState
+from decoding.detokenize import IncrementalDetokenizer, StopMatcher
+from decoding.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
+from decoding.errors import ContextTooLong
+from decoding.generation import DoneEvent, GenerationConfig, GenerationEvent, Prompt, SamplingParams, TokenEvent
+from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, prefix_cache_key
+from decoding.stats import GenerationStats
+from decoding.tree import DraftTree, merge_trees, tree_layout
+from decoding.verify import Verdict, target_probs, verify_greedy, verify_sampling
+
+logger = logging.getLogger(__name__)
+
+
+class TargetModel(Protocol):
+    """What the engine needs of a loaded target (``decoding.models.LoadedModel`` satisfies it)."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    prefill_chunk: int = 1024  # tokens per prefill forward (bounds attention memory)
+    node_topk: int = 8  # target top-k recorded for every verified node (drafters' logit cues)
+    prompt_topk: int = 0  # >0: also record the target's top-k at every prompt position (RACER)
+    max_budget: int = 64  # most draft nodes per step
+
+
+class Engine:
+    """Runs one generation at a time (callers serialise access; the app queues requests)."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        prefix_cache: PrefixCache | None = None,
+        policy: BudgetPolicy | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.target = target
+        self.model = target.model
+        self.prefix_cache = prefix_cache
+        self.config = config or EngineConfig()
+        self.policy = policy or BudgetPolicy(max_budget=self.config.max_budget)
+        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.eos = set(target.eos_token_ids)
+        self._float_dtype = next(self.model.parameters()).dtype
+
+    @property
+    def max_context(self) -> int:
+        return int(self.target.max_context)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.target.device)
+
+    # ---- forwards ---------------------------------------------------------------------------------
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,  # [1, n]
+        cache: SlotCache,
+        position_ids: torch.Tensor | None = None,  # [1, n]
+        mask: torch.Tensor | None = None,  # [1, 1, n, L + n] additive
+        all_logits: bool = True,
+    ) -> torch.Tensor:
+        start = cache.length
+        n = input_ids.shape[1]
+        cache_position = torch.arange(start, start + n, device=self.device)
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        kwargs: dict[str, Any] = {}
+        if not all_logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            cache_position=cache_position,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[0]  # type: ignore[no-any-return]
+
+    def _prefill(self, ids: Sequence[int], cache: SlotCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ``ids`` into ``cache``; return the last logits ``[vocab]`` and top-k ``[n, k]`` if configured."""
+        k = self.config.prompt_topk
+        chunk = min(self.config.prefill_chunk, 256) if k else self.config.prefill_chunk
+        topks: list[torch.Tensor] = []
+        last: torch.Tensor | None = None
+        for i in range(0, len(ids), chunk):
+            part = torch.tensor([list(ids[i : i + chunk])], dtype=torch.long, device=self.device)
+            logits = self._forward(part, cache, all_logits=bool(k))  # [c or 1, vocab]
+            if k:
+                topks.append(torch.topk(logits, k, dim=-1).indices.to("cpu"))
+            last = logits[-1]
+        assert last is not None
+        return last, (torch.cat(topks) if k else None)
+
+    def _mask(self, layout_mask: torch.Tensor, past: int) -> torch.Tensor:
+        """Additive 4D mask ``[1, 1, n, past + n]``: the cached prefix is visible, the tree by ancestry."""
+        n = layout_mask.shape[0]
+        neg = torch.finfo(self._float_dtype).min
+        mask = torch.zeros(n, past + n, dtype=self._float_dtype, device=self.device)
+        mask[:, past:].masked_fill_(~layout_mask, neg)
+        return mask.view(1, 1, n, past + n)
+
+    # ---- prompt -----------------------------------------------------------------------------------
+
+    def _start(self, prompt: Prompt, cache: SlotCache, stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+        prefix, suffix = list(prompt.prefix_ids), list(prompt.suffix_ids)
+        if not suffix:  # the last prompt token must be run to get the first logits
+            prefix, suffix = prefix[:-1], prefix[-1:]
+        entry: PrefixEntry | None = None
+        key = None
+        if self.prefix_cache is not None and prompt.prefix_key and prefix:
+            key = prefix_cache_key(self.target.name, prompt.prefix_key, prefix)
+            entry = self.prefix_cache.get(key, self.device)
+            if entry is not None and self.config.prompt_topk and entry.topk is None:
+                entry = None  # cached without the top-k this engine needs: recompute once
+        prefix_topk: torch.Tensor | None = None
+        if entry is not None:
+            cache.load_prefix(entry)
+            stats.prefix_cache_hit = True
+            prefix_topk = entry.topk
+        elif prefix:
+            _, prefix_topk = self._prefill(prefix, cache)
+            stats.prefill_tokens += len(prefix)
+            if key is not None and self.prefix_cache is not None:
+                snap = cache.snapshot(len(prefix))
+                entry = PrefixEntry(snap.keys, snap.values, prefix_topk)
+                self.prefix_cache.put(key, entry, tag=prompt.prefix_key)
+        last, suffix_topk = self._prefill(suffix, cache)
+        stats.prefill_tokens += len(suffix)
+        topk = None
+        if self.config.prompt_topk and suffix_topk is not None:
+            topk = suffix_topk if prefix_topk is None else torch.cat([prefix_topk, suffix_topk])
+        return last, topk
+
+    def warm_prefix(self, prompt: Prompt) -> bool:
+        """Compute and cache the KV of ``prompt.prefix_ids`` ahead of the first question. True if computed."""
+        if self.prefix_cache is None or not prompt.prefix_key or not prompt.prefix_ids:
+            return False
+        key = prefix_cache_key(self.target.name, prompt.prefix_key, prompt.prefix_ids)
+        if self.prefix_cache.get(key, self.device) is not None:
+            return False
+        cache = SlotCache(self.num_layers, len(prompt.prefix_ids) + 1)
+        with torch.inference_mode():
+            _, topk = self._prefill(list(prompt.prefix_ids), cache)
+        snap = cache.snapshot(len(prompt.prefix_ids))
+        self.prefix_cache.put(key, PrefixEntry(snap.keys, snap.values, topk), tag=prompt.prefix_key)
+        return True
+
+    # ---- generation -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt,
+        config: GenerationConfig | None = None,
+        drafters: Sequence[Drafter] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Yield ``TokenEvent``s as text becomes final, then one ``DoneEvent``.
+
+        Raises ``ContextTooLong`` (before yielding anything) when the prompt fills the window.
+        """
+        config = config or GenerationConfig()
+        ids = prompt.ids
+        room = self.max_context - len(ids)
+        if room < 1:
+            raise ContextTooLong(len(ids) + 1, self.max_context)
+        max_new = max(1, min(config.max_new_tokens, room))
+        with torch.inference_mode():
+            yield from self._generate(prompt, config, max_new, list(drafters), cancel)
+
+    def _generate(
+        self,
+        prompt: Prompt,
+        config: GenerationConfig,
+        max_new: int,
+        drafters: list[Drafter],
+        cancel: threading.Event | None,
+    ) -> Iterator[GenerationEvent]:
+        t0 = time.perf_counter()
+        sampling = config.sampling
+        generator = _generator(sampling)
+        stats = GenerationStats(prompt_tokens=len(prompt.ids), context_truncated=prompt.context_truncated)
+        spare = (config.draft_budget if config.draft_budget is not None else self.policy.max_budget) + 2
+        cache = SlotCache(self.num_layers, len(prompt.ids) + max_new + spare)
+
+        last_logits, prompt_topk = self._start(prompt, cache, stats)
+        stats.prefill_s = time.perf_counter() - t0
+        root = self._pick(last_logits, sampling, generator)
+
+        detok = IncrementalDetokenizer(self.target.tokenizer)
+        stops = StopMatcher(config.stop)
+        output: list[int] = []
+        state = BudgetState(self.policy)
+        finish = ""
+        t_first = 0.0
+
+        def emit(tokens: list[int]) -> tuple[str, bool]:
+            """Append ``tokens`` up to EOS / the limit; return (released text, finished)."""
+            nonlocal finish
+            kept: list[int] = []
+            for tok in tokens:
+                if tok in self.eos:
+                    finish = "stop"
+                    break
+                kept.append(tok)
+                if len(output) + len(kept) >= max_new:
+                    finish = "length"
+                    break
+            output.extend(kept)
+            text = stops.feed(detok.push(kept)) if kept else ""
+            if stops.stopped:
+                finish = "stop"
+            return text, bool(finish)
+
+        text, done = emit([root])
+        stats.ttft_s = t_first = time.perf_counter() - t0
+        if text:
+            yield TokenEvent(text, output[:])
+        if not done and drafters:
+            info = PromptInfo(prompt_ids=prompt.ids, prompt_topk=prompt_topk)
+            for d in drafters:
+                d.begin(info)
+
+        while not done:
+            if cancel is not None and cancel.is_set():
+                finish = "cancelled"
+                break
+            budget = 0
+            if drafters:
+                budget = config.draft_budget if config.draft_budget is not None else state.choose()
+                budget = min(budget, max_new - len(output))
+            td = time.perf_counter()
+            tree = self._draft(drafters, root, output, budget) if budget > 0 else DraftTree()
+            draft_s = time.perf_counter() - td
+
+            tv = time.perf_counter()
+            base = cache.length
+            verdict, logits = self._verify(root, tree, cache, sampling, generator)
+            rows = [0, *(i + 1 for i in verdict.accepted_nodes)]
+            cache.compact(base, rows)
+            self.policy.observe_cost(len(tree), time.perf_counter() - tv)
+
+            stats.steps += 1
+            accepted_tokens = [tree.tokens[i] for i in verdict.accepted_nodes]
+            for i in range(len(tree)):
+                stats.add_drafted(tree.sources[i], 1)
+            for i in verdict.accepted_nodes:
+                stats.add_accepted(tree.sources[i], 1)
+            if drafters:
+                state.observe(budget, len(tree), len(accepted_tokens), draft_s)
+                outcome = VerifyOutcome(
+                    root=root,
+                    tree=tree,
+                    accepted_nodes=verdict.accepted_nodes,
+                    new_tokens=[*accepted_tokens, verdict.bonus],
+                    node_topk=torch.topk(logits, min(self.config.node_topk, logits.shape[-1]), dim=-1).indices.cpu(),
+                )
+                for d in drafters:
+                    d.observe(outcome)
+            root = verdict.bonus
+            text, done = emit([*accepted_tokens, root])
+            if text:
+                yield TokenEvent(text, output[:])
+
+        tail = ""
+        if not stops.stopped:  # release held-back text: a dangling partial character, a partial stop string
+            tail = stops.feed(detok.flush())
+            tail += "" if stops.stopped else stops.finish()
+            finish = "stop" if stops.stopped else finish
+        if tail:
+            yield TokenEvent(tail, output[:])
+        for d in drafters:
+            d.end(output)
+        now = time.perf_counter()
+        stats.completion_tokens = len(output)
+        stats.total_s = now - t0
+        stats.decode_s = now - t0 - t_first
+        stats.finish_reason = finish
+        yield DoneEvent(text=stops.text, token_ids=output, finish_reason=finish, stats=stats)
+
+    def _draft(self, drafters: list[Drafter], root: int, output: list[int], budget: int) -> DraftTree:
+        request = DraftRequest(root=root, generated=output, budget=budget)
+        trees = [d.propose(request) for d in drafters]
+        return merge_trees(trees, budget)
+
+    def _verify(
+        self,
+        root: int,
+        tree: DraftTree,
+        cache: SlotCache,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[Verdict, torch.Tensor]:
+        """One target forward over root + tree; returns the verdict and the logits ``[n + 1, vocab]``."""
+        base = cache.length
+        layout = tree_layout(root, tree, base, self.device)
+        mask = self._mask(layout.ancestor_mask, base) if len(tree) else None
+        logits = self._forward(layout.input_ids, cache, layout.position_ids, mask)
+        if sampling.greedy:
+            return verify_greedy(tree, logits), logits
+        return verify_sampling(tree, target_probs(logits, sampling), generator), logits
+
+    def _pick(self, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
+        if sampling.greedy:
+            return int(logits.argmax())
+        probs = target_probs(logits, sampling)
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+
+    # ---- calibration ------------------------------------------------------------------------------
+
+    def calibrate(self, context_tokens: int = 1024, repeats: int = 3) -> dict[int, float]:
+        """Measure the verify cost per budget bucket on this hardware (a random context of the given size)."""
+        vocab = int(self.model.config.vocab_size)
+        gen = torch.Generator().manual_seed(0)
+        ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
+        with torch.inference_mode():
+            cache = SlotCache(self.num_layers, context_tokens + max(self.policy.buckets) + 2)
+            self._prefill(ctx, cache)
+            base = cache.length
+
+            def measure(nodes: int) -> float:
+                chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
+                times = []
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    self._verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
+                    times.append(time.perf_counter() - t)
+                    cache.truncate(base)
+                return statistics.median(times)
+
+            costs = self.policy.calibrate(measure)
+        logger.info("verify cost by draft nodes (s): %s", {k: round(v, 4) for k, v in costs.items()})
+        return costs
+
+
+def _generator(sampling: SamplingParams) -> torch.Generator | None:
+    if sampling.greedy:
+        return None
+    gen = torch.Generator()
+    gen.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns() % (2**63)))
+    return gen

@@ -1,0 +1,69 @@
+"""Public request/response types of the engine: what to generate, and the events it yields."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from decoding.stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy. top_k 0 = off. A seed makes sampling reproducible."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    draft_budget: int | None = None  # most draft nodes per step; None = the engine's budget policy
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids laid out ``[system][document] + [question...]``.
+
+    ``prefix_ids`` (system + document) is the stable, cacheable part: its target KV is computed once per
+    ``prefix_key`` and reused by every question and session. ``prefix_key`` None disables the cache.
+    """
+
+    prefix_ids: Sequence[int]
+    suffix_ids: Sequence[int]
+    prefix_key: str | None = None
+    context_truncated: bool = False  # set by the caller when the document was cut to fit the window
+
+    @property
+    def ids(self) -> list[int]:
+        return [*self.prefix_ids, *self.suffix_ids]
+
+
+@dataclass
+class TokenEvent:
+    """Newly decoded text (may be empty while a multi-byte character is incomplete)."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class DoneEvent:
+    """Last event of every generation, also after cancellation (finish_reason 'cancelled')."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # 'stop' (EOS or stop string), 'length', 'cancelled'
+    stats: GenerationStats
+
+
+GenerationEvent = TokenEvent | DoneEvent

@@ -1,0 +1,323 @@
+"""KV caches: a preallocated working cache addressed by position, and the shared document prefix cache.
+
+``SlotCache`` is a transformers ``Cache`` whose layers write new keys/values into a preallocated buffer at
+the current length (gpt-fast style). A verify pass appends the root and all tree nodes; ``compact`` then
+moves only the accepted rows down next to the committed prefix and sets the length, so rejected nodes
+are dropped without re-prefill and without copying the cache.
+
+``PrefixCache`` keeps the target's KV of ``[system][document]`` per (model, prefix) in an LRU bounded by
+bytes, optionally persisted to disk (safetensors) so a restart does not pay the prefill again. Entries
+are immutable: a generation copies the prefix into its own ``SlotCache``, so evicting an entry never
+breaks a running generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+logger = logging.getLogger(__name__)
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's keys/values in a ``[1, heads, capacity, head_dim]`` buffer; ``length`` rows are live."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._kbuf = torch.empty(b, h, self.capacity, d, dtype=key_states.dtype, device=key_states.device)
+        self._vbuf = torch.empty_like(self._kbuf)
+        self.is_initialized = True
+
+    def _ensure(self, needed: int) -> None:
+        assert self._kbuf is not None and self._vbuf is not None
+        if needed <= self.capacity:
+            return
+        new_cap = max(needed, self.capacity * 2)
+        grow = (0, 0, 0, new_cap - self.capacity)  # pad the sequence dim
+        self._kbuf = torch.nn.functional.pad(self._kbuf, grow)
+        self._vbuf = torch.nn.functional.pad(self._vbuf, grow)
+        self.capacity = new_cap
+
+    def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy a prefix ``[1, h, n, d]`` into rows 0..n-1."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys)
+        self._ensure(keys.shape[2])
+        assert self._kbuf is not None and self._vbuf is not None
+        n = keys.shape[2]
+        self._kbuf[:, :, :n].copy_(keys)
+        self._vbuf[:, :, :n].copy_(values)
+        self.length = n
+        self._publish()
+
+    def _publish(self) -> None:
+        assert self._kbuf is not None and self._vbuf is not None
+        self.keys = self._kbuf[:, :, : self.length]
+        self.values = self._vbuf[:, :, : self.length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict[str, Any] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states)
+        n = key_states.shape[2]
+        self._ensure(self.length + n)
+        assert self._kbuf is not None and self._vbuf is not None
+        self._kbuf[:, :, self.length : self.length + n].copy_(key_states)
+        self._vbuf[:, :, self.length : self.length + n].copy_(value_states)
+        self.length += n
+        self._publish()
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+    def compact(self, base: int, rows: torch.Tensor) -> None:
+        """Keep rows ``base + rows[j]`` at ``base + j``; length becomes ``base + len(rows)``."""
+        assert self._kbuf is not None and self._vbuf is not None
+        src = rows + base
+        k = self._kbuf.index_select(2, src)  # [1, h, m, d]: only the accepted rows
+        v = self._vbuf.index_select(2, src)
+        m = rows.numel()
+        self._kbuf[:, :, base : base + m].copy_(k)
+        self._vbuf[:, :, base : base + m].copy_(v)
+        self.length = base + m
+        self._publish()
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+        if self.is_initialized:
+            self._publish()
+
+    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        return self.length + cache_position.shape[0], 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+
+class SlotCache(Cache):
+    """Working KV cache of one generation (batch 1)."""
+
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
+
+    @property
+    def slot_layers(self) -> list[SlotLayer]:
+        return self.layers  # type: ignore[return-value]
+
+    @property
+    def length(self) -> int:
+        return self.slot_layers[0].length
+
+    def load_prefix(self, entry: PrefixEntry) -> None:
+        for layer, (k, v) in zip(self.slot_layers, zip(entry.keys, entry.values, strict=True), strict=True):
+            layer.load(k, v)
+
+    def compact(self, base: int, rows: Sequence[int]) -> None:
+        """After a verify pass that started at ``base``: keep only ``rows`` (root row 0 + accepted rows)."""
+        if list(rows) == list(range(len(rows))):  # accepted path already contiguous: just cut
+            for layer in self.slot_layers:
+                layer.truncate(base + len(rows))
+            return
+        device = self.slot_layers[0].device
+        idx = torch.tensor(list(rows), dtype=torch.long, device=device)
+        for layer in self.slot_layers:
+            layer.compact(base, idx)
+
+    def truncate(self, length: int) -> None:
+        for layer in self.slot_layers:
+            layer.truncate(length)
+
+    def snapshot(self, length: int) -> PrefixEntry:
+        """An immutable copy of rows 0..length-1 (for the prefix cache)."""
+        keys = tuple(layer.keys[:, :, :length].clone() for layer in self.slot_layers)  # type: ignore[index]
+        values = tuple(layer.values[:, :, :length].clone() for layer in self.slot_layers)  # type: ignore[index]
+        return PrefixEntry(keys=keys, values=values, topk=None)
+
+
+@dataclass(frozen=True)
+class PrefixEntry:
+    """Target KV of a prompt prefix: per layer ``[1, heads, n, head_dim]``; ``topk`` ``[n, k]`` optional."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    topk: torch.Tensor | None
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        n = sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        if self.topk is not None:
+            n += self.topk.numel() * self.topk.element_size()
+        return n
+
+
+def prefix_cache_key(model_name: str, prefix_key: str, prefix_ids: Sequence[int]) -> str:
+    """Cache key binding the caller's key to the model and the exact prefix tokens."""
+    h = hashlib.sha256()
+    h.update(model_name.encode())
+    h.update(b"\0")
+    h.update(prefix_key.encode())
+    h.update(b"\0")
+    h.update(torch.tensor(list(prefix_ids), dtype=torch.int64).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+class PrefixCache:
+    """LRU of ``PrefixEntry`` bounded by ``byte_budget``; optional persistence under ``persist_dir``.
+
+    Thread-safe. ``tag`` groups entries (e.g. a document id) so ``drop(tag)`` removes all of them.
+    """
+
+    def __init__(self, byte_budget: int, persist_dir: Path | None = None) -> None:
+        self.byte_budget = byte_budget
+        self.persist_dir = persist_dir
+        self._entries: OrderedDict[str, PrefixEntry] = OrderedDict()
+        self._tags: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.disk_hits = 0
+        if persist_dir is not None:
+            persist_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in persist_dir.glob("*.tmp*"):
+                leftover.unlink(missing_ok=True)
+
+    @property
+    def bytes_used(self) -> int:
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _path(self, key: str) -> Path:
+        assert self.persist_dir is not None
+        return self.persist_dir / f"{key}.safetensors"
+
+    def get(self, key: str, device: torch.device | None = None) -> PrefixEntry | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry
+        entry = self._load(key, device)
+        with self._lock:
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self.disk_hits += 1
+        self._insert(key, entry, tag=None)
+        return entry
+
+    def put(self, key: str, entry: PrefixEntry, tag: str | None = None, persist: bool = True) -> None:
+        self._insert(key, entry, tag)
+        if persist and self.persist_dir is not None:
+            threading.Thread(target=self._save, args=(key, entry, tag), daemon=True).start()
+
+    def _insert(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
+        if entry.nbytes > self.byte_budget:
+            logger.info("prefix %s (%d bytes) exceeds the KV cache budget; not kept in memory", key, entry.nbytes)
+            return
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            if tag is not None:
+                self._tags.setdefault(tag, set()).add(key)
+            used = sum(e.nbytes for e in self._entries.values())
+            while used > self.byte_budget and len(self._entries) > 1:
+                old_key, old = self._entries.popitem(last=False)
+                used -= old.nbytes
+                logger.debug("evicted prefix %s (%d bytes)", old_key, old.nbytes)
+
+    def drop(self, tag: str) -> int:
+        """Remove every entry recorded under ``tag`` (memory and disk); returns how many."""
+        with self._lock:
+            keys = self._tags.pop(tag, set())
+            for key in keys:
+                self._entries.pop(key, None)
+        if self.persist_dir is not None:
+            for path in self.persist_dir.glob("*.safetensors"):
+                if path.stem in keys or _file_tag(path) == tag:
+                    path.unlink(missing_ok=True)
+                    keys.add(path.stem)
+        return len(keys)
+
+    def _save(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
+        path = self._path(key)
+        tensors: dict[str, torch.Tensor] = {}
+        for i, (k, v) in enumerate(zip(entry.keys, entry.values, strict=True)):
+            tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
+            tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
+        if entry.topk is not None:
+            tensors["topk"] = entry.topk.detach().to("cpu").contiguous()
+        fd, tmp = tempfile.mkstemp(prefix=f"{key}.tmp", dir=str(self.persist_dir))
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
+            os.replace(tmp, path)
+        except Exception:
+            logger.exception("could not persist prefix %s", key)
+            Path(tmp).unlink(missing_ok=True)
+
+    def _load(self, key: str, device: torch.device | None) -> PrefixEntry | None:
+        if self.persist_dir is None:
+            return None
+        path = self._path(key)
+        if not path.exists():
+            return None
+        try:
+            data = load_file(str(path), device=str(device or "cpu"))
+            n = sum(1 for name in data if name.startswith("k."))
+            keys = tuple(data[f"k.{i}"] for i in range(n))
+            values = tuple(data[f"v.{i}"] for i in range(n))
+            tag = _file_tag(path)
+            if tag:
+                with self._lock:
+                    self._tags.setdefault(tag, set()).add(key)
+            return PrefixEntry(keys=keys, values=values, topk=data.get("topk"))
+        except Exception:
+            logger.warning("discarding unreadable prefix cache file %s", path, exc_info=True)
+            path.unlink(missing_ok=True)
+            return None
+
+
+def _file_tag(path: Path) -> str:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return str((f.metadata() or {}).get("tag", ""))
+    except Exception:
+        return ""

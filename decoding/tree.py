@@ -1,0 +1,132 @@
+"""Draft trees: tokens + parents, merging with de-duplication, and the layout the verifier needs.
+
+A draft tree hangs below a *root*: the token the target has already decided (the last bonus token),
+which is not yet in the KV cache. Node ``i`` has ``parents[i] == -1`` when it is a child of the root,
+otherwise ``parents[i] < i``. Order inside a tree is priority order: when a budget cuts a tree, the
+first nodes are kept. In the flattened layout the root is row 0 and node ``i`` is row ``i + 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+ROOT = -1
+
+
+@dataclass
+class DraftTree:
+    """Proposed tokens below the root.
+
+    ``probs[i]`` is the drafter's distribution q (a ``[vocab]`` float tensor) from which ``tokens[i]`` was
+    *sampled*, or ``None`` for a deterministic draft (n-gram, logits table, top-k alternatives), which the
+    sampling verifier treats as a point mass. Both are lossless; q only raises acceptance.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    probs: list[torch.Tensor | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, source: str, prob: torch.Tensor | None = None) -> int:
+        """Append a node and return its index. ``parent`` is ``ROOT`` or an earlier index."""
+        if parent != ROOT and not 0 <= parent < len(self.tokens):
+            raise ValueError(f"parent {parent} out of range for a tree of {len(self.tokens)} nodes")
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.sources.append(source)
+        self.probs.append(prob)
+        return len(self.tokens) - 1
+
+    @classmethod
+    def chain(
+        cls, tokens: Sequence[int], source: str, probs: Sequence[torch.Tensor | None] | None = None
+    ) -> DraftTree:
+        tree = cls()
+        parent = ROOT
+        for i, tok in enumerate(tokens):
+            parent = tree.add(parent, tok, source, None if probs is None else probs[i])
+        return tree
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p == ROOT else out[p] + 1)
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive)."""
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def children(self) -> list[list[int]]:
+        """Children lists for the root (index 0) and every node (index i + 1), in priority order."""
+        kids: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i)
+        return kids
+
+
+def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
+    """Merge trees in priority order into one, de-duplicating equal paths; ``budget`` counts unique nodes.
+
+    Trees earlier in ``trees`` go first; a node whose path already exists costs nothing, so a later tree
+    fills exactly the budget left after merging (not before). A node is dropped when its parent was.
+    When an equal path exists, the first node's q is kept (a sampled node stays sampled).
+    """
+    merged = DraftTree()
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    for tree in trees:
+        mapping: list[int | None] = []
+        for i, tok in enumerate(tree.tokens):
+            p = tree.parents[i]
+            mp = ROOT if p == ROOT else mapping[p]
+            if mp is None:
+                mapping.append(None)
+                continue
+            key = (mp, tok)
+            hit = index.get(key)
+            if hit is None:
+                if len(merged) >= budget:
+                    mapping.append(None)
+                    continue
+                hit = merged.add(mp, tok, tree.sources[i], tree.probs[i])
+                index[key] = hit
+            mapping.append(hit)
+    return merged
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """What one verify forward needs. Row 0 is the root; row ``i + 1`` is node ``i``."""
+
+    input_ids: torch.Tensor  # [1, n + 1] long
+    position_ids: torch.Tensor  # [1, n + 1] long: start + depth
+    ancestor_mask: torch.Tensor  # [n + 1, n + 1] bool: True where row may attend column (ancestors + self)
+
+
+def tree_layout(root: int, tree: DraftTree, start: int, device: torch.device | str = "cpu") -> TreeLayout:
+    """Flatten ``root`` + ``tree`` for a verify pass whose root sits at absolute position ``start``."""
+    n = len(tree) + 1
+    tokens = [root, *tree.tokens]
+    depths = [0, *tree.depths()]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[0, 0] = True
+    for i, p in enumerate(tree.parents):
+        row = i + 1
+        mask[row] = mask[p + 1]
+        mask[row, row] = True
+    return TreeLayout(
+        input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
+        position_ids=torch.tensor([[start + d for d in depths]], dtype=torch.long, device=device),
+        ancestor_mask=mask.to(device),
+    )

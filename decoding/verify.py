@@ -1,0 +1,120 @@
+"""Verification of a draft tree against the target's logits: pure functions over tensors.
+
+Rows follow ``decoding.tree.tree_layout``: row 0 is the root, row ``i + 1`` is node ``i``; ``logits[r]``
+is the target's prediction for the token *after* row r.
+
+Words, defined once:
+- **accepted**: draft nodes on the path the target agrees with (greedy: equal to its argmax; sampling:
+  passed the rejection test).
+- **bonus**: the token the target itself emits after the last accepted node (greedy: its argmax;
+  sampling: a sample from p at a leaf, or the **recovered** token drawn from the residual distribution
+  after every child of the last accepted node was rejected). It becomes the next step's root.
+
+Sampling (temperature > 0) uses multi-draft recursive rejection sampling (SpecInfer): at a node with
+target distribution p, children are tried in order. A child sampled from the drafter's q is accepted with
+probability min(1, p(x) / q(x)); on rejection p <- norm(max(p - q, 0)). A deterministic child (no q) is a
+point mass: accepted with probability p(x); on rejection p(x) <- 0 and p is renormalised. Either rule
+leaves the emitted token distributed exactly as p, so the output distribution is the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.generation import SamplingParams
+from decoding.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted_nodes: list[int]  # node indices (root excluded), in path order
+    bonus: int  # the target's own next token after the accepted path
+
+    @property
+    def last_row(self) -> int:
+        return self.accepted_nodes[-1] + 1 if self.accepted_nodes else 0
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    """Longest path whose every token equals the target's argmax, plus the bonus token.
+
+    ``logits``: ``[n + 1, vocab]`` for the root and every node.
+    """
+    target = logits.argmax(dim=-1).tolist()  # [n + 1]
+    kids = tree.children()
+    row, accepted = 0, []
+    while True:
+        want = target[row]
+        nxt = next((c for c in kids[row] if tree.tokens[c] == want), None)
+        if nxt is None:
+            return Verdict(accepted, want)
+        accepted.append(nxt)
+        row = nxt + 1
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Distribution p the target samples from: temperature, then top-k, then top-p (nucleus).
+
+    ``logits``: ``[..., vocab]``; returns float32 probabilities of the same shape.
+    """
+    z = logits.float() / max(params.temperature, 1e-6)
+    if params.top_k and params.top_k < z.shape[-1]:
+        kth = torch.topk(z, params.top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
+        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(p, 1, generator=generator).item())
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    return float(torch.rand((), generator=generator).item())
+
+
+def verify_sampling(
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
+) -> Verdict:
+    """Multi-draft recursive rejection sampling over a tree (lossless for any drafts).
+
+    ``probs``: ``[n + 1, vocab]`` target distributions p (already tempered / truncated) for every row.
+    """
+    kids = tree.children()
+    row, accepted = 0, []
+    while True:
+        p = probs[row].clone()
+        moved = False
+        for child in kids[row]:
+            x = tree.tokens[child]
+            q = tree.probs[child]
+            if q is None:  # point mass at x
+                if _uniform(generator) < float(p[x]):
+                    moved = True
+                else:
+                    p[x] = 0.0
+            else:
+                qx = float(q[x])
+                if qx > 0 and _uniform(generator) < min(1.0, float(p[x]) / qx):
+                    moved = True
+                else:
+                    p = torch.clamp(p - q.to(p.dtype), min=0.0)
+            if moved:
+                accepted.append(child)
+                row = child + 1
+                break
+            total = float(p.sum())
+            if total <= 0.0:  # numerically exhausted: fall back to the untouched target row
+                p = probs[row].clone()
+                break
+            p = p / total
+        if not moved:
+            return Verdict(accepted, _sample(p, generator))

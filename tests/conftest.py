@@ -1,0 +1,86 @@
+"""Shared fixtures: a real redis-server on a free loopback port, and the bundled model assets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
+BUNDLED_TARGET_DIR = DATA_DIR / "models" / "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    port: int
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def start(self) -> None:
+        """(Re)start on the same port, with the same data dir (so RDB persistence is kept)."""
+        self.stop()
+        self.proc = _spawn_redis(self.port, self.workdir)
+
+
+def _spawn_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "",
+         "--appendonly", "no", "--protected-mode", "yes"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"redis-server did not start on port {port}")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh real redis-server per test on a free loopback port."""
+    port = free_port()
+    server = RedisServer(port=port, proc=_spawn_redis(port, tmp_path), workdir=tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def bundled_target_dir() -> Path:
+    """The converted SmolLM2 safetensors dir (`ragspec models` makes it; `make test` runs that first)."""
+    if not (BUNDLED_TARGET_DIR / "config.json").exists():
+        pytest.fail(f"{BUNDLED_TARGET_DIR} missing: run `ragspec models` (make test does)")
+    return BUNDLED_TARGET_DIR

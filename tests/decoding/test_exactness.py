@@ -1,0 +1,239 @@
+"""Lossless: speculative greedy output == plain greedy output, token for token, whatever is drafted."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
+from decoding.drafters.prompt_lookup import PromptLookupDrafter
+from decoding.engine import Engine
+from decoding.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
+from decoding.kv_cache import PrefixCache
+from decoding.tree import ROOT, DraftTree
+from tests.decoding.conftest import VOCAB, TinyTarget, tiny_target
+
+
+def naive_greedy(model: torch.nn.Module, ids: Sequence[int], n: int, eos: tuple[int, ...] = ()) -> list[int]:
+    """Reference: full recomputation without any cache, one token at a time."""
+    seq = list(ids)
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(torch.tensor([seq])).logits[0, -1]
+            tok = int(logits.argmax())
+            if tok in eos:
+                break
+            out.append(tok)
+            seq.append(tok)
+    return out
+
+
+def run(engine: Engine, prompt: Prompt, n: int, drafters: Sequence[object] = (), budget: int | None = None) -> DoneEvent:
+    events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=n, draft_budget=budget), drafters))  # type: ignore[arg-type]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert streamed == done.text
+    return done
+
+
+class ScriptedDrafter:
+    """Proposes from a known answer: right for ``right`` tokens of each draft, then wrong ones."""
+
+    def __init__(self, answer: Sequence[int], right: int | None, width: int = 1, name: str = "scripted") -> None:
+        self.answer = list(answer)
+        self.right = right
+        self.width = width
+        self.name = name
+        self.observed: list[VerifyOutcome] = []
+
+    def begin(self, prompt: PromptInfo) -> None:
+        self.observed.clear()
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        pos = len(request.generated)  # answer[pos] is the token after the root
+        tree = DraftTree()
+        parent = ROOT
+        for j in range(request.budget):
+            if pos + j >= len(self.answer):
+                break
+            good = self.answer[pos + j]
+            wrong = self.right is not None and j >= self.right
+            tok = (good + 1 + j) % VOCAB if wrong else good
+            # siblings: wrong alternatives placed before the real branch (forces search among children)
+            for w in range(1, self.width):
+                if len(tree) < request.budget - 1:
+                    tree.add(parent, (tok + 7 * w) % VOCAB, self.name)
+            if len(tree) >= request.budget:
+                break
+            parent = tree.add(parent, tok, self.name)
+        return tree
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        self.observed.append(outcome)
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.observed.clear()
+
+
+class RandomTreeDrafter:
+    """Random trees mixing right and wrong tokens at random depths and widths."""
+
+    name = "random"
+
+    def __init__(self, answer: Sequence[int], seed: int) -> None:
+        self.answer = list(answer)
+        self.rng = random.Random(seed)
+
+    def begin(self, prompt: PromptInfo) -> None:
+        pass
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        pos = len(request.generated)
+        tree = DraftTree()
+        frontier = [(ROOT, 0)]
+        while frontier and len(tree) < request.budget:
+            parent, depth = frontier.pop(0)
+            for _ in range(self.rng.randint(1, 3)):
+                if len(tree) >= request.budget:
+                    break
+                good = self.answer[pos + depth] if pos + depth < len(self.answer) else 0
+                tok = good if self.rng.random() < 0.6 else self.rng.randrange(VOCAB)
+                frontier.append((tree.add(parent, tok, self.name), depth + 1))
+        return tree
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        pass
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+PROMPT = Prompt(prefix_ids=[5, 17, 3, 42, 8, 8, 23, 61, 5, 17], suffix_ids=[3, 42, 9], prefix_key=None)
+N = 40
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: TinyTarget) -> Engine:
+    return Engine(tiny)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: TinyTarget) -> list[int]:
+    return naive_greedy(tiny.model, PROMPT.ids, N)
+
+
+def test_autoregressive_equals_naive_greedy(engine: Engine, reference: list[int]) -> None:
+    done = run(engine, PROMPT, N)
+    assert done.token_ids == reference
+    assert done.finish_reason == "length"
+    assert done.stats.steps == N - 1  # the first token comes from prefill
+    assert done.stats.acceptance_length == 1.0
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16])
+def test_always_right_drafter(engine: Engine, reference: list[int], budget: int) -> None:
+    drafter = ScriptedDrafter(reference, right=None)
+    done = run(engine, PROMPT, N, [drafter], budget)
+    assert done.token_ids == reference
+    assert done.stats.accepted == done.stats.drafted  # every drafted node accepted
+    assert done.stats.acceptance_length > 1.0 + 0.5 * budget or budget == 1
+    assert done.stats.steps < N - 1
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_always_wrong_drafter(engine: Engine, reference: list[int], width: int) -> None:
+    drafter = ScriptedDrafter(reference, right=0, width=width)
+    done = run(engine, PROMPT, N, [drafter], 6)
+    assert done.token_ids == reference
+    assert done.stats.accepted == 0
+    assert done.stats.steps == N - 1
+
+
+@pytest.mark.parametrize("right", [1, 2, 5])
+def test_partial_acceptance_and_compaction(engine: Engine, reference: list[int], right: int) -> None:
+    drafter = ScriptedDrafter(reference, right=right, width=2)
+    done = run(engine, PROMPT, N, [drafter], 12)
+    assert done.token_ids == reference
+    # every step accepts exactly `right` tokens except where the answer runs out
+    per_step = [len(o.accepted_nodes) for o in drafter.observed]
+    assert max(per_step) == right
+    assert per_step.count(right) >= len(per_step) - 2
+    # accepted nodes were not first in the flattened tree (wrong siblings first): rows got compacted
+    assert any(o.accepted_nodes and o.accepted_nodes[0] != 0 for o in drafter.observed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_trees(engine: Engine, reference: list[int], seed: int) -> None:
+    drafters = [RandomTreeDrafter(reference, seed), ScriptedDrafter(reference, right=3, name="other")]
+    budget = [3, 8, 24, 48][seed % 4]
+    done = run(engine, PROMPT, N, drafters, budget)
+    assert done.token_ids == reference
+    assert done.stats.drafted <= budget * done.stats.steps
+
+
+def test_policy_budget_and_prompt_lookup(tiny: TinyTarget, reference: list[int]) -> None:
+    engine = Engine(tiny)
+    done = run(engine, PROMPT, N, [PromptLookupDrafter()], None)
+    assert done.token_ids == reference
+
+
+def test_eos_and_stop_strings(tiny: TinyTarget, reference: list[int]) -> None:
+    eos_tok = reference[7]
+    target = TinyTarget(tiny.model, tiny.tokenizer, tiny.name, tiny.device, (eos_tok,), tiny.max_context)
+    engine = Engine(target)
+    expect = reference[: reference.index(eos_tok)]
+    for drafters in ([], [ScriptedDrafter(reference, right=None)]):
+        done = run(engine, PROMPT, N, drafters, 8)
+        assert done.token_ids == expect
+        assert done.finish_reason == "stop"
+    # stop string: the text of the 5th token; output text ends right before it
+    stop = f"<{reference[4]}>"
+    plain = Engine(tiny)
+    ev = list(plain.generate(PROMPT, GenerationConfig(max_new_tokens=N, stop=(stop,))))
+    done = ev[-1]
+    assert isinstance(done, DoneEvent)
+    full = "".join(f"<{t}>" for t in reference)
+    assert done.text == full[: full.index(stop)]
+    assert done.finish_reason == "stop"
+    assert "".join(e.text for e in ev if isinstance(e, TokenEvent)) == done.text
+
+
+def test_prefix_cache_reuse_is_exact(tiny: TinyTarget, reference: list[int], tmp_path: object) -> None:
+    cache = PrefixCache(byte_budget=1 << 30)
+    engine = Engine(tiny, prefix_cache=cache)
+    prompt = Prompt(PROMPT.prefix_ids, PROMPT.suffix_ids, prefix_key="doc-1")
+    first = run(engine, prompt, N)
+    second = run(engine, prompt, N, [ScriptedDrafter(reference, right=2)], 6)
+    assert first.token_ids == second.token_ids == reference
+    assert not first.stats.prefix_cache_hit and second.stats.prefix_cache_hit
+    assert second.stats.prefill_tokens == len(PROMPT.suffix_ids)
+    # another question on the same document prefix
+    other = Prompt(PROMPT.prefix_ids, [7, 7, 1], prefix_key="doc-1")
+    ref_other = naive_greedy(tiny.model, other.ids, 12)
+    assert run(engine, other, 12).token_ids == ref_other
+
+
+def test_cancellation_between_steps(engine: Engine) -> None:
+    import threading
+
+    cancel = threading.Event()
+    gen = engine.generate(PROMPT, GenerationConfig(max_new_tokens=N), (), cancel)
+    first = next(gen)
+    assert isinstance(first, TokenEvent)
+    cancel.set()
+    rest = list(gen)
+    done = rest[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.finish_reason == "cancelled"
+    assert len(done.token_ids) <= 2
