@@ -102,7 +102,12 @@ class BudgetState:
             return 0.0
         if bucket in self.accepted_ema:
             return self.accepted_ema[bucket]
-        # Untried: optimistic, from the nearest smaller tried bucket, else a prior.
+        # Untried: optimistic. Acceptance grows with the budget and never exceeds it, so a smaller bucket
+        # is estimated from the nearest larger tried one (capped by its size), a larger one from the
+        # nearest smaller tried one plus a little; with nothing tried, a prior.
+        larger = [b for b in self.accepted_ema if b > bucket]
+        if larger:
+            return min(self.accepted_ema[min(larger)], float(bucket))
         smaller = [b for b in self.accepted_ema if 0 < b < bucket]
         if smaller:
             b0 = max(smaller)

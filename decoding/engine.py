@@ -135,7 +135,9 @@ class Engine:
 
     # ---- prompt -----------------------------------------------------------------------------------
 
-    def _start(self, prompt: Prompt, cache: SlotCache, stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _start(
+        self, prompt: Prompt, cache: SlotCache, stats: GenerationStats
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         prefix, suffix = list(prompt.prefix_ids), list(prompt.suffix_ids)
         if not suffix:  # the last prompt token must be run to get the first logits
             prefix, suffix = prefix[:-1], prefix[-1:]

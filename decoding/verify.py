@@ -44,7 +44,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """
     target = logits.argmax(dim=-1).tolist()  # [n + 1]
     kids = tree.children()
-    row, accepted = 0, []
+    row, accepted = 0, list[int]()
     while True:
         want = target[row]
         nxt = next((c for c in kids[row] if tree.tokens[c] == want), None)
@@ -89,7 +89,7 @@ def verify_sampling(
     ``probs``: ``[n + 1, vocab]`` target distributions p (already tempered / truncated) for every row.
     """
     kids = tree.children()
-    row, accepted = 0, []
+    row, accepted = 0, list[int]()
     while True:
         p = probs[row].clone()
         moved = False

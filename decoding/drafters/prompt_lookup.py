@@ -29,7 +29,8 @@ class PromptLookupDrafter:
         self.seq: list[int] = []
         self.n_output = 0  # generated tokens already in ``seq``
         # n -> {ngram: [end positions, most recent last]} (end = index just after the n-gram)
-        self.index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        sizes = range(self.min_ngram, self.max_ngram + 1)
+        self.index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}
 
     def _append(self, tokens: Sequence[int]) -> None:
         for tok in tokens:

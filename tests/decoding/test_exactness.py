@@ -14,7 +14,7 @@ from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
 from decoding.kv_cache import PrefixCache
 from decoding.tree import ROOT, DraftTree
-from tests.decoding.conftest import VOCAB, TinyTarget, tiny_target
+from tests.decoding.conftest import VOCAB, TinyTarget
 
 
 def naive_greedy(model: torch.nn.Module, ids: Sequence[int], n: int, eos: tuple[int, ...] = ()) -> list[int]:
@@ -32,7 +32,9 @@ def naive_greedy(model: torch.nn.Module, ids: Sequence[int], n: int, eos: tuple[
     return out
 
 
-def run(engine: Engine, prompt: Prompt, n: int, drafters: Sequence[object] = (), budget: int | None = None) -> DoneEvent:
+def run(
+    engine: Engine, prompt: Prompt, n: int, drafters: Sequence[object] = (), budget: int | None = None
+) -> DoneEvent:
     events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=n, draft_budget=budget), drafters))  # type: ignore[arg-type]
     done = events[-1]
     assert isinstance(done, DoneEvent)

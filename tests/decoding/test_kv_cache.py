@@ -1,0 +1,77 @@
+"""Prefix cache: LRU by bytes, persistence across instances, drop by tag; slot cache compaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, prefix_cache_key
+
+
+def entry(n: int, fill: float, layers: int = 2) -> PrefixEntry:
+    keys = tuple(torch.full((1, 2, n, 4), fill + i) for i in range(layers))
+    values = tuple(torch.full((1, 2, n, 4), -fill - i) for i in range(layers))
+    return PrefixEntry(keys, values, topk=torch.arange(n * 3).view(n, 3))
+
+
+def test_lru_respects_byte_budget() -> None:
+    one = entry(10, 1.0).nbytes
+    cache = PrefixCache(byte_budget=int(one * 2.5))
+    cache.put("a", entry(10, 1.0))
+    cache.put("b", entry(10, 2.0))
+    assert cache.get("a") is not None  # a is now most recent
+    cache.put("c", entry(10, 3.0))
+    assert cache.bytes_used <= cache.byte_budget
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+    assert cache.hits == 3 and cache.misses == 1
+
+
+def test_entry_over_budget_is_not_kept() -> None:
+    cache = PrefixCache(byte_budget=10)
+    cache.put("big", entry(10, 1.0))
+    assert len(cache) == 0
+
+
+def test_persistence_and_drop(tmp_path: Path) -> None:
+    first = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path)
+    e = entry(7, 5.0)
+    first.put("k1", e, tag="doc-1")
+    first.put("k2", entry(3, 1.0), tag="doc-2")
+    for t in __import__("threading").enumerate():  # wait for background writes
+        if t.daemon and t.is_alive() and t is not __import__("threading").current_thread():
+            t.join(10)
+    second = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path)
+    got = second.get("k1")
+    assert got is not None and second.disk_hits == 1
+    assert all(torch.equal(a, b) for a, b in zip(got.keys, e.keys, strict=True))
+    assert got.topk is not None and torch.equal(got.topk, e.topk)  # type: ignore[arg-type]
+    assert second.drop("doc-1") >= 1
+    assert second.get("k1") is None
+    assert not (tmp_path / "k1.safetensors").exists()
+    assert (tmp_path / "k2.safetensors").exists()
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    assert second.get("junk") is None  # unreadable file: discarded, not a crash
+    assert not (tmp_path / "junk.safetensors").exists()
+
+
+def test_key_binds_model_and_tokens() -> None:
+    a = prefix_cache_key("m", "doc", [1, 2, 3])
+    assert a == prefix_cache_key("m", "doc", [1, 2, 3])
+    assert a != prefix_cache_key("m2", "doc", [1, 2, 3])
+    assert a != prefix_cache_key("m", "doc", [1, 2, 4])
+
+
+def test_slot_cache_compaction_moves_only_accepted_rows() -> None:
+    cache = SlotCache(num_layers=1, capacity=4)  # grows on demand
+    layer = cache.slot_layers[0]
+    base = torch.arange(3, dtype=torch.float32).view(1, 1, 3, 1)
+    layer.update(base, -base)
+    tree = torch.arange(10, 16, dtype=torch.float32).view(1, 1, 6, 1)
+    layer.update(tree, -tree)  # root + 5 nodes at rows 3..8
+    assert cache.length == 9 and layer.capacity >= 9
+    cache.compact(3, [0, 2, 5])
+    assert cache.length == 6
+    assert layer.keys is not None
+    assert layer.keys.flatten().tolist() == [0, 1, 2, 10, 12, 15]
+    assert layer.values is not None and layer.values.flatten().tolist() == [0, -1, -2, -10, -12, -15]
