@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
+    max_context: int | None = Field(
+        None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"
+    )
 
     chunk_tokens: int = Field(512, ge=16, le=8192, description="Chunk size in target tokens")
     chunk_overlap: int = Field(0, ge=0, description="Chunk overlap in tokens")
@@ -57,6 +60,7 @@ class Settings(BaseSettings):
     kv_cache_bytes: int = Field(2 << 30, ge=0, description="Byte budget of the document KV cache (LRU)")
     kv_cache_persist: bool = Field(True, description="Persist document KV caches to disk across restarts")
     draft_budget_max: int = Field(64, ge=0, le=512, description="Most draft-tree nodes per verify step")
+    calibrate: bool = Field(True, description="Measure verify cost per draft size at start (background)")
     session_ttl_s: int = Field(24 * 3600, ge=60, description="Session history lifetime")
     draft_cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Cross-session draft cache TTL")
 

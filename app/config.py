@@ -1,0 +1,53 @@
+"""Small frozen configs built once from ``Settings``: the only place settings turn into plain values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one request; anything past them is a 413 / 422, never a 5xx."""
+
+    max_upload_bytes: int
+    max_question_chars: int
+    max_document_ids: int
+    max_new_tokens: int
+    default_max_tokens: int
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    session_ttl_s: int
+    draft_cache_ttl_s: int
+    max_turns: int = 8  # turns of history fed back to the target
+    answers_per_tenant: int = 64  # earlier answers kept in a tenant's cross-session draft cache
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    limits: RequestLimits
+    sessions: SessionConfig
+    queue_size: int
+    draft_budget: int | None
+    api_keys: tuple[str, ...]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServiceConfig:
+        return cls(
+            limits=RequestLimits(
+                max_upload_bytes=int(settings.max_upload_mb * 1024 * 1024),
+                max_question_chars=settings.max_question_chars,
+                max_document_ids=settings.max_document_ids,
+                max_new_tokens=settings.max_new_tokens,
+                default_max_tokens=min(settings.default_max_tokens, settings.max_new_tokens),
+            ),
+            sessions=SessionConfig(
+                session_ttl_s=settings.session_ttl_s, draft_cache_ttl_s=settings.draft_cache_ttl_s
+            ),
+            queue_size=settings.queue_size,
+            draft_budget=settings.draft_budget_max,
+            api_keys=tuple(settings.api_keys),
+        )

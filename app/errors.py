@@ -1,0 +1,131 @@
+"""Domain errors -> HTTP: the one place deciding status codes. Body: ``{"error": {"code", "message"}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import decoding.errors as decoding_errors
+import retrieval.errors as retrieval_errors
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """An error the service reports to the client as is. Subclasses fix ``status`` and ``code``."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class Unauthorized(ServiceError):  # noqa: N818 (the API's error names)
+    status, code = 401, "unauthorized"
+
+    def __init__(self, message: str = "a valid Bearer API key is required") -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class PayloadTooLarge(ServiceError):  # noqa: N818 (the API's error names)
+    status, code = 413, "payload_too_large"
+
+
+class InvalidRequest(ServiceError):  # noqa: N818 (the API's error names)
+    status, code = 422, "invalid_request"
+
+
+class ContextTooLong(ServiceError):  # noqa: N818 (the API's error names)
+    status, code = 400, "context_too_long"
+
+
+class NotAvailableYet(ServiceError):  # noqa: N818 (the API's error names)
+    """A decoding mode whose drafter is not part of this build yet (never answered by a stand-in)."""
+
+    status, code = 400, "not_available_yet"
+
+
+class Overloaded(ServiceError):  # noqa: N818 (the API's error names)
+    status, code = 429, "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+        self.retry_after_s = max(1, retry_after_s)
+
+
+class ServiceUnavailable(ServiceError):  # noqa: N818 (the API's error names)
+    status, code = 503, "unavailable"
+
+
+# Library domain errors -> (status, code). The message is the library's own (written for the user).
+LIBRARY_ERRORS: dict[type[Exception], tuple[int, str]] = {
+    retrieval_errors.DocumentNotFound: (404, "document_not_found"),
+    retrieval_errors.DocumentNotReady: (409, "document_not_ready"),
+    retrieval_errors.UnsupportedDocumentType: (415, "unsupported_document_type"),
+    retrieval_errors.EmptyDocument: (422, "empty_document"),
+    retrieval_errors.UnreadableDocument: (422, "unreadable_document"),
+    retrieval_errors.EmbedderMismatch: (409, "embedder_mismatch"),
+    retrieval_errors.EmbedderUnavailable: (503, "embedder_unavailable"),
+    decoding_errors.ContextTooLong: (400, "context_too_long"),
+}
+
+
+def translate(exc: BaseException) -> ServiceError | None:
+    """The service error for a domain exception, or None when it is not one (a bug)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    for library_error, (status, code) in LIBRARY_ERRORS.items():
+        if isinstance(exc, library_error):
+            err = ServiceError(str(exc) or code.replace("_", " "))
+            err.status, err.code = status, code
+            return err
+    return None
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def _json(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def service_error(_: Request, exc: Exception) -> JSONResponse:
+        err = translate(exc)
+        if err is None:  # not a domain error: a bug, reported as such
+            logger.exception("unhandled error", exc_info=exc)
+            return _json(500, "internal_error", "internal error")
+        return _json(err.status, err.code, err.message, err.headers)
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _json(422, "invalid_request", _validation_message(exc))
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _json(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+
+    app.add_exception_handler(ServiceError, service_error)
+    for library_error in LIBRARY_ERRORS:
+        app.add_exception_handler(library_error, service_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, service_error)

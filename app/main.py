@@ -1,0 +1,98 @@
+"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in ``lifespan``.
+
+Run with ``ragspec serve`` or ``uvicorn --factory app.main:create_app``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.deps import TenantDep
+from app.errors import install_error_handlers
+from app.metrics import Metrics, RequestMetricsMiddleware
+from app.routes import ask, documents, health, openai
+from app.services import Services, load_services
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    services = await asyncio.to_thread(load_services, settings, app.state.metrics)
+    services.redis.start_monitor()
+    app.state.services = services
+    try:
+        yield
+    finally:
+        app.state.services = None
+        await services.redis.close()
+        await asyncio.to_thread(services.close)
+
+
+def _live(app: FastAPI) -> Mapping[str, Any]:
+    services: Services | None = getattr(app.state, "services", None)
+    if services is None:
+        return {
+            "queue_waiting": 0,
+            "generation_running": False,
+            "kv_cache_bytes": 0,
+            "kv_cache_hits": 0,
+            "kv_cache_misses": 0,
+            "indexing_jobs": {},
+            "redis_up": None,
+        }
+    return services.live_metrics()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()  # type: ignore[call-arg]  # fields come from the environment
+    app = FastAPI(
+        title="ragspec",
+        version="0.1.0",
+        summary="Long-context RAG question answering with lossless speculative decoding",
+        lifespan=lifespan,
+        openapi_url=None,  # served below, behind the API key like every other route but /healthz
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.services = None
+    metrics = Metrics()
+    metrics.add_live(lambda: _live(app))
+    app.state.metrics = metrics
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    install_error_handlers(app)
+
+    for module in (health, documents, ask, openai):
+        app.include_router(module.router)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema(tenant: TenantDep) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="ragspec API")
+
+    if (STATIC_DIR / "index.html").exists():
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+        @app.get("/", include_in_schema=False)
+        async def page() -> FileResponse:
+            return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    return app

@@ -1,0 +1,172 @@
+"""The target's prompt: whole document(s) + question, fitted to the window.
+
+Layout ``[system][document][history][question]`` through ``decoding.prompt.build_prompt``. The prefix
+(system + document) never depends on the question, so its token ids are cached here per prefix key and
+its KV by the engine's prefix cache. When the documents do not fit the target's window (minus the
+question, history and ``max_tokens``), the target reads the most relevant chunks that fit, in document
+order (``Retriever.select_for_window``), and the prompt is marked ``context_truncated`` (not cached:
+such a prefix depends on the question).
+
+The tokenizer is used from one thread at a time here (fast tokenizers toggle backend state per call),
+with a private copy so indexing and detokenizing elsewhere never race with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from decoding.generation import Prompt
+from decoding.prompt import build_prompt
+from retrieval.retriever import Retriever
+from retrieval.store import DocumentStore
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are a careful assistant. Answer the user's question using the documents below. "
+    "If the documents do not contain the answer, say so."
+)
+DOCUMENT_SEPARATOR = "\n\n"
+FIT_ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class DocumentText:
+    id: str
+    title: str
+    text: str
+
+
+def prefix_key(model_name: str, system: str, doc_ids: Sequence[str]) -> str:
+    """Names the ``[system][document]`` prefix: shared by every question and session over these documents."""
+    h = hashlib.sha256()
+    for part in (model_name, system, *doc_ids):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "kv-" + h.hexdigest()[:32]
+
+
+def join_documents(docs: Sequence[DocumentText]) -> str:
+    if len(docs) == 1:
+        return docs[0].text
+    return DOCUMENT_SEPARATOR.join(f"Document: {d.title}\n\n{d.text}" for d in docs)
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Any, model_name: str, max_context: int, cache_items: int = 16) -> None:
+        self.tokenizer = copy.deepcopy(tokenizer)
+        self.model_name = model_name
+        self.max_context = max_context
+        self._lock = threading.Lock()
+        self._prefixes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_items = cache_items
+
+    def _build(
+        self, system: str, document: str, question: str, history: Sequence[tuple[str, str]], key: str | None
+    ) -> Prompt:
+        with self._lock:
+            return build_prompt(
+                self.tokenizer,
+                system=system,
+                document=document,
+                question=question,
+                history=history,
+                prefix_key=key,
+            )
+
+    def _prompt(
+        self, system: str, document: str, question: str, history: Sequence[tuple[str, str]], key: str | None
+    ) -> Prompt:
+        """Like ``build_prompt``; the prefix ids of a known key come from the cache (tokenized once).
+
+        The suffix never depends on the document (the template pieces are tokenized separately), so it is
+        built over an empty document and joined to the cached prefix.
+        """
+        if key is None:
+            return self._build(system, document, question, history, None)
+        with self._lock:
+            cached = self._prefixes.get(key)
+            if cached is not None:
+                self._prefixes.move_to_end(key)
+        if cached is None:
+            prompt = self._build(system, document, question, history, key)
+            with self._lock:
+                self._prefixes[key] = tuple(prompt.prefix_ids)
+                while len(self._prefixes) > self._cache_items:
+                    self._prefixes.popitem(last=False)
+            return prompt
+        rest = self._build(system, "", question, history, key)
+        return Prompt(prefix_ids=cached, suffix_ids=rest.suffix_ids, prefix_key=key)
+
+    def warm_prompt(
+        self, docs: Sequence[DocumentText], max_tokens: int, system: str = SYSTEM_PROMPT
+    ) -> Prompt | None:
+        """The prompt whose prefix a first question over ``docs`` will reuse, or None if it won't fit."""
+        key = prefix_key(self.model_name, system, [d.id for d in docs])
+        prompt = self._prompt(system, join_documents(docs), "", (), key)
+        if len(prompt.prefix_ids) + max_tokens + 64 > self.max_context:
+            return None
+        return prompt
+
+    def fit(
+        self,
+        docs: Sequence[DocumentText],
+        question: str,
+        history: Sequence[tuple[str, str]],
+        max_tokens: int,
+        retriever: Retriever | None,
+        tenant: str | None,
+        system: str = SYSTEM_PROMPT,
+    ) -> Prompt:
+        """The target's prompt over ``docs``, cut to the most relevant chunks when it is too long.
+
+        Older history turns are dropped first when even an empty document does not fit. Raises
+        ``ContextTooLong`` (decoding's) when the question alone does not fit.
+        """
+        from app.errors import ContextTooLong
+
+        room = self.max_context - max_tokens
+        history = list(history)
+        bare = self._build(system, "", question, history, None)
+        while len(bare.ids) > room and history:
+            history = history[1:]
+            bare = self._build(system, "", question, history, None)
+        if len(bare.ids) > room:
+            raise ContextTooLong(
+                f"the question needs {len(bare.ids)} prompt tokens and {max_tokens} new tokens, more than "
+                f"the target's {self.max_context}-token window; shorten the question or lower max_tokens"
+            )
+        if not docs:
+            return bare
+        key = prefix_key(self.model_name, system, [d.id for d in docs])
+        prompt = self._prompt(system, join_documents(docs), question, history, key)
+        if len(prompt.ids) <= room:
+            return prompt
+        if retriever is None:
+            raise ContextTooLong(f"the documents need {len(prompt.ids)} tokens; the window holds {room}")
+        budget = room - len(bare.ids)
+        for _ in range(FIT_ATTEMPTS):
+            if budget <= 0:
+                break
+            selection = retriever.select_for_window(question, [d.id for d in docs], budget, tenant=tenant)
+            cut = self._build(system, selection.context_text, question, history, None)
+            if len(cut.ids) <= room:
+                logger.info(
+                    "documents cut to %d of %d tokens to fit the window",
+                    len(cut.prefix_ids),
+                    len(prompt.prefix_ids),
+                )
+                return replace(cut, context_truncated=True)
+            budget -= len(cut.ids) - room + 16  # chunk joins tokenized differently: tighten and retry
+        raise ContextTooLong("could not fit any part of the documents into the target's window")
+
+
+def load_documents(store: DocumentStore, records: Sequence[Any]) -> list[DocumentText]:
+    return [DocumentText(id=r.id, title=r.title, text=store.load_text(r.id)) for r in records]

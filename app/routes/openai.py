@@ -1,0 +1,207 @@
+"""OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``.
+
+Extra request field ``document_ids``; extra response fields ``sources`` and ``stats`` (in the final chunk
+when streaming). The last user message is the question, earlier user/assistant pairs the history, system
+messages replace the service's system prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from app import answering
+from app.answering import Plan, Question
+from app.deps import ServicesDep, TenantDep
+from app.errors import InvalidRequest, translate
+from app.prompts import SYSTEM_PROMPT
+from app.routes.documents import ERRORS
+from app.schemas import (
+    ChatChoice,
+    ChatChoiceMessage,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatUsage,
+    ModelCard,
+    ModelList,
+)
+from app.services import Services
+from app.sse import frame, sse_response
+from decoding.generation import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+MAX_STOP = 4
+
+
+def _text(message: ChatMessage) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequest("messages: only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def conversation(messages: list[ChatMessage]) -> tuple[str, list[tuple[str, str]], str]:
+    """(system text, history pairs, question) from OpenAI messages."""
+    system = "\n\n".join(_text(m) for m in messages if m.role in ("system", "developer")) or SYSTEM_PROMPT
+    turns: list[tuple[str, str]] = [(m.role, _text(m)) for m in messages if m.role in ("user", "assistant")]
+    if not turns or turns[-1][0] != "user":
+        raise InvalidRequest("messages: the last message must come from the user")
+    merged: list[tuple[str, str]] = []  # consecutive messages of one role are joined
+    for role, text in turns:
+        if merged and merged[-1][0] == role:
+            merged[-1] = (role, merged[-1][1] + "\n\n" + text)
+        else:
+            merged.append((role, text))
+    question = merged.pop()[1]
+    history: list[tuple[str, str]] = []
+    pending: str | None = None
+    for role, text in merged:
+        if role == "user":
+            pending = text
+        else:
+            history.append((pending or "", text))
+            pending = None
+    if pending is not None:  # a user message without an answer: part of the question
+        question = pending + "\n\n" + question
+    return system, history, question
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP or any(not s for s in stops):
+        raise InvalidRequest(f"stop: at most {MAX_STOP} non-empty strings")
+    return tuple(stops)
+
+
+@router.get("/models", response_model=ModelList, responses=ERRORS)
+async def list_models(services: ServicesDep, tenant: TenantDep) -> ModelList:
+    return ModelList(
+        data=[
+            ModelCard(
+                id=services.target.name,
+                created=int(services.started_at),
+                max_context=services.engine.max_context,
+            )
+        ]
+    )
+
+
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, services: ServicesDep, tenant: TenantDep
+) -> Any:
+    system, history, question = conversation(body.messages)
+    if body.model and body.model != services.target.name:
+        logger.debug("chat request names model %r; serving %s", body.model, services.target.name)
+    q = Question(
+        question=question,
+        document_ids=body.document_ids,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed),
+        stop=_stops(body.stop),
+        history=history,
+        system=system,
+    )
+    plan = await answering.plan(services, tenant, q)
+    answering.start(services, plan)
+    completion_id = "chatcmpl-" + uuid.uuid4().hex
+    created = int(time.time())
+    if body.stream:
+        return sse_response(_stream(services, plan, completion_id, created))
+    try:
+        async for _ in answering.events(plan, request):
+            pass
+    finally:
+        await answering.finish(services, plan)
+    done = plan.done
+    if done is None:
+        raise InvalidRequest("the request was cancelled")
+    stats = done.stats
+    return ChatCompletionResponse(
+        id=completion_id,
+        created=created,
+        model=services.target.name,
+        choices=[
+            ChatChoice(
+                message=ChatChoiceMessage(content=done.text),
+                finish_reason=FINISH_REASONS.get(done.finish_reason, "stop"),
+            )
+        ],
+        usage=ChatUsage(
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens,
+            total_tokens=stats.prompt_tokens + stats.completion_tokens,
+        ),
+        sources=plan.sources,
+        stats=answering.stats_out(stats),
+    )
+
+
+def _chunk(
+    completion_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
+
+
+async def _stream(services: Services, plan: Plan, completion_id: str, created: int) -> AsyncIterator[str]:
+    model = services.target.name
+    try:
+        yield frame(_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None))
+        async for event in answering.events(plan):
+            if event.text:
+                yield frame(_chunk(completion_id, created, model, {"content": event.text}, None))
+        await answering.finish(services, plan)
+        if plan.done is not None:
+            stats = plan.done.stats
+            usage = {
+                "prompt_tokens": stats.prompt_tokens,
+                "completion_tokens": stats.completion_tokens,
+                "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            }
+            yield frame(
+                _chunk(
+                    completion_id,
+                    created,
+                    model,
+                    {},
+                    FINISH_REASONS.get(plan.done.finish_reason, "stop"),
+                    usage=usage,
+                    sources=[s.model_dump() for s in plan.sources],
+                    stats=answering.stats_out(stats).model_dump(),
+                )
+            )
+        else:
+            yield frame({"error": {"code": "cancelled", "message": "the generation was cancelled"}})
+    except Exception as exc:  # after the stream began: report in band, then end it properly
+        err = translate(exc)
+        if err is None:
+            logger.exception("generation failed mid-stream")
+        code, message = (
+            (err.code, err.message) if err is not None else ("internal_error", "generation failed")
+        )
+        yield frame({"error": {"code": code, "message": message}})
+    yield frame("[DONE]")

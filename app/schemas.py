@@ -1,0 +1,185 @@
+"""Request and response bodies, one class per direction. Limits that depend on settings (question length,
+number of documents, max_tokens ceiling) are checked in the routes against ``RequestLimits``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
+AskMode = Literal["auto", "autoregressive", "racer", "rapid", "combined"]
+
+ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+# ---- documents ------------------------------------------------------------------------------------
+
+
+class DocumentTextIn(BaseModel):
+    """JSON upload: plain text with an optional title."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1, description="Document text (plain text or Markdown)")
+    title: str | None = Field(None, max_length=512)
+
+
+class DocumentAccepted(BaseModel):
+    id: str
+    title: str
+    status: DocumentStatus
+    progress: float = Field(ge=0, le=1)
+
+
+class DocumentOut(DocumentAccepted):
+    message: str | None = None
+    media_type: str | None = None
+    size_bytes: int | None = None
+    chunks: int | None = None
+    created_at: float | None = None
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentOut]
+
+
+# ---- ask ------------------------------------------------------------------------------------------
+
+
+class AskRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1)
+    document_ids: list[str] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stream: bool = False
+    session_id: str | None = Field(None, pattern=ID_PATTERN)
+    mode: AskMode = "auto"
+
+
+class Source(BaseModel):
+    document_id: str
+    chunk_id: str
+    text: str
+    score: float
+    start: int
+    end: int
+    page: int | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class AskStats(BaseModel):
+    ttft_ms: float
+    tokens_per_second: float
+    acceptance_length: float
+    drafted: int
+    drafted_by_source: dict[str, int]
+    accepted_by_source: dict[str, int]
+    prefix_cache_hit: bool
+    context_truncated: bool
+    finish_reason: str
+
+
+class AskResponse(BaseModel):
+    answer: str
+    session_id: str
+    sources: list[Source]
+    usage: Usage
+    stats: AskStats
+
+
+class TokenFrame(BaseModel):
+    """``data`` of an ``event: token`` frame."""
+
+    text: str
+
+
+# ---- OpenAI-compatible ----------------------------------------------------------------------------
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we ignore (n=1, user, ...)
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1)
+    document_ids: list[str] = Field(default_factory=list)
+
+
+class ChatChoiceMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatChoiceMessage
+    finish_reason: str
+
+
+class ChatUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage
+    sources: list[Source]
+    stats: AskStats
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ragspec"
+    max_context: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---- health ---------------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "degraded", "unavailable"]
+    checks: dict[str, str]

@@ -1,0 +1,211 @@
+"""Everything the service holds while it runs, loaded once (``lifespan``, or the CLI in process).
+
+Settings are read here and only here; every library object gets plain values or a small frozen config.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from app.auth import KeyRing
+from app.config import ServiceConfig
+from app.drafting import Drafters, DraftingConfig
+from app.indexing import IndexingConfig, IndexingJobs
+from app.kv_tags import PrefixRegistry
+from app.metrics import Metrics
+from app.prompts import PromptBuilder, load_documents
+from app.redis_link import RedisLink
+from app.scheduler import GenerationScheduler
+from app.sessions import SessionStore
+from app.settings import Settings
+from decoding.bundled import bundled_target_dir
+from decoding.engine import Engine, EngineConfig
+from decoding.kv_cache import PrefixCache
+from decoding.models import LoadedModel, load_model, tokenizer_fingerprint
+from retrieval.embedding import Embedder, load_embedder
+from retrieval.retriever import Retriever
+from retrieval.store import DocumentStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    config: ServiceConfig
+    target: LoadedModel
+    engine: Engine
+    prefix_cache: PrefixCache | None
+    embedder: Embedder
+    store: DocumentStore
+    retriever: Retriever
+    indexing: IndexingJobs
+    scheduler: GenerationScheduler
+    prompts: PromptBuilder
+    prefixes: PrefixRegistry
+    drafters: Drafters
+    redis: RedisLink
+    sessions: SessionStore
+    metrics: Metrics
+    keys: KeyRing
+    started_at: float
+
+    def warm_document(self, doc_id: str) -> None:
+        """Queue the document's KV prefix computation, run only while no question waits."""
+        if self.prefix_cache is None:
+            return
+        record = self.store.get(doc_id)
+        docs = load_documents(self.store, [record])
+        prompt = self.prompts.warm_prompt(docs, self.config.limits.default_max_tokens)
+        if prompt is None or prompt.prefix_key is None:
+            return
+        self.prefixes.add(prompt.prefix_key, [doc_id])
+        engine = self.engine
+
+        def run(cancel: threading.Event) -> Iterator[Any]:
+            if not cancel.is_set():
+                engine.warm_prefix(prompt)
+            yield from ()
+
+        self.scheduler.submit_background(run, key=prompt.prefix_key)
+
+    def forget_document(self, doc_id: str) -> None:
+        """After a delete: drop cached chunks/index and every KV prefix the document is part of."""
+        self.retriever.invalidate(doc_id)
+        for key in self.prefixes.pop_document(doc_id):
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop(key)
+
+    def live_metrics(self) -> dict[str, Any]:
+        counts: dict[str, int] = {s: 0 for s in ("queued", "indexing", "ready", "failed")}
+        for record in self.store.list():
+            counts[record.status] = counts.get(record.status, 0) + 1
+        cache = self.prefix_cache
+        return {
+            "queue_waiting": self.scheduler.waiting,
+            "generation_running": self.scheduler.running,
+            "kv_cache_bytes": cache.bytes_used if cache is not None else 0,
+            "kv_cache_hits": cache.hits if cache is not None else 0,
+            "kv_cache_misses": cache.misses if cache is not None else 0,
+            "indexing_jobs": counts,
+            "redis_up": None if self.redis.state == "disabled" else self.redis.state == "up",
+        }
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        self.indexing.stop()
+        self.drafters.close()
+        self.store.close()
+
+
+def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
+    """Load models, open the store (recovering from a crash) and start the worker threads."""
+    t0 = time.perf_counter()
+    config = ServiceConfig.from_settings(settings)
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    store = DocumentStore(data_dir / "documents")
+    report = store.recover()
+    if report.failed:
+        logger.warning(
+            "documents interrupted by the last shutdown are now failed: %s", ", ".join(report.failed)
+        )
+
+    embedder = load_embedder(settings.embedding_model, settings.embedding_kind, settings.device)
+    embedder.encode_query("warm-up")  # fixes the tokenizer's truncation state before threads share it
+    stale = store.stale(embedder)
+    if stale:
+        logger.warning(
+            "%d documents were indexed with another embedder than %s; run `ragspec reindex --all`",
+            len(stale),
+            embedder.name,
+        )
+
+    target = load_model(
+        settings.target_model,
+        bundled_dir=bundled_target_dir(settings.models_dir),
+        device=settings.device,
+        dtype=settings.dtype,
+        threads=settings.threads,
+        local_files_only=True,
+    )
+    if settings.max_context is not None and settings.max_context < target.max_context:
+        target = dataclasses.replace(target, max_context=settings.max_context)
+    drafters = Drafters(
+        DraftingConfig(
+            racer_dir=data_dir / "racer",
+            redis_url=settings.redis_url,
+            draft_cache_ttl_s=settings.draft_cache_ttl_s,
+            model_id=target.name,
+            tokenizer_hash=tokenizer_fingerprint(target.tokenizer),
+            vocab_size=target.vocab_size,
+        )
+    )
+    prefix_cache = None
+    if settings.kv_cache_bytes > 0:
+        prefix_cache = PrefixCache(
+            settings.kv_cache_bytes, data_dir / "kv" if settings.kv_cache_persist else None
+        )
+    engine = Engine(
+        target,  # type: ignore[arg-type]  # LoadedModel is frozen; TargetModel declares plain attributes
+        prefix_cache,
+        config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk),
+    )
+    retriever = Retriever(
+        store,
+        embedder,
+        threshold=settings.retrieval_threshold,
+        budget_cap=settings.retrieval_budget_cap,
+        top_k=settings.retrieval_top_k,
+    )
+    scheduler = GenerationScheduler(settings.queue_size)
+    redis = RedisLink(settings.redis_url)
+    indexing = IndexingJobs(
+        store,
+        copy.deepcopy(target.tokenizer),
+        embedder,
+        IndexingConfig(chunk_tokens=settings.chunk_tokens, chunk_overlap=settings.chunk_overlap),
+    )
+    services = Services(
+        settings=settings,
+        config=config,
+        target=target,
+        engine=engine,
+        prefix_cache=prefix_cache,
+        embedder=embedder,
+        store=store,
+        retriever=retriever,
+        indexing=indexing,
+        scheduler=scheduler,
+        prompts=PromptBuilder(target.tokenizer, target.name, engine.max_context),
+        prefixes=PrefixRegistry(data_dir / "kv-prefixes.json"),
+        drafters=drafters,
+        redis=redis,
+        sessions=SessionStore(redis, config.sessions.session_ttl_s, config.sessions.max_turns),
+        metrics=metrics or Metrics(),
+        keys=KeyRing(config.api_keys),
+        started_at=time.time(),
+    )
+    indexing.on_ready = services.warm_document
+    if settings.calibrate:
+
+        def calibrate(cancel: threading.Event) -> Iterator[Any]:
+            engine.calibrate()
+            yield from ()
+
+        scheduler.submit_background(calibrate, key="calibrate")
+    logger.info(
+        "services ready in %.1f s (target %s, embedder %s)",
+        time.perf_counter() - t0,
+        target.name,
+        embedder.name,
+    )
+    return services

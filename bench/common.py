@@ -1,0 +1,115 @@
+"""Shared by the benchmark scripts: machine record, medians, JSON output, the bundled target, documents."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from decoding.bundled import bundled_target_dir, install_bundled
+from decoding.models import LoadedModel, load_model
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+LICENSES = Path("/usr/share/common-licenses")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on: never compare absolute numbers across different records."""
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return info
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def load_target(
+    spec: str = "bundled", data_dir: Path = REPO / "data", threads: int | None = None
+) -> LoadedModel:
+    """The target: the bundled SmolLM2 (converted on first use) or any model ``load_model`` takes."""
+    models_dir = data_dir / "models"
+    if spec == "bundled":
+        install_bundled(models_dir)
+    return load_model(spec, bundled_dir=bundled_target_dir(models_dir), threads=threads)
+
+
+@dataclass(frozen=True)
+class DocQA:
+    """A long document and questions about it."""
+
+    name: str
+    text: str
+    questions: tuple[str, ...]
+
+
+# Debian's license texts: real, long, present on every Debian/Ubuntu machine. Until bench/data exists.
+LICENSE_QA: dict[str, tuple[str, ...]] = {
+    "Apache-2.0": (
+        "When does the patent license granted by a Contributor terminate?",
+        "What must you do with the NOTICE file when you redistribute the Work?",
+    ),
+    "MPL-2.0": (
+        "What happens to your rights if you fail to comply with this License?",
+        "What is a Larger Work, and may you distribute one?",
+    ),
+    "GFDL-1.3": (
+        "What is an Invariant Section?",
+        "What must you do to the Title Page when you distribute a Modified Version?",
+    ),
+    "LGPL-2.1": (
+        "What is a work that uses the Library?",
+        "May a program that is linked with the Library be distributed under terms of your choice?",
+    ),
+    "GPL-3": (
+        "What does the license say about conveying verbatim copies of the Program's source code?",
+        "What is the Corresponding Source of a work in object code form?",
+    ),
+}
+
+
+def license_documents(names: Sequence[str] | None = None) -> list[DocQA]:
+    docs = []
+    for name in names or list(LICENSE_QA):
+        path = LICENSES / name
+        if path.is_file():
+            docs.append(DocQA(name, path.read_text(encoding="utf-8"), LICENSE_QA[name]))
+        else:
+            logger.warning("%s missing; skipped", path)
+    return docs

@@ -1,0 +1,409 @@
+"""Decoding benchmark: long-document QA prompts (2K-8K tokens) on the target, greedy, methods side by side.
+
+    python -m bench.decode [--quick] [--json PATH] [--methods NAME ...] [--repeats N] [--threads N]
+
+Every method runs on the same prompts in one process with the same threads, interleaved per prompt
+(rep -> prompt -> method), after one warm-up run each. Figures, as the papers report them:
+
+- decode throughput: tokens after the first / seconds after the first token; speedup = method / ours
+  autoregressive on the same prompt (median of repetitions), then median and min over prompts;
+- prefill (time to first token) and end-to-end seconds, reported beside it, separately;
+- acceptance length: tokens emitted per target forward after prefill (1.0 for plain decoding);
+- lossless: every method's token ids equal our autoregressive token ids (a mismatch is a bug);
+- ttft_repeat_ratio: TTFT of a first question over TTFT of the same question asked again on the same
+  ~7K-token document, where the engine reuses the cached document prefix KV.
+
+Methods: ``autoregressive`` (our engine, no drafter), ``hf_generate`` (HF greedy), ``hf_prompt_lookup``
+(HF generate with prompt_lookup_num_tokens=10), and one entry per drafter set in ``DRAFTERS`` — adding a
+speculative method is one line there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from bench.common import REPO, DocQA, license_documents, load_target, machine_info, median, write_json
+from decoding.drafter import Drafter
+from decoding.drafters.prompt_lookup import PromptLookupDrafter
+from decoding.engine import Engine
+from decoding.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.kv_cache import PrefixCache
+from decoding.models import LoadedModel
+from decoding.prompt import build_prompt
+
+logger = logging.getLogger("bench.decode")
+
+SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
+QUICK_DOCS = ("Apache-2.0", "MPL-2.0")
+TTFT_DOC = "GPL-3"  # ~7.6K tokens with the SmolLM2 tokenizer
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    document: str
+    question: str
+    prompt: Prompt
+
+
+@dataclass(frozen=True)
+class Bench:
+    target: LoadedModel
+    engine: Engine
+    max_new_tokens: int
+
+
+# Our speculative methods: name -> drafters for one case (fresh per run). One line per method.
+DrafterFactory = Callable[[Bench, Case], list[Drafter]]
+DRAFTERS: dict[str, DrafterFactory] = {
+    "prompt_lookup": lambda bench, case: [PromptLookupDrafter()],
+}
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    ttft_s: float  # prefill + first token
+    decode_s: float  # after the first emission
+    total_s: float
+    decode_tokens: int  # tokens emitted after the first emission
+    forwards: int  # target forwards after the first emission
+    acceptance_length: float
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+# ---- methods ----------------------------------------------------------------------------------------
+
+
+def run_engine(bench: Bench, case: Case, drafters: Sequence[Drafter]) -> Run:
+    config = GenerationConfig(max_new_tokens=bench.max_new_tokens)
+    done = next(e for e in bench.engine.generate(case.prompt, config, drafters) if isinstance(e, DoneEvent))
+    s = done.stats
+    return Run(
+        tokens=list(done.token_ids),
+        ttft_s=s.ttft_s,
+        decode_s=s.decode_s,
+        total_s=s.total_s,
+        decode_tokens=max(0, s.completion_tokens - 1),
+        forwards=s.steps,
+        acceptance_length=s.acceptance_length or 1.0,
+    )
+
+
+class _Clock(BaseStreamer):
+    """Records when HF generate emits tokens (its first put() is the prompt)."""
+
+    def __init__(self) -> None:
+        self.prompt_seen = False
+        self.times: list[float] = []
+        self.counts: list[int] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.counts.append(int(value.numel()))
+
+    def end(self) -> None:
+        return None
+
+
+def run_hf(bench: Bench, case: Case, **generate_kwargs: Any) -> Run:
+    target = bench.target
+    ids = torch.tensor([case.prompt.ids], device=target.device)  # [1, n]
+    clock = _Clock()
+    eos = list(target.eos_token_ids)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(  # type: ignore[operator]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=bench.max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            streamer=clock,
+            **generate_kwargs,
+        )
+    end = time.perf_counter()
+    new = out[0, ids.shape[1] :].tolist()
+    tokens = new[: next((i for i, t in enumerate(new) if t in eos), len(new))]
+    first = clock.times[0] if clock.times else end
+    first_n = min(clock.counts[0], len(tokens)) if clock.counts else len(tokens)
+    return Run(
+        tokens=tokens,
+        ttft_s=first - t0,
+        decode_s=end - first,
+        total_s=end - t0,
+        decode_tokens=len(tokens) - first_n,
+        forwards=max(0, len(clock.times) - 1),
+        acceptance_length=(sum(clock.counts[1:]) / (len(clock.times) - 1)) if len(clock.times) > 1 else 1.0,
+    )
+
+
+Method = Callable[[Bench, Case], Run]
+
+
+def all_methods() -> dict[str, Method]:
+    methods: dict[str, Method] = {
+        "autoregressive": lambda bench, case: run_engine(bench, case, []),
+        "hf_generate": lambda bench, case: run_hf(bench, case),
+        "hf_prompt_lookup": lambda bench, case: run_hf(bench, case, prompt_lookup_num_tokens=10),
+    }
+    for name, make in DRAFTERS.items():
+        methods[name] = lambda bench, case, make=make: run_engine(bench, case, make(bench, case))  # type: ignore[misc]
+    return methods
+
+
+# ---- prompts ----------------------------------------------------------------------------------------
+
+
+def make_cases(
+    target: LoadedModel,
+    docs: Sequence[DocQA],
+    questions_per_doc: int,
+    max_new: int,
+    max_doc_tokens: int | None = None,
+) -> list[Case]:
+    """One case per (document, question); documents longer than the window (or the cap) are cut."""
+    tok = target.tokenizer
+    room = min(target.max_context - max_new - 256, max_doc_tokens or target.max_context)
+    cases = []
+    for doc in docs:
+        text = doc.text
+        ids = tok(text, add_special_tokens=False).input_ids
+        if len(ids) > room:
+            text = tok.decode(ids[:room])
+            text = text[: text.rfind("\n\n")] if "\n\n" in text else text
+        for i, question in enumerate(doc.questions[:questions_per_doc]):
+            prompt = build_prompt(tok, system=SYSTEM, document=text, question=question, prefix_key=None)
+            cases.append(Case(f"{doc.name}/q{i + 1}", text, question, prompt))
+    return cases
+
+
+# ---- measurement ------------------------------------------------------------------------------------
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ar_tps = median([r.decode_tps for r in runs["autoregressive"]])
+    ar_total = median([r.total_s for r in runs["autoregressive"]])
+    for name, reps in runs.items():
+        mismatches = [first_mismatch(r.tokens, reference) for r in reps]
+        tps = median([r.decode_tps for r in reps])
+        total = median([r.total_s for r in reps])
+        out[name] = {
+            "lossless": all(m is None for m in mismatches),
+            "first_mismatch": next((m for m in mismatches if m is not None), None),
+            "new_tokens": len(reps[0].tokens),
+            "decode_tokens_per_s": round(tps, 3),
+            "speedup_vs_ar": round(tps / ar_tps, 4) if ar_tps else 0.0,
+            "ttft_s": round(median([r.ttft_s for r in reps]), 4),
+            "total_s": round(total, 4),
+            "e2e_speedup_vs_ar": round(ar_total / total, 4) if total else 0.0,
+            "acceptance_length": round(median([r.acceptance_length for r in reps]), 4),
+            "reps": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in reps],
+        }
+    return out
+
+
+def measure_ttft_repeat(
+    target: LoadedModel, doc: DocQA, repeats: int, max_doc_tokens: int | None = None
+) -> dict[str, Any]:
+    """Cold TTFT (prefix computed) vs repeated-question TTFT (prefix KV reused) on one long document."""
+    [case] = make_cases(target, [doc], 1, 32, max_doc_tokens)
+    config = GenerationConfig(max_new_tokens=16)
+    cold: list[float] = []
+    warm: list[float] = []
+    same = True
+    hits = True
+    for rep in range(repeats):
+        engine = Engine(target, prefix_cache=PrefixCache(byte_budget=4 << 30))
+        prompt = Prompt(case.prompt.prefix_ids, case.prompt.suffix_ids, prefix_key=f"{doc.name}-{rep}")
+        first = next(e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent))
+        again = next(e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent))
+        cold.append(first.stats.ttft_s)
+        warm.append(again.stats.ttft_s)
+        same &= first.token_ids == again.token_ids
+        hits &= again.stats.prefix_cache_hit and not first.stats.prefix_cache_hit
+    return {
+        "document": doc.name,
+        "prompt_tokens": len(case.prompt.ids),
+        "prefix_tokens": len(case.prompt.prefix_ids),
+        "cold_ttft_s": [round(x, 4) for x in cold],
+        "warm_ttft_s": [round(x, 4) for x in warm],
+        "prefix_cache_hit": hits,
+        "same_output": same,
+        "ratio": round(median(cold) / median(warm), 3) if median(warm) > 0 else 0.0,
+    }
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.model, Path(args.data_dir))
+    methods = all_methods()
+    names = ["autoregressive", *[m for m in (args.methods or methods) if m != "autoregressive"]]
+    unknown = [m for m in names if m not in methods]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; known: {sorted(methods)}")
+
+    docs = license_documents(QUICK_DOCS if args.quick else None)
+    cases = make_cases(target, docs, 1 if args.quick else 2, args.max_new_tokens, args.max_doc_tokens)
+    engine = Engine(target)
+    engine.calibrate()
+    bench = Bench(target, engine, args.max_new_tokens)
+
+    warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in docs[:1]], 1, 8)[0]
+    for name in names:
+        methods[name](Bench(target, engine, 8), warmup)
+
+    runs: dict[str, dict[str, list[Run]]] = {c.name: {m: [] for m in names} for c in cases}
+    for rep in range(args.repeats):
+        for case in cases:
+            for name in names:
+                run = methods[name](bench, case)
+                runs[case.name][name].append(run)
+                logger.info(
+                    "rep %d %s %-18s %5.1f tok/s  ttft %.2fs  accept %.2f  %d tokens",
+                    rep + 1,
+                    case.name,
+                    name,
+                    run.decode_tps,
+                    run.ttft_s,
+                    run.acceptance_length,
+                    len(run.tokens),
+                )
+
+    results = []
+    for case in cases:
+        reference = runs[case.name]["autoregressive"][0].tokens
+        results.append(
+            {
+                "name": case.name,
+                "question": case.question,
+                "prompt_tokens": len(case.prompt.ids),
+                "answer": target.tokenizer.decode(reference),
+                "methods": summarize_case(runs[case.name], reference),
+            }
+        )
+
+    ttft_doc = next((d for d in license_documents([TTFT_DOC])), docs[-1])
+    ttft = measure_ttft_repeat(target, ttft_doc, max(2, args.repeats), args.max_doc_tokens)
+
+    per_method: dict[str, dict[str, float]] = {}
+    for name in names:
+        rows = [r["methods"][name] for r in results]
+        per_method[name] = {
+            key: round(median([row[key] for row in rows]), 4)
+            for key in (
+                "speedup_vs_ar",
+                "e2e_speedup_vs_ar",
+                "decode_tokens_per_s",
+                "ttft_s",
+                "acceptance_length",
+            )
+        }
+    summary = {
+        "all_lossless": all(row["lossless"] for r in results for row in r["methods"].values()),
+        "ttft_repeat_ratio": ttft["ratio"],
+        "methods": {
+            name: {
+                "speedup_vs_ar_median": round(
+                    median([r["methods"][name]["speedup_vs_ar"] for r in results]), 4
+                ),
+                "speedup_vs_ar_min": round(min(r["methods"][name]["speedup_vs_ar"] for r in results), 4),
+                "acceptance_length_median": round(
+                    median([r["methods"][name]["acceptance_length"] for r in results]), 4
+                ),
+            }
+            for name in names
+            if name != "autoregressive"
+        },
+    }
+    return {
+        "benchmark": "decode",
+        "config": {
+            "model": target.name,
+            "device": str(target.device),
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "quick": args.quick,
+            "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens,
+            "max_doc_tokens": args.max_doc_tokens,
+            "methods": names,
+            "greedy": True,
+            "system": SYSTEM,
+            "verify_cost_s": {str(k): round(v, 5) for k, v in sorted(engine.policy.cost_s.items())},
+        },
+        "machine": machine_info(),
+        "cases": results,
+        "ttft_repeat": ttft,
+        "per_method": per_method,
+        "summary": summary,
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 prompts, 1 repetition, 48 new tokens (minutes)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument(
+        "--methods", nargs="+", default=None, help="subset of methods (autoregressive always runs)"
+    )
+    p.add_argument("--repeats", type=int, default=None, help="repetitions per prompt (default 3; quick 1)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128; quick 48")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--max-doc-tokens", type=int, default=None, help="cut documents to this many tokens (smoke runs)"
+    )
+    p.add_argument("--model", default="bundled", help="target: 'bundled', a local HF dir or hub id")
+    p.add_argument("--data-dir", default=str(REPO / "data"), help="where the bundled model is converted")
+    args = p.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 128)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    args = parse_args(argv)
+    result = run_benchmark(args)
+    if args.json:
+        write_json(args.json, result)
+        logger.info("wrote %s", args.json)
+    summary = result["summary"]
+    sys.stdout.write(
+        f"all_lossless={summary['all_lossless']}  ttft_repeat_ratio={summary['ttft_repeat_ratio']}\n"
+    )
+    for name, row in summary["methods"].items():
+        sys.stdout.write(
+            f"{name:20s} speedup median {row['speedup_vs_ar_median']:.3f}  "
+            f"min {row['speedup_vs_ar_min']:.3f}  acceptance {row['acceptance_length_median']:.2f}\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

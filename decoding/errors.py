@@ -1,0 +1,24 @@
+"""Domain errors of the decoding package. ``app`` maps them to HTTP codes; nothing here knows HTTP."""
+
+from __future__ import annotations
+
+
+class DecodingError(Exception):
+    """Base class of every error raised by ``decoding``."""
+
+
+class ModelLoadError(DecodingError):
+    """A model or tokenizer could not be found, converted or loaded."""
+
+
+class VocabularyMismatch(DecodingError):  # noqa: N818  (the name the service uses)
+    """Target and drafter do not share one vocabulary, so drafted token ids would mean different things."""
+
+
+class ContextTooLong(DecodingError, ValueError):  # noqa: N818
+    """The prompt (plus room for new tokens) does not fit the model's context window."""
+
+    def __init__(self, tokens: int, limit: int, what: str = "prompt") -> None:
+        super().__init__(f"{what} needs {tokens} tokens but the context window holds {limit}")
+        self.tokens = tokens
+        self.limit = limit

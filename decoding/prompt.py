@@ -1,0 +1,101 @@
+"""Prompt layout ``[system][document][question]`` through the model's chat template.
+
+The system message holds the system text followed by the document; earlier (question, answer) turns and the
+new question follow; the template's generation prompt ends it. Everything up to the end of the document is
+``Prompt.prefix_ids``: it never depends on the question or the history, so its target KV cache is computed
+once per document and reused. The RAG drafter's prompt is the same call with the retrieved chunks' text as
+``document``.
+
+How the split is found (robust to any template that copies message contents verbatim): the chat is
+rendered with a unique sentinel in place of every caller-supplied text (document, past turns, question).
+The rendered string is cut at the sentinels into template pieces and text pieces. Template pieces are
+tokenized with special tokens recognised (``<|im_start|>`` ...); caller texts with special tokens treated
+as plain text, so a document containing ``<|im_end|>`` cannot end its own message. Pieces are tokenized
+separately without added special tokens and their ids concatenated (whitespace at the end of a template
+piece joins the text after it, where a byte-level pre-tokenizer would split anyway); the document piece is
+the last one of the prefix, so the prefix ends exactly where the document text ends.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from decoding.errors import DecodingError
+from decoding.generation import Prompt
+
+
+def _encode(tokenizer: Any, text: str, *, plain: bool) -> list[int]:
+    """Token ids of ``text``; ``plain`` treats special-token strings in it as ordinary text."""
+    if not text:
+        return []
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=plain).input_ids)
+
+
+def render_chat(
+    tokenizer: Any,
+    *,
+    system: str,
+    document: str,
+    question: str,
+    history: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The full prompt as the chat template renders it (what ``build_prompt``'s ids decode to)."""
+    return str(tokenizer.apply_chat_template(
+        _messages(system, document, question, history), tokenize=False, add_generation_prompt=True
+    ))
+
+
+def _messages(
+    system: str, document: str, question: str, history: Sequence[tuple[str, str]]
+) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": f"{system}\n\n{document}" if system else document}]
+    for asked, answered in history:
+        messages.append({"role": "user", "content": asked})
+        messages.append({"role": "assistant", "content": answered})
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def build_prompt(
+    tokenizer: Any,
+    *,
+    system: str,
+    document: str,
+    question: str,
+    history: Sequence[tuple[str, str]] = (),
+    prefix_key: str | None,
+) -> Prompt:
+    """Token ids of the chat, split into the cacheable ``[system][document]`` prefix and the rest.
+
+    ``prefix_key`` names the prefix for the KV cache; it must change whenever the system text, the document
+    or the tokenizer does (e.g. include the document id, a hash of ``system`` and the tokenizer fingerprint).
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DecodingError("the tokenizer has no chat template; cannot lay out the prompt")
+    tag = uuid.uuid4().hex
+    texts = [document]
+    for asked, answered in history:
+        texts += [asked, answered]
+    texts.append(question)
+    slots = [f"\x00slot{tag}{i}\x00" for i in range(len(texts))]
+    history_slots = [(slots[1 + 2 * i], slots[2 + 2 * i]) for i in range(len(history))]
+    rendered = render_chat(tokenizer, system=system, document=slots[0], question=slots[-1],
+                           history=history_slots)
+
+    prefix: list[int] = []
+    suffix: list[int] = []
+    rest = rendered
+    for i, (slot, text) in enumerate(zip(slots, texts, strict=True)):
+        head, found, rest = rest.partition(slot)
+        if not found or slot in rest:
+            raise DecodingError("the chat template does not copy message contents verbatim; cannot split it")
+        out = prefix if i == 0 else suffix
+        # Whitespace ending a template piece goes with the text that follows, so the boundary splits the
+        # string where the tokenizer's own pre-tokenizer would (for "\n\nThe" as for "\nThe").
+        template = head.rstrip()
+        out += _encode(tokenizer, template, plain=False)
+        out += _encode(tokenizer, head[len(template):] + text, plain=True)
+    suffix += _encode(tokenizer, rest, plain=False)
+    return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key)

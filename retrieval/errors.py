@@ -1,0 +1,80 @@
+"""Domain errors of the retrieval package.
+
+Every error a caller can act on derives from :class:`RetrievalError`; the app maps them to HTTP codes.
+Messages are written for the person who uploaded or asked, not for a developer.
+"""
+
+from __future__ import annotations
+
+REINDEX_COMMAND = "ragspec reindex --all"
+
+
+class RetrievalError(Exception):
+    """Base class of every retrieval domain error."""
+
+
+class UnsupportedDocumentType(RetrievalError):  # noqa: N818 (domain names)
+    """The file's extension / content type is not one we can parse (txt, md, html, pdf)."""
+
+    def __init__(self, filename: str | None, content_type: str | None) -> None:
+        self.filename = filename
+        self.content_type = content_type
+        parts = [f"file {filename!r}" if filename else "", f"type {content_type!r}" if content_type else ""]
+        what = ", ".join(p for p in parts if p) or "document without a name or content type"
+        super().__init__(f"unsupported document type ({what}): supported are .txt, .md, .html and .pdf")
+
+
+class EmptyDocument(RetrievalError):  # noqa: N818 (domain names)
+    """The upload holds no bytes, or no text could be found in it."""
+
+    def __init__(self, reason: str = "the document is empty") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class UnreadableDocument(RetrievalError):  # noqa: N818 (domain names)
+    """The bytes are not what they claim to be: binary data, undecodable text, a corrupt or locked PDF."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"cannot read document: {reason}")
+
+
+class DocumentNotFound(RetrievalError):  # noqa: N818 (domain names)
+    """No document with this id (for this tenant)."""
+
+    def __init__(self, doc_id: str) -> None:
+        self.doc_id = doc_id
+        super().__init__(f"document {doc_id!r} not found")
+
+
+class DocumentNotReady(RetrievalError):  # noqa: N818 (domain names)
+    """The document exists but is not (yet) indexed: queued, indexing or failed."""
+
+    def __init__(self, doc_id: str, status: str, message: str | None = None) -> None:
+        self.doc_id = doc_id
+        self.status = status
+        detail = f": {message}" if message else ""
+        super().__init__(f"document {doc_id!r} is not ready (status {status}{detail})")
+
+
+class EmbedderMismatch(RetrievalError):  # noqa: N818 (domain names)
+    """An index was built with another embedder (name or dimension) than the one loaded now."""
+
+    def __init__(self, expected: str, found: str, doc_id: str | None = None) -> None:
+        self.expected = expected
+        self.found = found
+        self.doc_id = doc_id
+        where = f"document {doc_id!r} was" if doc_id else "this index was"
+        super().__init__(
+            f"{where} indexed with embedder {found}, but the loaded embedder is {expected}; "
+            f"run `{REINDEX_COMMAND}` to re-index with the current embedder"
+        )
+
+
+class EmbedderUnavailable(RetrievalError):  # noqa: N818 (domain names)
+    """The embedding model is not on this machine (we never download at run time)."""
+
+    def __init__(self, name_or_path: str, reason: str) -> None:
+        self.name_or_path = name_or_path
+        super().__init__(f"embedding model {name_or_path!r} is not available locally: {reason}")

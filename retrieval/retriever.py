@@ -1,0 +1,220 @@
+"""Dense retrieval over indexed documents, RAPID style.
+
+The question alone is embedded; chunks scoring below the similarity threshold are dropped; the best
+top-k are packed into a token budget (default ``max(L/24, 4096)`` capped, L = total document tokens);
+the kept chunks are re-ordered by document position (order of ``doc_ids``, then character start).
+
+``pack_hits`` is the reusable packing step: ``Retriever.select_for_window`` uses it without a threshold
+to pick, for a document longer than the target's window, the most relevant chunks that fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from retrieval.chunking import Chunk
+from retrieval.embedding import Embedder
+from retrieval.errors import DocumentNotReady
+from retrieval.index import VectorIndex
+from retrieval.store import DocumentStore
+
+logger = logging.getLogger(__name__)
+
+BGE_M3_THRESHOLD = 0.3  # RAPID's value for BGE-M3
+# all-MiniLM-L6-v2 (mean pooling) on bench/data's QA set: see bench/retrieval.py --calibrate and the
+# report in bench/results/retrieval.json ("threshold_calibration").
+MINILM_THRESHOLD = 0.2
+BUDGET_FLOOR = 4096
+BUDGET_RATIO = 24
+DEFAULT_BUDGET_CAP = 8192
+DEFAULT_TOP_K = 16
+CHUNK_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk: its text, similarity score and place in its document."""
+
+    document_id: str
+    chunk_id: int
+    text: str
+    score: float
+    start: int
+    end: int
+    page: int | None
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """Kept hits in document order, their joined text, the budget and the tokens the hits use."""
+
+    hits: list[Hit]
+    context_text: str
+    budget_tokens: int
+    used_tokens: int
+
+
+def default_threshold(embedder_name: str) -> float:
+    """Similarity threshold for an embedder: 0.3 for BGE-M3 (RAPID), the calibrated one for MiniLM."""
+    name = embedder_name.lower()
+    if "bge-m3" in name:
+        return BGE_M3_THRESHOLD
+    if "minilm" in name:
+        return MINILM_THRESHOLD
+    return BGE_M3_THRESHOLD
+
+
+def default_budget(total_tokens: int, cap: int = DEFAULT_BUDGET_CAP) -> int:
+    """RAPID's context budget max(L/24, 4096), capped at ``cap`` tokens."""
+    return min(max(math.ceil(total_tokens / BUDGET_RATIO), BUDGET_FLOOR), cap)
+
+
+def pack_hits(hits: Iterable[Hit], budget_tokens: int, doc_order: Sequence[str] | None = None) -> list[Hit]:
+    """Best-scoring hits that fit ``budget_tokens`` together (a hit that does not fit is skipped, smaller
+    ones after it may still fit), returned in document order: ``doc_order`` then character start."""
+    rank = {doc_id: i for i, doc_id in enumerate(doc_order or [])}
+    by_score = sorted(hits, key=lambda h: (-h.score, rank.get(h.document_id, len(rank)), h.start))
+    kept: list[Hit] = []
+    used = 0
+    for hit in by_score:
+        if used + hit.n_tokens <= budget_tokens:
+            kept.append(hit)
+            used += hit.n_tokens
+    kept.sort(key=lambda h: (rank.get(h.document_id, len(rank)), h.document_id, h.start))
+    return kept
+
+
+def join_hits(hits: Sequence[Hit]) -> str:
+    """Hits' texts in order; adjacent chunks of one document are joined seamlessly, others by a blank line."""
+    parts: list[str] = []
+    prev: Hit | None = None
+    for hit in hits:
+        if prev is not None and not (prev.document_id == hit.document_id and prev.end == hit.start):
+            parts.append(CHUNK_SEPARATOR)
+        parts.append(hit.text)
+        prev = hit
+    return "".join(parts)
+
+
+def _result(hits: list[Hit], budget_tokens: int) -> RetrievalResult:
+    return RetrievalResult(hits=hits, context_text=join_hits(hits), budget_tokens=budget_tokens,
+                           used_tokens=sum(h.n_tokens for h in hits))
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    updated_at: float
+    index: VectorIndex
+    chunks: list[Chunk]
+
+
+class Retriever:
+    """Retrieval over the store's documents with one embedder; indexes and chunks are cached in memory."""
+
+    def __init__(
+        self,
+        store: DocumentStore,
+        embedder: Embedder,
+        *,
+        threshold: float | None = None,
+        budget_cap: int = DEFAULT_BUDGET_CAP,
+        top_k: int = DEFAULT_TOP_K,
+        cache_size: int = 32,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.threshold = default_threshold(embedder.name) if threshold is None else threshold
+        self.budget_cap = budget_cap
+        self.top_k = top_k
+        self._cache: OrderedDict[str, _Loaded] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def retrieve(
+        self,
+        query: str,
+        doc_ids: Sequence[str],
+        *,
+        top_k: int | None = None,
+        threshold: float | None = None,
+        budget_tokens: int | None = None,
+        tenant: str | None = None,
+    ) -> RetrievalResult:
+        """Hits for ``query`` over ``doc_ids``: top-k by score above the threshold, packed into the budget
+        (default ``default_budget(L, budget_cap)``), in document order."""
+        top_k = self.top_k if top_k is None else top_k
+        threshold = self.threshold if threshold is None else threshold
+        loaded = self._load_all(doc_ids, tenant)
+        if budget_tokens is None:
+            budget_tokens = default_budget(self._total_tokens(doc_ids), self.budget_cap)
+        query_vec = self.embedder.encode_query(query)  # [d]
+        hits: list[Hit] = []
+        for doc_id, doc in zip(doc_ids, loaded, strict=True):
+            k = min(top_k, len(doc.chunks))
+            if k == 0:
+                continue
+            scores, ids = doc.index.search(query_vec, k)
+            for score, cid in zip(scores[0], ids[0], strict=True):
+                if cid >= 0 and score >= threshold:
+                    hits.append(_hit(doc_id, doc.chunks[int(cid)], float(score)))
+        hits.sort(key=lambda h: -h.score)
+        return _result(pack_hits(hits[:top_k], budget_tokens, doc_ids), budget_tokens)
+
+    def select_for_window(
+        self, query: str, doc_ids: Sequence[str], budget_tokens: int, *, tenant: str | None = None
+    ) -> RetrievalResult:
+        """The most relevant chunks (exact scores, no threshold, no top-k) that fit ``budget_tokens``, in
+        document order: what a target reads of documents longer than its window."""
+        loaded = self._load_all(doc_ids, tenant)
+        query_vec = self.embedder.encode_query(query)
+        hits: list[Hit] = []
+        for doc_id, doc in zip(doc_ids, loaded, strict=True):
+            scores = doc.index.scores_all(query_vec)  # [n_chunks]
+            hits.extend(_hit(doc_id, chunk, float(s)) for chunk, s in zip(doc.chunks, scores, strict=True))
+        return _result(pack_hits(hits, budget_tokens, doc_ids), budget_tokens)
+
+    def invalidate(self, doc_id: str | None = None) -> None:
+        """Drop cached index/chunks of one document (all when None)."""
+        with self._lock:
+            if doc_id is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(doc_id, None)
+
+    def _total_tokens(self, doc_ids: Sequence[str]) -> int:
+        return sum(self.store.get(d).n_tokens for d in doc_ids)
+
+    def _load_all(self, doc_ids: Sequence[str], tenant: str | None) -> list[_Loaded]:
+        if len(set(doc_ids)) != len(doc_ids):
+            raise ValueError("document ids repeat")
+        return [self._load(d, tenant) for d in doc_ids]
+
+    def _load(self, doc_id: str, tenant: str | None) -> _Loaded:
+        record = self.store.get(doc_id, tenant)
+        if record.status != "ready":
+            raise DocumentNotReady(doc_id, record.status, record.message)
+        with self._lock:
+            cached = self._cache.get(doc_id)
+            if cached is not None and cached.updated_at == record.updated_at:
+                self._cache.move_to_end(doc_id)
+                return cached
+        loaded = _Loaded(updated_at=record.updated_at, index=self.store.load_index(doc_id, self.embedder),
+                         chunks=self.store.load_chunks(doc_id))
+        with self._lock:
+            self._cache[doc_id] = loaded
+            self._cache.move_to_end(doc_id)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return loaded
+
+
+def _hit(doc_id: str, chunk: Chunk, score: float) -> Hit:
+    return Hit(document_id=doc_id, chunk_id=chunk.id, text=chunk.text, score=score, start=chunk.start,
+               end=chunk.end, page=chunk.page, n_tokens=chunk.n_tokens)
+

@@ -1,0 +1,402 @@
+"""The service over real HTTP: one uvicorn server for the module (bundled SmolLM2 + MiniLM, no auth, no
+Redis), a real SSE parser (httpx-sse) and the official OpenAI client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+from openai import OpenAI
+
+from tests.app.live import (
+    LANDMARKS,
+    ThreadServer,
+    metric,
+    service_settings,
+    thread_server,
+    upload_text,
+    wait_indexed,
+)
+
+pytestmark = pytest.mark.real_model
+
+UPLOAD_LIMIT_MB = 0.25
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
+    settings = service_settings(
+        tmp_path_factory.mktemp("api"), max_upload_mb=UPLOAD_LIMIT_MB, max_question_chars=300, max_document_ids=3
+    )
+    with thread_server(settings) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: ThreadServer) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def doc(client: httpx.Client) -> str:
+    doc_id = upload_text(client, LANDMARKS, title="Landmarks")
+    assert wait_indexed(client, doc_id)["status"] == "ready"
+    return doc_id
+
+
+def ask(client: httpx.Client, **body: Any) -> httpx.Response:
+    body.setdefault("max_tokens", 12)
+    return client.post("/v1/ask", json=body)
+
+
+def sse_events(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[httpx.Response, list[Any]]:
+    with connect_sse(client, "POST", path, json=body) as source:
+        return source.response, list(source.iter_sse())
+
+
+# ---- health ---------------------------------------------------------------------------------------
+
+
+def test_health_readiness_and_metrics(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    body = ready.json()
+    assert body["status"] == "ready"
+    assert body["checks"]["models"] == body["checks"]["store"] == "ok"
+    assert "redis" not in body["checks"]  # not configured here
+    text = client.get("/metrics").text
+    for name in ("ragspec_http_requests_total", "ragspec_queue_depth", "ragspec_kv_cache_bytes",
+                 "ragspec_indexing_jobs", "ragspec_generation_running"):
+        assert name in text
+    assert metric(client, "ragspec_http_requests_total", route="/healthz", method="GET", status="200") >= 1
+
+
+def test_models_and_openapi(client: httpx.Client) -> None:
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"]
+    schema = client.get("/openapi.json").json()
+    assert {"/v1/ask", "/v1/documents", "/v1/chat/completions", "/healthz"} <= set(schema["paths"])
+
+
+# ---- documents ------------------------------------------------------------------------------------
+
+
+def test_upload_json_lifecycle(client: httpx.Client) -> None:
+    response = client.post("/v1/documents", json={"text": "Alpha beta gamma.\n\nDelta epsilon.", "title": "greek"})
+    assert response.status_code == 202
+    accepted = response.json()
+    assert set(accepted) == {"id", "title", "status", "progress"}
+    assert accepted["title"] == "greek" and accepted["status"] in ("queued", "indexing", "ready")
+    record = wait_indexed(client, accepted["id"])
+    assert record["status"] == "ready" and record["progress"] == 1.0 and record["chunks"] >= 1
+    assert accepted["id"] in [d["id"] for d in client.get("/v1/documents").json()["documents"]]
+
+
+def _pdf_bytes(pages: list[str]) -> bytes:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("Helvetica", size=12)
+    for text in pages:
+        pdf.add_page()
+        pdf.multi_cell(0, 10, text)
+    return bytes(pdf.output())
+
+
+@pytest.mark.parametrize(
+    ("name", "media", "payload", "needle"),
+    [
+        ("notes.txt", "text/plain", b"Plain text notes about tea.", "tea"),
+        ("notes.md", "text/markdown", b"# Coffee\n\nMarkdown notes about coffee.", "coffee"),
+        ("page.html", "text/html", b"<html><body><h1>Cocoa</h1><script>x()</script><p>Notes on cocoa.</p>"
+                                   b"</body></html>", "cocoa"),
+        ("book.pdf", "application/pdf", None, "second"),
+    ],
+)
+def test_upload_multipart_kinds(
+    client: httpx.Client, name: str, media: str, payload: bytes | None, needle: str
+) -> None:
+    data = payload if payload is not None else _pdf_bytes(["The first page.", "The second page is here."])
+    response = client.post("/v1/documents", files={"file": (name, data, media)})
+    assert response.status_code == 202, response.text
+    doc_id = response.json()["id"]
+    assert wait_indexed(client, doc_id)["status"] == "ready"
+    answer = ask(client, question=f"What is said about {needle}?", document_ids=[doc_id], max_tokens=4)
+    assert answer.status_code == 200, answer.text
+    sources = answer.json()["sources"]
+    if name.endswith(".pdf"):
+        assert sources and all(s["page"] in (1, 2) for s in sources)
+    if name.endswith(".html"):
+        assert all("x()" not in s["text"] for s in sources)
+
+
+def test_delete_removes_document_and_cached_kv(client: httpx.Client) -> None:
+    doc_id = upload_text(client, "Zebras live in Africa. They have black and white stripes.", title="zebras")
+    assert wait_indexed(client, doc_id)["status"] == "ready"
+    assert ask(client, question="Where do zebras live?", document_ids=[doc_id], max_tokens=4).status_code == 200
+    kv_before = metric(client, "ragspec_kv_cache_bytes")
+    assert kv_before > 0
+    assert client.delete(f"/v1/documents/{doc_id}").status_code == 204
+    assert metric(client, "ragspec_kv_cache_bytes") < kv_before
+    assert client.get(f"/v1/documents/{doc_id}").status_code == 404
+    assert doc_id not in [d["id"] for d in client.get("/v1/documents").json()["documents"]]
+    assert client.delete(f"/v1/documents/{doc_id}").status_code == 404
+    gone = ask(client, question="Where do zebras live?", document_ids=[doc_id])
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "document_not_found"
+
+
+# ---- ask ------------------------------------------------------------------------------------------
+
+
+def test_ask_json(client: httpx.Client, doc: str) -> None:
+    response = ask(client, question="When was the Eiffel Tower completed?", document_ids=[doc])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["answer"].strip()
+    assert body["session_id"]
+    source = body["sources"][0]
+    assert set(source) == {"document_id", "chunk_id", "text", "score", "start", "end", "page"}
+    assert source["document_id"] == doc and LANDMARKS[source["start"] : source["end"]] == source["text"]
+    assert 0 < body["usage"]["completion_tokens"] <= 12 and body["usage"]["prompt_tokens"] > 20
+    stats = body["stats"]
+    for key in ("ttft_ms", "tokens_per_second", "acceptance_length", "drafted", "accepted_by_source",
+                "prefix_cache_hit", "context_truncated"):
+        assert key in stats
+    assert stats["context_truncated"] is False and stats["acceptance_length"] >= 1.0
+
+
+def test_speculative_modes_answer_like_autoregressive(client: httpx.Client, doc: str) -> None:
+    """Greedy output is the target's whatever drafts: auto / racer equal autoregressive, token for token."""
+    question = "How tall is the Eiffel Tower and when was it completed?"
+    answers = {}
+    for mode in ("autoregressive", "auto", "racer"):
+        response = ask(client, question=question, document_ids=[doc], mode=mode, max_tokens=24)
+        assert response.status_code == 200, response.text
+        answers[mode] = response.json()["answer"]
+        if mode != "autoregressive":
+            assert response.json()["stats"]["drafted"] > 0
+    assert answers["auto"] == answers["autoregressive"] == answers["racer"]
+
+
+@pytest.mark.parametrize("mode", ["rapid", "combined"])
+def test_modes_not_built_are_refused(client: httpx.Client, doc: str, mode: str) -> None:
+    response = ask(client, question="Where is the Colosseum?", document_ids=[doc], mode=mode)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "not_available_yet"
+
+
+def test_ask_stream_events(client: httpx.Client, doc: str) -> None:
+    question = "Where is the Colosseum?"
+    plain = ask(client, question=question, document_ids=[doc]).json()
+    response, events = sse_events(
+        client, "/v1/ask", {"question": question, "document_ids": [doc], "max_tokens": 12, "stream": True}
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache" and response.headers["x-accel-buffering"] == "no"
+    names = [e.event for e in events]
+    assert names[0] == "sources" and names[-2:] == ["stats", "done"]
+    assert set(names[1:-2]) == {"token"}
+    assert json.loads(events[0].data) == plain["sources"]
+    streamed = "".join(json.loads(e.data)["text"] for e in events if e.event == "token")
+    assert streamed == plain["answer"]  # greedy: the stream and the JSON answer are the same text
+    stats = json.loads(events[-2].data)
+    assert stats["prefix_cache_hit"] is True  # the document prefix was computed before
+    assert json.loads(events[-1].data)["finish_reason"] in ("stop", "length")
+
+
+def test_session_keeps_the_conversation(client: httpx.Client, doc: str) -> None:
+    first = ask(client, question="Where is the Eiffel Tower?", document_ids=[doc], session_id="trip-1").json()
+    assert first["session_id"] == "trip-1"
+    follow = ask(client, question="And how tall is it?", document_ids=[doc], session_id="trip-1").json()
+    alone = ask(client, question="And how tall is it?", document_ids=[doc]).json()
+    # the follow-up carries the first turn (question and answer) in its prompt; a new session does not
+    extra = follow["usage"]["prompt_tokens"] - alone["usage"]["prompt_tokens"]
+    assert extra >= first["usage"]["completion_tokens"] + 5
+    assert follow["stats"]["prefix_cache_hit"] is True  # history sits after the shared document prefix
+
+
+def test_long_document_is_cut_to_the_window(client: httpx.Client) -> None:
+    filler = "\n\n".join(f"Section {i}. The archive keeps ledger number {i} in room {i % 7}." for i in range(150))
+    text = filler + "\n\nThe secret password of the archive is BLUE HERON."
+    doc_id = upload_text(client, text, title="archive")
+    assert wait_indexed(client, doc_id)["status"] == "ready"
+    body = ask(client, question="What is the secret password of the archive?", document_ids=[doc_id]).json()
+    assert body["stats"]["context_truncated"] is True
+    assert body["usage"]["prompt_tokens"] + 12 <= 1024  # the window of this server
+    assert any("BLUE HERON" in s["text"] for s in body["sources"])
+
+
+# ---- OpenAI-compatible ----------------------------------------------------------------------------
+
+
+def test_openai_client_chat_completions(server: ThreadServer, doc: str) -> None:
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data]
+    messages: Any = [{"role": "user", "content": "In which city is the Eiffel Tower?"}]
+    completion = client.chat.completions.create(
+        model="ragspec", messages=messages, max_tokens=12, temperature=0, extra_body={"document_ids": [doc]}
+    )
+    answer = completion.choices[0].message.content
+    assert answer and completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage is not None and completion.usage.completion_tokens > 0
+    sources = (completion.model_extra or {})["sources"]
+    assert sources and sources[0]["document_id"] == doc
+
+    stream = client.chat.completions.create(
+        model="ragspec", messages=messages, max_tokens=12, temperature=0, stream=True,
+        extra_body={"document_ids": [doc]},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer
+    last = chunks[-1]
+    assert last.choices[0].finish_reason in ("stop", "length")
+    assert (last.model_extra or {})["sources"] == sources
+
+
+def test_chat_stream_ends_with_done_marker(client: httpx.Client, doc: str) -> None:
+    body = {"messages": [{"role": "system", "content": "Answer briefly."},
+                         {"role": "user", "content": "Where is the Colosseum?"}],
+            "max_tokens": 6, "stream": True, "document_ids": [doc]}
+    response, events = sse_events(client, "/v1/chat/completions", body)
+    assert response.status_code == 200 and response.headers["x-accel-buffering"] == "no"
+    assert events[-1].data == "[DONE]"
+    final = json.loads(events[-2].data)
+    assert final["choices"][0]["finish_reason"] in ("stop", "length") and final["sources"]
+
+
+def test_chat_without_documents_and_with_history(client: httpx.Client) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi, I am Ann."},
+                         {"role": "assistant", "content": "Hello Ann!"},
+                         {"role": "user", "content": "What is my name?"}], "max_tokens": 8}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["sources"] == [] and response.json()["choices"][0]["message"]["content"]
+
+
+# ---- bad input: a clear 4xx, never a 5xx ----------------------------------------------------------
+
+
+def test_upload_over_the_limit_is_413(client: httpx.Client) -> None:
+    big = b"word " * int(UPLOAD_LIMIT_MB * 1024 * 1024 / 4)
+    response = client.post("/v1/documents", files={"file": ("big.txt", big, "text/plain")})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        boundary = b"--xyz\r\n"
+        yield boundary + b'Content-Disposition: form-data; name="file"; filename="big.txt"\r\n\r\n'
+        for _ in range(64):
+            yield b"x" * 16384
+        yield b"\r\n--xyz--\r\n"
+
+    response = client.post("/v1/documents", content=chunked(),
+                           headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    assert response.status_code == 413
+    too_long_text = client.post("/v1/documents", json={"text": "a" * int(UPLOAD_LIMIT_MB * 1024 * 1024 + 10)})
+    assert too_long_text.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("files", "status", "code"),
+    [
+        ({"file": ("report.docx", b"PK\x03\x04 fake", "application/vnd.openxmlformats")}, 415,
+         "unsupported_document_type"),
+        ({"file": ("image.png", b"\x89PNG\r\n\x1a\n", "image/png")}, 415, "unsupported_document_type"),
+        ({"file": ("empty.txt", b"", "text/plain")}, 422, "empty_document"),
+        ({"file": ("blank.txt", b"  \n\n  ", "text/plain")}, 422, "empty_document"),
+        ({"file": ("noise.txt", bytes(range(256)) * 8, "text/plain")}, 422, "unreadable_document"),
+        ({"file": ("fake.pdf", b"this is no pdf", "application/pdf")}, 422, "unreadable_document"),
+        ({"other": ("x.txt", b"text", "text/plain")}, 422, "invalid_request"),
+    ],
+)
+def test_bad_uploads(client: httpx.Client, files: dict[str, Any], status: int, code: str) -> None:
+    before = len(client.get("/v1/documents").json()["documents"])
+    response = client.post("/v1/documents", files=files)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    assert len(client.get("/v1/documents").json()["documents"]) == before  # nothing half-stored
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status"),
+    [
+        (b'{"text": "unterminated', {"Content-Type": "application/json"}, 422),
+        (b'{"title": "no text"}', {"Content-Type": "application/json"}, 422),
+        (b'{"text": ""}', {"Content-Type": "application/json"}, 422),
+        (b'{"text": 5}', {"Content-Type": "application/json"}, 422),
+        (b"plain body", {"Content-Type": "text/csv"}, 415),
+        (b"--b\r\nbroken", {"Content-Type": "multipart/form-data; boundary=b"}, 422),
+    ],
+)
+def test_bad_upload_bodies(client: httpx.Client, content: bytes, headers: dict[str, str], status: int) -> None:
+    response = client.post("/v1/documents", content=content, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["message"]
+
+
+def test_bad_ask_requests(client: httpx.Client, doc: str) -> None:
+    def check(body: Any, status: int, code: str | None = None, raw: bytes | None = None) -> None:
+        if raw is not None:
+            response = client.post("/v1/ask", content=raw, headers={"Content-Type": "application/json"})
+        else:
+            response = client.post("/v1/ask", json=body)
+        assert response.status_code == status, (body, response.text)
+        if code:
+            assert response.json()["error"]["code"] == code
+
+    ok = {"question": "Where is the Colosseum?", "document_ids": [doc]}
+    check(None, 422, "invalid_request", raw=b'{"question": ')
+    check({**ok, "question": ""}, 422)
+    check({**ok, "question": "   "}, 422)
+    check({**ok, "question": "why? " * 100}, 422, "invalid_request")  # over max_question_chars
+    check({**ok, "document_ids": []}, 422)
+    check({**ok, "document_ids": [doc, "b", "c", "d"]}, 422, "invalid_request")  # over max_document_ids
+    check({**ok, "max_tokens": 0}, 422)
+    check({**ok, "max_tokens": 100_000}, 422, "invalid_request")
+    check({**ok, "temperature": -1}, 422)
+    check({**ok, "top_p": 0}, 422)
+    check({**ok, "mode": "fastest"}, 422)
+    check({**ok, "session_id": "../../etc"}, 422)
+    check({**ok, "unknown_field": 1}, 422)
+    check({**ok, "document_ids": ["nope"]}, 404, "document_not_found")
+    check({**ok, "document_ids": [doc, "0123456789abcdef0123456789abcdef"]}, 404, "document_not_found")
+    check({**ok, "stream": True, "document_ids": ["nope"]}, 404)  # refused before any streaming
+
+
+def test_bad_chat_requests(client: httpx.Client) -> None:
+    def status(body: Any) -> int:
+        return client.post("/v1/chat/completions", json=body).status_code
+
+    assert status({"messages": []}) == 422
+    assert status({"messages": [{"role": "assistant", "content": "hi"}]}) == 422
+    assert status({"messages": [{"role": "wizard", "content": "hi"}]}) == 422
+    assert status({"messages": [{"role": "user", "content": "hi"}], "document_ids": ["missing"]}) == 404
+    assert status({"messages": [{"role": "user", "content": "hi"}], "n": 2}) == 422
+    assert status({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}) == 422
+
+
+def test_unknown_routes_are_json_errors(client: httpx.Client) -> None:
+    response = client.get("/v1/nothing-here")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+    assert client.put("/v1/ask").status_code == 405
+
+
+def test_no_server_errors_so_far(client: httpx.Client) -> None:
+    text = client.get("/metrics").text
+    server_errors = [line for line in text.splitlines()
+                     if line.startswith("ragspec_http_requests_total") and 'status="5' in line]
+    assert server_errors == []
+
+
+def test_static_page(client: httpx.Client) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert client.get("/static/app.js").status_code == 200

@@ -1,0 +1,166 @@
+"""The generation queue: one job at a time, bounded waiting, cancellation frees the slot, errors reach
+the caller. Jobs here are small generator functions driven by threading events (no sleeps, no timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from app.errors import Overloaded
+from app.scheduler import GenerationScheduler
+
+
+def gated(gate: threading.Event, started: threading.Event, steps: int = 3):  # type: ignore[no-untyped-def]
+    """A job that yields ``steps`` events, each after ``gate`` opens, stopping early on cancel."""
+
+    def run(cancel: threading.Event) -> Iterator[str]:
+        started.set()
+        for i in range(steps):
+            while not gate.wait(0.01):
+                if cancel.is_set():
+                    yield "cancelled"
+                    return
+            yield f"e{i}"
+
+    return run
+
+
+def instant(label: str):  # type: ignore[no-untyped-def]
+    def run(cancel: threading.Event) -> Iterator[str]:
+        yield label
+
+    return run
+
+
+async def collect(handle) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e async for e in handle.events()]
+
+
+def test_runs_jobs_in_order_and_rejects_past_the_queue() -> None:
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=1)
+        try:
+            gate, started = threading.Event(), threading.Event()
+            first = sched.submit(gated(gate, started))
+            await asyncio.to_thread(started.wait, 5)
+            second = sched.submit(instant("second"))  # waits: the queue holds one
+            assert sched.waiting == 1 and sched.running
+            with pytest.raises(Overloaded) as info:
+                sched.submit(instant("third"))
+            assert info.value.status == 429 and int(info.value.headers["Retry-After"]) >= 1
+            gate.set()
+            assert await collect(first) == ["e0", "e1", "e2"]
+            assert await collect(second) == ["second"]
+            assert sched.rejected == 1 and sched.completed == 2
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_cancel_running_job_frees_the_slot() -> None:
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=0)
+        try:
+            gate, started = threading.Event(), threading.Event()
+            handle = sched.submit(gated(gate, started))
+            await asyncio.to_thread(started.wait, 5)
+            with pytest.raises(Overloaded):
+                sched.submit(instant("blocked"))
+            handle.cancel()
+            assert await collect(handle) == ["cancelled"]
+            # the worker has finished the cancelled job once its stream ended: the slot is free
+            assert await collect(sched.submit(instant("next"))) == ["next"]
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_cancel_waiting_job_leaves_the_queue_at_once() -> None:
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=1)
+        try:
+            gate, started = threading.Event(), threading.Event()
+            running = sched.submit(gated(gate, started))
+            await asyncio.to_thread(started.wait, 5)
+            waiting = sched.submit(instant("never"))
+            waiting.cancel()
+            assert sched.waiting == 0
+            assert await collect(waiting) == []
+            queued = sched.submit(instant("after"))  # the freed place is usable while job 1 still runs
+            gate.set()
+            assert await collect(running) == ["e0", "e1", "e2"]
+            assert await collect(queued) == ["after"]
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_abandoned_iteration_cancels_the_job() -> None:
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=0)
+        try:
+            gate, started = threading.Event(), threading.Event()
+            handle = sched.submit(gated(gate, started, steps=1000))
+            gate.set()
+            events = handle.events()
+            assert await events.__anext__() == "e0"
+            await events.aclose()  # what a disconnected client's stream does
+            assert handle.cancel_event.is_set()
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_job_error_reaches_the_caller_and_the_worker_survives() -> None:
+    def failing(cancel: threading.Event) -> Iterator[str]:
+        yield "partial"
+        raise RuntimeError("boom")
+
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=0)
+        try:
+            got: list[str] = []
+            with pytest.raises(RuntimeError, match="boom"):
+                async for e in sched.submit(failing).events():
+                    got.append(e)
+            assert got == ["partial"]
+            assert await collect(sched.submit(instant("ok"))) == ["ok"]
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_background_job_runs_when_idle_and_yields_to_generations() -> None:
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=0)
+        try:
+            ran: list[str] = []
+            warm_started, warm_cancelled = threading.Event(), threading.Event()
+
+            def warm(cancel: threading.Event) -> Iterator[str]:
+                warm_started.set()
+                while not cancel.wait(0.01):
+                    pass
+                warm_cancelled.set()
+                ran.append("warm")
+                return
+                yield ""
+
+            assert sched.submit_background(warm, key="doc-a")
+            assert not sched.submit_background(warm, key="doc-a")  # de-duplicated while running
+            await asyncio.to_thread(warm_started.wait, 5)
+            # a generation for another prefix asks the warm-up to stop and is not refused
+            assert await collect(sched.submit(instant("answer"), key="doc-b")) == ["answer"]
+            assert warm_cancelled.is_set() and ran == ["warm"]
+        finally:
+            sched.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.datasets import load_qa, locate
+
+
+def test_every_answer_passage_is_found_once_in_its_document() -> None:
+    docs = load_qa()
+    assert len(docs) >= 5 and sum(len(d.questions) for d in docs) >= 40
+    assert len({d.doc_id for d in docs}) == len(docs)
+    for doc in docs:
+        assert len(doc.text) > 8_000 and len(doc.questions) >= 6
+        for q in doc.questions:
+            assert doc.text[q.answer_start : q.answer_end] == q.answer_passage
+            assert q.question.endswith("?") and len(q.answer_passage) > 20
+
+
+def test_locate_ignores_wrapping_and_quote_style() -> None:
+    text = "It is called the\n“Lesser” license; see /usr/\nshare/doc.  Debian’s rules"
+    start, end = locate(text, 'the "Lesser" license')
+    assert text[start:end] == "the\n“Lesser” license"
+    assert re.sub(r"\s", "", text[slice(*locate(text, "/ usr/ share/doc"))]) == "/usr/share/doc"
+    assert text[slice(*locate(text, "Debian's rules"))] == "Debian’s rules"
+    with pytest.raises(ValueError, match="0 times"):
+        locate(text, "not there")

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from retrieval.embedding import Embedder
+from retrieval.errors import DocumentNotFound, DocumentNotReady
+from retrieval.retriever import (
+    BGE_M3_THRESHOLD,
+    MINILM_THRESHOLD,
+    Hit,
+    Retriever,
+    default_budget,
+    default_threshold,
+    join_hits,
+    pack_hits,
+)
+from retrieval.store import DocumentStore
+
+ANIMALS = "\n\n".join([
+    "Cats are small domesticated carnivores. They sleep for most of the day and hunt mice at night.",
+    "Dogs were domesticated from wolves thousands of years ago. They are loyal and love to fetch sticks.",
+    "Parrots can imitate human speech. Some parrots live for more than eighty years in captivity.",
+    "Goldfish are kept in bowls and ponds. Their memory is much better than the popular myth says.",
+])
+SPACE = "\n\n".join([
+    "The Moon orbits the Earth every twenty-seven days. Its gravity causes the ocean tides.",
+    "Mars is called the red planet because of iron oxide dust on its surface.",
+    "Jupiter is the largest planet of the solar system; its great red spot is a giant storm.",
+])
+
+
+def hit(doc: str, start: int, n_tokens: int, score: float) -> Hit:
+    return Hit(document_id=doc, chunk_id=start, text=f"<{doc}:{start}>", score=score, start=start,
+               end=start + 10, page=None, n_tokens=n_tokens)
+
+
+def test_default_budget_and_threshold() -> None:
+    assert default_budget(1_000, 8192) == 4096  # floor
+    assert default_budget(120_000, 16_384) == 5_000  # L / 24
+    assert default_budget(400_000, 8192) == 8192  # cap
+    assert default_budget(10, 2048) == 2048  # a cap below the floor wins
+    assert default_threshold("bge-m3 (bge-m3, dense)") == BGE_M3_THRESHOLD == 0.3
+    assert default_threshold("all-MiniLM-L6-v2 (flag, mean pooling)") == MINILM_THRESHOLD
+
+
+def test_pack_hits_by_score_into_budget_then_document_order() -> None:
+    hits = [hit("b", 0, 50, 0.9), hit("a", 30, 60, 0.8), hit("a", 10, 30, 0.7), hit("b", 90, 20, 0.2)]
+    kept = pack_hits(hits, budget_tokens=100, doc_order=["a", "b"])
+    # 0.9 (50) fits, 0.8 (60) does not, 0.7 (30) fits, 0.2 (20) fits: 100 tokens
+    assert [(h.document_id, h.start) for h in kept] == [("a", 10), ("b", 0), ("b", 90)]
+    assert pack_hits(hits, budget_tokens=10) == []
+    adjacent = [hit("a", 0, 1, 1.0), hit("a", 10, 1, 1.0), hit("b", 0, 1, 1.0)]
+    assert join_hits(adjacent) == "<a:0><a:10>\n\n<b:0>"
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory, target_tokenizer: Any, minilm: Embedder) -> Any:
+    store = DocumentStore(tmp_path_factory.mktemp("store"))
+    animals = store.create("zoo", "Animals", "animals.txt", None, ANIMALS.encode())
+    space = store.create("zoo", "Space", "space.md", None, SPACE.encode())
+    for record in (animals, space):
+        store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=24)
+    return store, animals.id, space.id
+
+
+def test_retrieve_scores_threshold_budget_and_order(indexed: Any, minilm: Embedder) -> None:
+    store, animals, space = indexed
+    retriever = Retriever(store, minilm)
+    result = retriever.retrieve("How long do parrots live?", [space, animals], top_k=4, threshold=0.0)
+    assert 0 < len(result.hits) <= 4
+    assert result.budget_tokens == default_budget(store.get(animals).n_tokens + store.get(space).n_tokens)
+    assert result.used_tokens == sum(h.n_tokens for h in result.hits) <= result.budget_tokens
+    best = max(result.hits, key=lambda h: h.score)
+    assert best.document_id == animals and "eighty years" in best.text
+    # document order: doc_ids order (space first), then position
+    keys = [([space, animals].index(h.document_id), h.start) for h in result.hits]
+    assert keys == sorted(keys)
+    for h in result.hits:
+        chunk = store.load_chunks(h.document_id)[h.chunk_id]
+        assert (h.text, h.start, h.end, h.n_tokens) == (chunk.text, chunk.start, chunk.end, chunk.n_tokens)
+        assert store.load_text(h.document_id)[h.start : h.end] == h.text
+    assert result.context_text.count(best.text) == 1
+
+
+def test_threshold_drops_weak_hits(indexed: Any, minilm: Embedder) -> None:
+    store, animals, space = indexed
+    retriever = Retriever(store, minilm)
+    everything = retriever.retrieve("red planet iron oxide", [animals, space], top_k=50, threshold=-1.0)
+    assert len(everything.hits) == store.get(animals).n_chunks + store.get(space).n_chunks
+    cut = 0.3
+    kept = retriever.retrieve("red planet iron oxide", [animals, space], top_k=50, threshold=cut)
+    assert kept.hits and all(h.score >= cut for h in kept.hits)
+    assert len(kept.hits) == sum(h.score >= cut for h in everything.hits)
+    assert {h.document_id for h in kept.hits} == {space}
+    nothing = retriever.retrieve("red planet iron oxide", [animals, space], threshold=0.999)
+    assert (nothing.hits, nothing.context_text, nothing.used_tokens) == ([], "", 0)
+
+
+def test_budget_limits_hits(indexed: Any, minilm: Embedder) -> None:
+    store, animals, _ = indexed
+    retriever = Retriever(store, minilm, threshold=-1.0)
+    sizes = [c.n_tokens for c in store.load_chunks(animals)]
+    budget = max(sizes) + 1
+    result = retriever.retrieve("dogs and wolves", [animals], top_k=50, budget_tokens=budget)
+    assert result.budget_tokens == budget and 0 < result.used_tokens <= budget
+    assert "wolves" in result.hits[0].text or any("wolves" in h.text for h in result.hits)
+
+
+def test_select_for_window_fills_the_budget_without_threshold(indexed: Any, minilm: Embedder) -> None:
+    store, animals, space = indexed
+    retriever = Retriever(store, minilm, threshold=0.99)  # the threshold does not apply here
+    chunks = store.load_chunks(animals) + store.load_chunks(space)
+    budget = sum(c.n_tokens for c in chunks) // 2
+    result = retriever.select_for_window("goldfish memory", [animals, space], budget)
+    assert result.hits and result.used_tokens <= budget
+    assert any("Goldfish" in h.text for h in result.hits)
+    keys = [([animals, space].index(h.document_id), h.start) for h in result.hits]
+    assert keys == sorted(keys)
+    full = retriever.select_for_window("goldfish memory", [animals, space], 10**6)
+    kept = {(h.document_id, h.chunk_id) for h in result.hits}
+    for h in full.hits:  # a chunk is left out only when it no longer fit after the better ones
+        if (h.document_id, h.chunk_id) not in kept:
+            better = sum(k.n_tokens for k in result.hits if k.score > h.score)
+            assert better + h.n_tokens > budget
+    assert len(full.hits) == len(chunks)
+
+
+def test_errors_and_cache_invalidation(indexed: Any, minilm: Embedder, target_tokenizer: Any) -> None:
+    store, animals, _ = indexed
+    retriever = Retriever(store, minilm)
+    with pytest.raises(DocumentNotFound):
+        retriever.retrieve("q", [animals], tenant="someone-else")
+    with pytest.raises(DocumentNotFound):
+        retriever.retrieve("q", ["0" * 32])
+    with pytest.raises(ValueError, match="repeat"):
+        retriever.retrieve("q", [animals, animals])
+    queued = store.create("zoo", "later", "later.txt", None, b"Not indexed yet.")
+    with pytest.raises(DocumentNotReady):
+        retriever.retrieve("q", [queued.id])
+    first = retriever.retrieve("cats", [animals], threshold=-1.0, top_k=50)
+    store.ingest(animals, target_tokenizer, minilm, chunk_tokens=200)  # re-index: fewer, larger chunks
+    again = retriever.retrieve("cats", [animals], threshold=-1.0, top_k=50)
+    assert len(again.hits) == store.get(animals).n_chunks < len(first.hits)
+    store.ingest(animals, target_tokenizer, minilm, chunk_tokens=24)
+
+
+def test_empty_result_for_unrelated_query_with_calibrated_threshold(indexed: Any, minilm: Embedder) -> None:
+    store, animals, space = indexed
+    retriever = Retriever(store, minilm)  # default (calibrated) MiniLM threshold
+    assert retriever.threshold == MINILM_THRESHOLD
+    off_topic = retriever.retrieve("quarterly tax filing deadline for corporations", [animals, space])
+    on_topic = retriever.retrieve("Which planet has a giant storm?", [animals, space])
+    assert len(off_topic.hits) < len(on_topic.hits)
+    assert any("Jupiter" in h.text for h in on_topic.hits)
+

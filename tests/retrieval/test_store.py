@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from retrieval.chunking import tokenize
+from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder, Progress
+from retrieval.errors import (
+    REINDEX_COMMAND,
+    DocumentNotFound,
+    DocumentNotReady,
+    EmbedderMismatch,
+    EmptyDocument,
+    UnreadableDocument,
+    UnsupportedDocumentType,
+)
+from retrieval.store import INTERRUPTED, DocumentStore
+from tests.retrieval.conftest import REPO
+from tests.retrieval.test_parsing import make_pdf
+
+TEXT = "\n\n".join(
+    f"Section {i}. " + " ".join(f"Sentence {j} of section {i} is about topic {i * 7 + j}." for j in range(6))
+    for i in range(5)
+)
+
+
+class ExplodingEmbedder:
+    """Delegates to a real embedder and raises after the first batch (a failure mid-ingest)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+
+    def encode(self, texts: Sequence[str], batch_size: int = DEFAULT_BATCH_SIZE,
+               progress: Progress | None = None) -> np.ndarray:
+        self.inner.encode(texts[:batch_size], batch_size=batch_size, progress=progress)
+        raise RuntimeError("embedding device lost")
+
+    def encode_query(self, text: str) -> np.ndarray:
+        return self.inner.encode_query(text)
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "tmp").rglob("*"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DocumentStore:
+    return DocumentStore(tmp_path / "store")
+
+
+def test_create_ingest_and_load(store: DocumentStore, target_tokenizer: Any, minilm: Embedder) -> None:
+    record = store.create("acme", "Topics", "topics.txt", "text/plain", TEXT.encode())
+    assert (record.status, record.tenant, record.title, record.kind, record.size) == (
+        "queued", "acme", "Topics", "txt", len(TEXT.encode()))
+    seen: list[float] = []
+    ready = store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64, progress=seen.append)
+    assert ready.status == "ready" and ready.progress == 1.0 and ready.embedder == minilm.name
+    assert seen == sorted(seen) and seen[-1] == 1.0
+    chunks = store.load_chunks(record.id)
+    assert len(chunks) == ready.n_chunks > 1 and all(c.n_tokens <= 64 for c in chunks)
+    assert "".join(c.text for c in chunks) == TEXT == store.load_text(record.id)
+    ids = store.load_token_ids(record.id)
+    assert ids.dtype == np.int32 and list(ids) == list(tokenize(TEXT, target_tokenizer).ids)
+    assert ready.n_tokens == len(ids)
+    index = store.load_index(record.id, minilm)
+    assert len(index) == len(chunks)
+    _, hit = index.search(minilm.encode([chunks[2].text]), 1)
+    assert hit[0, 0] == 2
+    assert store.list("acme") == [ready] and store.list("other") == [] and store.list() == [ready]
+    assert leftovers(store.root) == []
+
+
+def test_pdf_chunks_know_their_page(store: DocumentStore, target_tokenizer: Any, minilm: Embedder) -> None:
+    pages = [f"Page {n} is about {word}. " * 12 for n, word in [(1, "apples"), (2, "pears"), (3, "plums")]]
+    record = store.create(None, None, "fruit.pdf", "application/pdf", make_pdf(pages, title="Fruit"))
+    assert record.tenant == "default" and record.title == "Fruit"
+    store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=48)
+    chunks = store.load_chunks(record.id)
+    assert {c.page for c in chunks} == {1, 2, 3}
+    for c in chunks:
+        assert f"Page {c.page}" in c.text
+
+
+@pytest.mark.parametrize(
+    ("data", "filename", "error"),
+    [(b"", "a.txt", EmptyDocument), (b"\x00\x01binary" * 10, "a.txt", UnreadableDocument),
+     (b"\x89PNG\r\n", "image.png", UnsupportedDocumentType)],
+)
+def test_bad_input_leaves_nothing(store: DocumentStore, data: bytes, filename: str, error: type) -> None:
+    with pytest.raises(error):
+        store.create(None, None, filename, None, data)
+    assert store.list() == [] and list((store.root / "docs").iterdir()) == [] and leftovers(store.root) == []
+
+
+def test_tenants_and_unknown_ids(store: DocumentStore) -> None:
+    record = store.create("t1", "Doc", "a.md", None, b"# Title\n\nbody")
+    assert store.get(record.id, "t1") == store.get(record.id) == record
+    for call in (lambda: store.get(record.id, "t2"), lambda: store.delete(record.id, "t2"),
+                 lambda: store.get("0" * 32), lambda: store.get("../etc"), lambda: store.load_text("nope")):
+        with pytest.raises(DocumentNotFound):
+            call()
+    with pytest.raises(DocumentNotReady, match="queued"):
+        store.load_chunks(record.id)
+    store.delete(record.id, "t1")
+    with pytest.raises(DocumentNotFound):
+        store.get(record.id)
+    assert list((store.root / "docs").iterdir()) == [] and leftovers(store.root) == []
+
+
+def test_failure_mid_embedding_leaves_no_partial_files(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder
+) -> None:
+    record = store.create(None, "t", "a.txt", None, TEXT.encode())
+    with pytest.raises(RuntimeError, match="device lost"):
+        store.ingest(record.id, target_tokenizer, ExplodingEmbedder(minilm), chunk_tokens=32, batch_size=2)
+    failed = store.get(record.id)
+    assert failed.status == "failed" and "device lost" in (failed.message or "")
+    assert not (store.root / "docs" / record.id / "derived").exists() and leftovers(store.root) == []
+    assert store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=32).status == "ready"
+
+
+def test_failed_reindex_keeps_the_previous_index(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = store.create(None, "t", "a.txt", None, TEXT.encode())
+    store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64)
+    before = [c.text for c in store.load_chunks(record.id)]
+    real_rename = os.rename
+
+    def rename(src: Any, dst: Any) -> None:
+        if str(src).endswith("derived") and "tmp" in str(src):
+            raise OSError("disk full")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="disk full"):
+        store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=32)
+    monkeypatch.undo()
+    assert store.get(record.id).status == "failed" and leftovers(store.root) == []
+    derived = store.root / "docs" / record.id / "derived"
+    assert (derived / "chunks.jsonl").read_text().count("\n") == len(before)  # old files intact
+
+
+def test_crash_mid_ingest_then_recover(store: DocumentStore, target_tokenizer: Any, minilm: Embedder) -> None:
+    """A real crash: a child process dies (os._exit) while writing the index; recover() cleans up."""
+    record = store.create(None, "t", "a.txt", None, TEXT.encode())
+    child = textwrap.dedent(
+        """
+        import os, sys
+        from pathlib import Path
+        import numpy as np
+        from tokenizers import Tokenizer
+        import retrieval.index
+        from retrieval.embedding import bundled_embedder_path
+        from retrieval.store import DocumentStore
+
+        class Embedder:
+            name, dim = "fake", 4
+            def encode(self, texts, batch_size=32, progress=None):
+                return np.full((len(texts), 4), 0.5, dtype=np.float32)
+            def encode_query(self, text):
+                return np.full(4, 0.5, dtype=np.float32)
+
+        def crash(self, directory):
+            directory.mkdir(parents=True)
+            (directory / "index.faiss").write_bytes(b"half an ind")
+            os._exit(9)
+
+        class FastTokenizer:  # the HF call interface over `tokenizers` (importing transformers is slow)
+            def __init__(self):
+                self.backend = Tokenizer.from_file(str(bundled_embedder_path() / "tokenizer.json"))
+            def __call__(self, text, **kwargs):
+                enc = self.backend.encode(text, add_special_tokens=False)
+                return {"input_ids": enc.ids, "offset_mapping": enc.offsets}
+
+        retrieval.index.VectorIndex.save = crash
+        tokenizer = FastTokenizer()
+        DocumentStore(Path(sys.argv[1])).ingest(sys.argv[2], tokenizer, Embedder(), 32)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", child, str(store.root), record.id], env=env, timeout=300,
+                          capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr
+    restarted = DocumentStore(store.root)
+    assert restarted.get(record.id).status == "indexing" and leftovers(store.root) != []
+    (store.root / "docs" / ("f" * 32)).mkdir()  # a dir whose row never got written
+    report = restarted.recover()
+    assert report.failed == [record.id] and report.removed_temp >= 1 and report.removed_orphans == 1
+    after = restarted.get(record.id)
+    assert (after.status, after.message) == ("failed", INTERRUPTED)
+    assert leftovers(store.root) == []
+    assert sorted(p.name for p in (store.root / "docs").iterdir()) == [record.id]
+    assert not (store.root / "docs" / record.id / "derived").exists()
+    assert restarted.load_text(record.id) == TEXT  # the source survived: re-index works
+    assert restarted.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64).status == "ready"
+
+
+def test_queued_documents_are_failed_by_recover(store: DocumentStore) -> None:
+    record = store.create(None, "t", "a.txt", None, b"some text")
+    assert store.recover().failed == [record.id]
+    assert store.get(record.id).message == INTERRUPTED
+
+
+def test_other_embedder_is_a_mismatch(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder, tiny_bge_m3_dir: Path
+) -> None:
+    from retrieval.embedding import load_embedder
+
+    record = store.create(None, "t", "a.txt", None, TEXT.encode())
+    store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64)
+    other = load_embedder(str(tiny_bge_m3_dir), device="cpu")
+    with pytest.raises(EmbedderMismatch, match=REINDEX_COMMAND.replace("-", "\\-")):
+        store.load_index(record.id, other)
+    assert [r.id for r in store.stale(other)] == [record.id] and store.stale(minilm) == []
+    store.ingest(record.id, target_tokenizer, other, chunk_tokens=64)  # what `reindex --all` does
+    assert len(store.load_index(record.id, other)) == store.get(record.id).n_chunks
+
+
+def test_reads_while_ingesting_in_a_thread(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder
+) -> None:
+    ready = store.create(None, "ready", "a.txt", None, TEXT.encode())
+    store.ingest(ready.id, target_tokenizer, minilm, chunk_tokens=64)
+    pending = store.create(None, "pending", "b.txt", None, (TEXT * 3).encode())
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            store.ingest(pending.id, target_tokenizer, minilm, chunk_tokens=32, batch_size=4)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    statuses = set()
+    while thread.is_alive():
+        statuses.add(store.get(pending.id).status)
+        assert len(store.load_chunks(ready.id)) == store.get(ready.id).n_chunks
+        assert len(store.list()) == 2
+    thread.join()
+    assert errors == [] and store.get(pending.id).status == "ready"
+    assert "indexing" in statuses
