@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from starlette.requests import Request
 
 from app.errors import InvalidRequest, Overloaded
-from app.prompts import SYSTEM_PROMPT, load_documents
+from app.prompts import SYSTEM_PROMPT, document_texts
 from app.scheduler import JobHandle
 from app.schemas import AskStats, Source, Usage
 from app.services import Services
@@ -38,6 +39,7 @@ from retrieval.retriever import Hit
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
     """Everything up to the generation: raises the request's 4xx errors before any streaming starts."""
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
     drafters = services.drafters.for_mode(q.mode, tenant)
+    _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
     doc_ids = list(dict.fromkeys(q.document_ids))  # repeated ids count once
     records = [services.store.get(doc_id, tenant) for doc_id in doc_ids]  # unknown / other tenant: 404
     not_ready = [r for r in records if r.status != "ready"]
@@ -119,7 +122,7 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
         if doc_ids:
             result = services.retriever.retrieve(q.question, doc_ids, tenant=tenant)
             sources = [source_of(h) for h in result.hits]
-        docs = load_documents(services.store, records)
+        docs = document_texts(services.store, records)
         prompt = services.prompts.fit(
             docs, q.question, q.history, max_tokens, services.retriever, tenant, system=q.system
         )
@@ -134,17 +137,24 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
 
 def start(services: Services, p: Plan) -> JobHandle:
     """Queue the generation (raises ``Overloaded`` -> 429 when the queue is full)."""
-    engine = services.engine
+    engine, metrics, mode = services.engine, services.metrics, p.question.mode
 
     def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
-        return engine.generate(p.prompt, p.config, p.drafters, cancel=cancel)
+        for event in engine.generate(p.prompt, p.config, p.drafters, cancel=cancel):
+            if isinstance(event, DoneEvent):  # observed here: a cancelled stream has no reader left
+                metrics.observe_generation(mode, event.stats)
+            yield event
 
+    p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key))
+    return p.handle
+
+
+def _counted(services: Services, admit: Callable[[], T]) -> T:
     try:
-        p.handle = services.scheduler.submit(run, key=p.prompt.prefix_key)
+        return admit()
     except Overloaded:
         services.metrics.rejected.inc()
         raise
-    return p.handle
 
 
 async def events(p: Plan, request: Request | None = None) -> AsyncIterator[TokenEvent]:
@@ -177,13 +187,22 @@ async def _watch_disconnect(request: Request, handle: JobHandle) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
+async def complete(services: Services, p: Plan, request: Request) -> DoneEvent:
+    """Run a non-streaming generation to its end (cancelled if the client goes away meanwhile)."""
+    try:
+        async for _ in events(p, request):
+            pass
+    finally:
+        await finish(services, p)
+    if p.done is None:  # cancelled before it ran: nobody is waiting for this answer any more
+        raise InvalidRequest("the request was cancelled")
+    return p.done
+
+
 async def finish(services: Services, p: Plan) -> None:
-    """After the last event: metrics, the session's history and the tenant's cross-session draft cache."""
+    """After the last event: the session's history and the tenant's cross-session draft cache."""
     done = p.done
-    if done is None:
-        return
-    services.metrics.observe_generation(p.question.mode, done.stats)
-    if done.finish_reason == "cancelled":
+    if done is None or done.finish_reason == "cancelled":
         return
     if p.question.mode == "autoregressive":  # RACER's drafter feeds the tier itself in the other modes
         await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
@@ -191,7 +210,7 @@ async def finish(services: Services, p: Plan) -> None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(p.question.question, done.text))
 
 
-def stats_out(stats: GenerationStats) -> AskStats:
+def stats_out(stats: GenerationStats, mode: str) -> AskStats:
     return AskStats(
         ttft_ms=round(stats.ttft_s * 1000, 3),
         tokens_per_second=round(stats.tokens_per_second, 3),
@@ -202,6 +221,7 @@ def stats_out(stats: GenerationStats) -> AskStats:
         prefix_cache_hit=stats.prefix_cache_hit,
         context_truncated=stats.context_truncated,
         finish_reason=stats.finish_reason,
+        mode=mode,
     )
 
 

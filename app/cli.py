@@ -1,9 +1,9 @@
 """The ``ragspec`` console script.
 
 Subcommands live in ``SUBCOMMANDS``: name -> builder that adds its argparse sub-parser and sets
-``handler(args, settings) -> exit code``. Adding one (``ingest``, ``ask``, ``reindex``) is one function and
-one entry. Heavy imports (torch, transformers, uvicorn) happen inside handlers, so ``ragspec models`` is
-quick once the assets are in place.
+``handler(args, settings) -> exit code``. Adding one is one function and one entry; the service commands
+(``ingest``, ``ask``, ``reindex``) come from ``app.commands``. Heavy imports (torch, transformers,
+uvicorn) happen inside handlers, so ``ragspec models`` is quick once the assets are in place.
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
         return {
             "answer": plan.done.text,
             "sources": [s.model_dump() for s in plan.sources],
-            "stats": answering.stats_out(plan.done.stats).model_dump(),
+            "stats": answering.stats_out(plan.done.stats, plan.question.mode).model_dump(),
         }
 
     try:

@@ -75,6 +75,9 @@ LIBRARY_ERRORS: dict[type[Exception], tuple[int, str]] = {
     retrieval_errors.EmbedderMismatch: (409, "embedder_mismatch"),
     retrieval_errors.EmbedderUnavailable: (503, "embedder_unavailable"),
     decoding_errors.ContextTooLong: (400, "context_too_long"),
+    # bases last: a broken index file or model setup is the server's fault, reported with its reason
+    retrieval_errors.RetrievalError: (500, "retrieval_error"),
+    decoding_errors.DecodingError: (500, "decoding_error"),
 }
 
 

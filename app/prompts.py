@@ -17,15 +17,18 @@ import copy
 import hashlib
 import logging
 import threading
+from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import cached_property, partial
 from typing import Any
 
+from app.errors import ContextTooLong
 from decoding.generation import Prompt
 from decoding.prompt import build_prompt
 from retrieval.retriever import Retriever
-from retrieval.store import DocumentStore
+from retrieval.store import DocumentRecord, DocumentStore
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +38,21 @@ SYSTEM_PROMPT = (
 )
 DOCUMENT_SEPARATOR = "\n\n"
 FIT_ATTEMPTS = 4
+LENGTH_SLACK = 64  # the prompt's document tokens may differ a little from the indexing count
 
 
-@dataclass(frozen=True)
 class DocumentText:
-    id: str
-    title: str
-    text: str
+    """A document for the prompt; its text is read from the store only when a prefix must be tokenized."""
+
+    def __init__(self, id: str, title: str, n_tokens: int, read: Callable[[], str]) -> None:
+        self.id = id
+        self.title = title
+        self.n_tokens = n_tokens  # target tokens of the text (counted at indexing)
+        self._read = read
+
+    @cached_property
+    def text(self) -> str:
+        return self._read()
 
 
 def prefix_key(model_name: str, system: str, doc_ids: Sequence[str]) -> str:
@@ -65,7 +76,7 @@ class PromptBuilder:
         self.model_name = model_name
         self.max_context = max_context
         self._lock = threading.Lock()
-        self._prefixes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prefixes: OrderedDict[str, array[int]] = OrderedDict()  # prefix key -> prefix ids
         self._cache_items = cache_items
 
     def _build(
@@ -82,23 +93,26 @@ class PromptBuilder:
             )
 
     def _prompt(
-        self, system: str, document: str, question: str, history: Sequence[tuple[str, str]], key: str | None
+        self,
+        system: str,
+        docs: Sequence[DocumentText],
+        question: str,
+        history: Sequence[tuple[str, str]],
+        key: str,
     ) -> Prompt:
-        """Like ``build_prompt``; the prefix ids of a known key come from the cache (tokenized once).
+        """Like ``build_prompt`` over ``docs``; the prefix ids of a known key come from the cache.
 
         The suffix never depends on the document (the template pieces are tokenized separately), so it is
-        built over an empty document and joined to the cached prefix.
+        built over an empty document and joined to the cached prefix; the documents are not even read.
         """
-        if key is None:
-            return self._build(system, document, question, history, None)
         with self._lock:
             cached = self._prefixes.get(key)
             if cached is not None:
                 self._prefixes.move_to_end(key)
         if cached is None:
-            prompt = self._build(system, document, question, history, key)
+            prompt = self._build(system, join_documents(docs), question, history, key)
             with self._lock:
-                self._prefixes[key] = tuple(prompt.prefix_ids)
+                self._prefixes[key] = array("i", prompt.prefix_ids)
                 while len(self._prefixes) > self._cache_items:
                     self._prefixes.popitem(last=False)
             return prompt
@@ -109,11 +123,11 @@ class PromptBuilder:
         self, docs: Sequence[DocumentText], max_tokens: int, system: str = SYSTEM_PROMPT
     ) -> Prompt | None:
         """The prompt whose prefix a first question over ``docs`` will reuse, or None if it won't fit."""
-        key = prefix_key(self.model_name, system, [d.id for d in docs])
-        prompt = self._prompt(system, join_documents(docs), "", (), key)
-        if len(prompt.prefix_ids) + max_tokens + 64 > self.max_context:
+        if sum(d.n_tokens for d in docs) + max_tokens + 64 > self.max_context:
             return None
-        return prompt
+        key = prefix_key(self.model_name, system, [d.id for d in docs])
+        prompt = self._prompt(system, docs, "", (), key)
+        return prompt if len(prompt.prefix_ids) + max_tokens + 64 <= self.max_context else None
 
     def fit(
         self,
@@ -128,10 +142,8 @@ class PromptBuilder:
         """The target's prompt over ``docs``, cut to the most relevant chunks when it is too long.
 
         Older history turns are dropped first when even an empty document does not fit. Raises
-        ``ContextTooLong`` (decoding's) when the question alone does not fit.
+        ``ContextTooLong`` when the question alone does not fit.
         """
-        from app.errors import ContextTooLong
-
         room = self.max_context - max_tokens
         history = list(history)
         bare = self._build(system, "", question, history, None)
@@ -145,28 +157,28 @@ class PromptBuilder:
             )
         if not docs:
             return bare
-        key = prefix_key(self.model_name, system, [d.id for d in docs])
-        prompt = self._prompt(system, join_documents(docs), question, history, key)
-        if len(prompt.ids) <= room:
-            return prompt
-        if retriever is None:
-            raise ContextTooLong(f"the documents need {len(prompt.ids)} tokens; the window holds {room}")
         budget = room - len(bare.ids)
+        # Far too long by the indexing token count: skip tokenizing the whole text, go to the chunks.
+        if sum(d.n_tokens for d in docs) <= budget + LENGTH_SLACK:
+            key = prefix_key(self.model_name, system, [d.id for d in docs])
+            prompt = self._prompt(system, docs, question, history, key)
+            if len(prompt.ids) <= room:
+                return prompt
+        if retriever is None:
+            raise ContextTooLong(f"the documents do not fit the {room} tokens left in the window")
         for _ in range(FIT_ATTEMPTS):
             if budget <= 0:
                 break
             selection = retriever.select_for_window(question, [d.id for d in docs], budget, tenant=tenant)
             cut = self._build(system, selection.context_text, question, history, None)
             if len(cut.ids) <= room:
-                logger.info(
-                    "documents cut to %d of %d tokens to fit the window",
-                    len(cut.prefix_ids),
-                    len(prompt.prefix_ids),
-                )
+                logger.info("documents cut to %d tokens to fit the window", len(cut.prefix_ids))
                 return replace(cut, context_truncated=True)
             budget -= len(cut.ids) - room + 16  # chunk joins tokenized differently: tighten and retry
         raise ContextTooLong("could not fit any part of the documents into the target's window")
 
 
-def load_documents(store: DocumentStore, records: Sequence[Any]) -> list[DocumentText]:
-    return [DocumentText(id=r.id, title=r.title, text=store.load_text(r.id)) for r in records]
+def document_texts(store: DocumentStore, records: Sequence[DocumentRecord]) -> list[DocumentText]:
+    return [
+        DocumentText(r.id, r.title, r.n_tokens, partial(store.load_text, r.id)) for r in records
+    ]

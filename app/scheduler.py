@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,6 @@ class Job:
     loop: asyncio.AbstractEventLoop | None
     cancel: threading.Event = field(default_factory=threading.Event)
     queue: asyncio.Queue[Any] | None = None
-    started: bool = False
     finished: bool = False
 
     def push(self, item: Any) -> None:
@@ -71,7 +70,7 @@ class JobHandle:
     def cancel(self) -> None:
         self._scheduler.cancel(self._job)
 
-    async def events(self) -> AsyncIterator[Any]:
+    async def events(self) -> AsyncGenerator[Any, None]:
         assert self._job.queue is not None
         try:
             while True:
@@ -115,32 +114,35 @@ class GenerationScheduler:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
-    def retry_after_s(self) -> int:
-        with self._cond:
-            return self._retry_after_locked()
-
     # --- submission --------------------------------------------------------------------------------
     def submit(self, run: RunFn, key: str | None = None) -> JobHandle:
         """Queue a generation (call from the event loop). Raises ``Overloaded`` when the queue is full."""
         loop = asyncio.get_running_loop()
         job = Job(run=run, key=key, background=False, loop=loop, queue=asyncio.Queue())
         with self._cond:
-            if self._stopping:
-                raise Overloaded("the service is shutting down", retry_after_s=5)
-            busy = self._running is not None and not self._running.background
-            if len(self._waiting) + (1 if busy else 0) >= self.queue_size + 1:
-                self.rejected += 1
-                retry = self._retry_after_locked()
-                raise Overloaded(
-                    f"{len(self._waiting)} generations wait (queue size {self.queue_size}); retry later",
-                    retry_after_s=retry,
-                )
+            self._refuse_if_full_locked()
             self._waiting.append(job)
             running = self._running
             if running is not None and running.background and running.key != key:
                 running.cancel.set()  # a warm-up never holds up a question on another document
             self._cond.notify_all()
         return JobHandle(job, self)
+
+    def ensure_room(self) -> None:
+        """Raise ``Overloaded`` now if ``submit`` would refuse (a cheap check before preparing a request)."""
+        with self._cond:
+            self._refuse_if_full_locked()
+
+    def _refuse_if_full_locked(self) -> None:
+        if self._stopping:
+            raise Overloaded("the service is shutting down", retry_after_s=5)
+        busy = self._running is not None and not self._running.background
+        if len(self._waiting) + (1 if busy else 0) >= self.queue_size + 1:
+            self.rejected += 1
+            raise Overloaded(
+                f"{len(self._waiting)} generations wait (queue size {self.queue_size}); retry later",
+                retry_after_s=self._retry_after_locked(),
+            )
 
     def _retry_after_locked(self) -> int:
         mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
@@ -189,7 +191,6 @@ class GenerationScheduler:
 
     def _execute(self, job: Job) -> None:
         t0 = time.monotonic()
-        job.started = True
         try:
             if not (job.background and job.cancel.is_set()):
                 for event in job.run(job.cancel):

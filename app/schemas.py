@@ -93,6 +93,7 @@ class AskStats(BaseModel):
     prefix_cache_hit: bool
     context_truncated: bool
     finish_reason: str
+    mode: str
 
 
 class AskResponse(BaseModel):

@@ -20,7 +20,7 @@ from app.drafting import Drafters, DraftingConfig
 from app.indexing import IndexingConfig, IndexingJobs
 from app.kv_tags import PrefixRegistry
 from app.metrics import Metrics
-from app.prompts import PromptBuilder, load_documents
+from app.prompts import PromptBuilder, document_texts
 from app.redis_link import RedisLink
 from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
@@ -62,7 +62,7 @@ class Services:
         if self.prefix_cache is None:
             return
         record = self.store.get(doc_id)
-        docs = load_documents(self.store, [record])
+        docs = document_texts(self.store, [record])
         prompt = self.prompts.warm_prompt(docs, self.config.limits.default_max_tokens)
         if prompt is None or prompt.prefix_key is None:
             return
@@ -155,7 +155,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             settings.kv_cache_bytes, data_dir / "kv" if settings.kv_cache_persist else None
         )
     engine = Engine(
-        target,  # type: ignore[arg-type]  # LoadedModel is frozen; TargetModel declares plain attributes
+        target,
         prefix_cache,
         config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk),
     )

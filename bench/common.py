@@ -21,7 +21,6 @@ from decoding.models import LoadedModel, load_model
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
-LICENSES = Path("/usr/share/common-licenses")
 
 
 def cpu_model() -> str:
@@ -79,37 +78,14 @@ class DocQA:
     questions: tuple[str, ...]
 
 
-# Debian's license texts: real, long, present on every Debian/Ubuntu machine. Until bench/data exists.
-LICENSE_QA: dict[str, tuple[str, ...]] = {
-    "Apache-2.0": (
-        "When does the patent license granted by a Contributor terminate?",
-        "What must you do with the NOTICE file when you redistribute the Work?",
-    ),
-    "MPL-2.0": (
-        "What happens to your rights if you fail to comply with this License?",
-        "What is a Larger Work, and may you distribute one?",
-    ),
-    "GFDL-1.3": (
-        "What is an Invariant Section?",
-        "What must you do to the Title Page when you distribute a Modified Version?",
-    ),
-    "LGPL-2.1": (
-        "What is a work that uses the Library?",
-        "May a program that is linked with the Library be distributed under terms of your choice?",
-    ),
-    "GPL-3": (
-        "What does the license say about conveying verbatim copies of the Program's source code?",
-        "What is the Corresponding Source of a work in object code form?",
-    ),
-}
+def qa_documents(names: Sequence[str] | None = None) -> list[DocQA]:
+    """The benchmark QA set (``bench.datasets.load_qa``: public texts in bench/data/), optionally a subset."""
+    from bench.datasets import load_qa
 
-
-def license_documents(names: Sequence[str] | None = None) -> list[DocQA]:
-    docs = []
-    for name in names or list(LICENSE_QA):
-        path = LICENSES / name
-        if path.is_file():
-            docs.append(DocQA(name, path.read_text(encoding="utf-8"), LICENSE_QA[name]))
-        else:
-            logger.warning("%s missing; skipped", path)
-    return docs
+    docs = [DocQA(d.doc_id, d.text, tuple(q.question for q in d.questions)) for d in load_qa()]
+    if names is None:
+        return docs
+    missing = set(names) - {d.name for d in docs}
+    if missing:
+        raise ValueError(f"unknown QA documents {sorted(missing)}")
+    return [d for d in docs if d.name in names]

@@ -25,6 +25,7 @@ class PromptInfo:
 
     prompt_ids: Sequence[int]
     prompt_topk: torch.Tensor | None = None
+    prefix_len: int = 0  # tokens of the stable [system][document] prefix at the start of prompt_ids
 
 
 @dataclass(frozen=True)

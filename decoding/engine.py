@@ -38,12 +38,18 @@ logger = logging.getLogger(__name__)
 class TargetModel(Protocol):
     """What the engine needs of a loaded target (``decoding.models.LoadedModel`` satisfies it)."""
 
-    model: Any
-    tokenizer: Any
-    name: str
-    device: torch.device
-    eos_token_ids: tuple[int, ...]
-    max_context: int
+    @property
+    def model(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def max_context(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -252,7 +258,7 @@ class Engine:
         if text:
             yield TokenEvent(text, output[:])
         if not done and drafters:
-            info = PromptInfo(prompt_ids=prompt.ids, prompt_topk=prompt_topk)
+            info = PromptInfo(prompt_ids=prompt.ids, prompt_topk=prompt_topk, prefix_len=len(prompt.prefix_ids))
             for d in drafters:
                 d.begin(info)
 

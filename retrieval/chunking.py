@@ -121,7 +121,8 @@ def chunk_text(
         lo = min(hi, i + max(int(MIN_FILL * max_tokens), overlap + 1, 1))
         j = _best_cut(levels, i, lo, hi)
         spans.append((i, j))
-        i = _next_start(levels, j - overlap, j) if overlap else j
+        # the next chunk starts after this one's start (always progress), at most `overlap` tokens back
+        i = _next_start(levels, max(j - overlap, i + 1), j) if overlap and j - i > 1 else j
 
     chunks: list[Chunk] = []
     for cid, (i, j) in enumerate(spans):

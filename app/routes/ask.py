@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from app import answering
 from app.answering import Plan, Question
 from app.deps import ServicesDep, TenantDep
-from app.errors import ServiceError, error_body, translate
+from app.errors import error_body, translate
 from app.routes.documents import ERRORS
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
@@ -51,20 +51,13 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
     answering.start(services, plan)
     if body.stream:
         return sse_response(_stream(services, plan, session_id))
-    try:
-        async for _ in answering.events(plan, request):
-            pass
-    finally:
-        await answering.finish(services, plan)
-    done = plan.done
-    if done is None:  # cancelled before it ran: the client is gone
-        raise ServiceError("the request was cancelled")
+    done = await answering.complete(services, plan, request)
     return AskResponse(
         answer=done.text,
         session_id=session_id,
         sources=plan.sources,
         usage=answering.usage_out(done.stats),
-        stats=answering.stats_out(done.stats),
+        stats=answering.stats_out(done.stats, plan.question.mode),
     )
 
 
@@ -76,7 +69,7 @@ async def _stream(services: Services, plan: Plan, session_id: str) -> AsyncItera
                 yield frame({"text": event.text}, "token")
         await answering.finish(services, plan)
         if plan.done is not None:
-            yield frame(answering.stats_out(plan.done.stats).model_dump(), "stats")
+            yield frame(answering.stats_out(plan.done.stats, plan.question.mode).model_dump(), "stats")
             usage = answering.usage_out(plan.done.stats).model_dump()
             yield frame(
                 {"session_id": session_id, "finish_reason": plan.done.finish_reason, "usage": usage}, "done"

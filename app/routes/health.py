@@ -43,11 +43,15 @@ async def readiness(request: Request) -> tuple[int, Readiness]:
         "generation_worker": "ok" if services.scheduler.alive else "error: stopped",
         "indexing_worker": "ok" if services.indexing.alive else "error: stopped",
     }
+    tier = services.drafters.shared_tier.status()
     if services.redis.state != "disabled":
         up = await services.redis.ping()
         checks["redis"] = "ok" if up else "down (sessions and draft cache in process)"
+        checks["draft_cache"] = "ok" if tier.get("available") else "reconnecting (drafts from the local mirror)"
+    else:
+        checks["draft_cache"] = "ok (in process)"
     failed = any(v.startswith("error") for v in checks.values())
-    degraded = checks.get("redis", "ok") != "ok"
+    degraded = checks.get("redis", "ok") != "ok"  # the draft cache follows Redis on its own schedule
     if failed:
         return 503, Readiness(status="unavailable", checks=checks)
     return 200, Readiness(status="degraded" if degraded else "ready", checks=checks)

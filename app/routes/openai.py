@@ -125,14 +125,7 @@ async def chat_completions(
     created = int(time.time())
     if body.stream:
         return sse_response(_stream(services, plan, completion_id, created))
-    try:
-        async for _ in answering.events(plan, request):
-            pass
-    finally:
-        await answering.finish(services, plan)
-    done = plan.done
-    if done is None:
-        raise InvalidRequest("the request was cancelled")
+    done = await answering.complete(services, plan, request)
     stats = done.stats
     return ChatCompletionResponse(
         id=completion_id,
@@ -150,7 +143,7 @@ async def chat_completions(
             total_tokens=stats.prompt_tokens + stats.completion_tokens,
         ),
         sources=plan.sources,
-        stats=answering.stats_out(stats),
+        stats=answering.stats_out(stats, plan.question.mode),
     )
 
 
@@ -191,7 +184,7 @@ async def _stream(services: Services, plan: Plan, completion_id: str, created: i
                     FINISH_REASONS.get(plan.done.finish_reason, "stop"),
                     usage=usage,
                     sources=[s.model_dump() for s in plan.sources],
-                    stats=answering.stats_out(stats).model_dump(),
+                    stats=answering.stats_out(stats, plan.question.mode).model_dump(),
                 )
             )
         else:

@@ -73,8 +73,9 @@ class ThreadServer(Live):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=10)
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=10
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
         self.thread.start()
@@ -104,9 +105,23 @@ class ProcessServer(Live):
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "app.main:create_app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning"],
-            cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "app.main:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         wait_for(self._up, "the server subprocess to start")
         if self.proc.poll() is not None:

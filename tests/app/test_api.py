@@ -71,8 +71,13 @@ def test_health_readiness_and_metrics(client: httpx.Client) -> None:
     assert body["checks"]["models"] == body["checks"]["store"] == "ok"
     assert "redis" not in body["checks"]  # not configured here
     text = client.get("/metrics").text
-    for name in ("ragspec_http_requests_total", "ragspec_queue_depth", "ragspec_kv_cache_bytes",
-                 "ragspec_indexing_jobs", "ragspec_generation_running"):
+    for name in (
+        "ragspec_http_requests_total",
+        "ragspec_queue_depth",
+        "ragspec_kv_cache_bytes",
+        "ragspec_indexing_jobs",
+        "ragspec_generation_running",
+    ):
         assert name in text
     assert metric(client, "ragspec_http_requests_total", route="/healthz", method="GET", status="200") >= 1
 
@@ -114,8 +119,12 @@ def _pdf_bytes(pages: list[str]) -> bytes:
     [
         ("notes.txt", "text/plain", b"Plain text notes about tea.", "tea"),
         ("notes.md", "text/markdown", b"# Coffee\n\nMarkdown notes about coffee.", "coffee"),
-        ("page.html", "text/html", b"<html><body><h1>Cocoa</h1><script>x()</script><p>Notes on cocoa.</p>"
-                                   b"</body></html>", "cocoa"),
+        (
+            "page.html",
+            "text/html",
+            b"<html><body><h1>Cocoa</h1><script>x()</script><p>Notes on cocoa.</p></body></html>",
+            "cocoa",
+        ),
         ("book.pdf", "application/pdf", None, "second"),
     ],
 )
@@ -165,8 +174,15 @@ def test_ask_json(client: httpx.Client, doc: str) -> None:
     assert source["document_id"] == doc and LANDMARKS[source["start"] : source["end"]] == source["text"]
     assert 0 < body["usage"]["completion_tokens"] <= 12 and body["usage"]["prompt_tokens"] > 20
     stats = body["stats"]
-    for key in ("ttft_ms", "tokens_per_second", "acceptance_length", "drafted", "accepted_by_source",
-                "prefix_cache_hit", "context_truncated"):
+    for key in (
+        "ttft_ms",
+        "tokens_per_second",
+        "acceptance_length",
+        "drafted",
+        "accepted_by_source",
+        "prefix_cache_hit",
+        "context_truncated",
+    ):
         assert key in stats
     assert stats["context_truncated"] is False and stats["acceptance_length"] >= 1.0
 
@@ -182,6 +198,20 @@ def test_speculative_modes_answer_like_autoregressive(client: httpx.Client, doc:
         if mode != "autoregressive":
             assert response.json()["stats"]["drafted"] > 0
     assert answers["auto"] == answers["autoregressive"] == answers["racer"]
+
+
+def test_ask_over_two_documents(client: httpx.Client, doc: str) -> None:
+    other = upload_text(client, "Penguins live in Antarctica and cannot fly.", title="penguins")
+    assert wait_indexed(client, other)["status"] == "ready"
+    body = ask(client, question="Where do penguins live?", document_ids=[doc, other, doc]).json()
+    assert body["answer"] and {s["document_id"] for s in body["sources"]} <= {doc, other}
+    assert any(s["document_id"] == other for s in body["sources"])
+
+
+def test_sampling_with_a_seed_is_reproducible(client: httpx.Client, doc: str) -> None:
+    body = {"question": "Tell me about the Colosseum.", "document_ids": [doc], "temperature": 0.9, "seed": 11}
+    first, second = ask(client, **body).json(), ask(client, **body).json()
+    assert first["answer"] == second["answer"] and first["answer"]
 
 
 @pytest.mark.parametrize("mode", ["rapid", "combined"])
@@ -233,6 +263,19 @@ def test_long_document_is_cut_to_the_window(client: httpx.Client) -> None:
     assert any("BLUE HERON" in s["text"] for s in body["sources"])
 
 
+def test_index_from_another_embedder_is_409_with_the_reindex_command(server: ThreadServer) -> None:
+    with server.client() as client:
+        doc_id = upload_text(client, "Owls hunt at night.", title="owls")
+        assert wait_indexed(client, doc_id)["status"] == "ready"
+        sidecar = server.settings.data_dir / "documents" / "docs" / doc_id / "derived" / "index" / "index.json"
+        recorded = json.loads(sidecar.read_text())
+        sidecar.write_text(json.dumps({**recorded, "embedder": "bge-m3 (dense)", "dim": 1024}))  # as if built
+        response = ask(client, question="When do owls hunt?", document_ids=[doc_id])  # with another model
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "embedder_mismatch" and "ragspec reindex --all" in error["message"]
+
+
 # ---- OpenAI-compatible ----------------------------------------------------------------------------
 
 
@@ -250,7 +293,11 @@ def test_openai_client_chat_completions(server: ThreadServer, doc: str) -> None:
     assert sources and sources[0]["document_id"] == doc
 
     stream = client.chat.completions.create(
-        model="ragspec", messages=messages, max_tokens=12, temperature=0, stream=True,
+        model="ragspec",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
         extra_body={"document_ids": [doc]},
     )
     chunks = list(stream)
@@ -261,10 +308,29 @@ def test_openai_client_chat_completions(server: ThreadServer, doc: str) -> None:
     assert (last.model_extra or {})["sources"] == sources
 
 
+def test_chat_stop_strings(client: httpx.Client, doc: str) -> None:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "In which city is the Eiffel Tower?"}],
+        "max_tokens": 16,
+        "document_ids": [doc],
+    }
+    full = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    assert "Paris" in full
+    cut = client.post("/v1/chat/completions", json={**body, "stop": ["Paris"]}).json()["choices"][0]
+    assert cut["message"]["content"] == full[: full.index("Paris")] and cut["finish_reason"] == "stop"
+    assert client.post("/v1/chat/completions", json={**body, "stop": [""]}).status_code == 422
+
+
 def test_chat_stream_ends_with_done_marker(client: httpx.Client, doc: str) -> None:
-    body = {"messages": [{"role": "system", "content": "Answer briefly."},
-                         {"role": "user", "content": "Where is the Colosseum?"}],
-            "max_tokens": 6, "stream": True, "document_ids": [doc]}
+    body = {
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Where is the Colosseum?"},
+        ],
+        "max_tokens": 6,
+        "stream": True,
+        "document_ids": [doc],
+    }
     response, events = sse_events(client, "/v1/chat/completions", body)
     assert response.status_code == 200 and response.headers["x-accel-buffering"] == "no"
     assert events[-1].data == "[DONE]"
@@ -273,9 +339,14 @@ def test_chat_stream_ends_with_done_marker(client: httpx.Client, doc: str) -> No
 
 
 def test_chat_without_documents_and_with_history(client: httpx.Client) -> None:
-    body = {"messages": [{"role": "user", "content": "Hi, I am Ann."},
-                         {"role": "assistant", "content": "Hello Ann!"},
-                         {"role": "user", "content": "What is my name?"}], "max_tokens": 8}
+    body = {
+        "messages": [
+            {"role": "user", "content": "Hi, I am Ann."},
+            {"role": "assistant", "content": "Hello Ann!"},
+            {"role": "user", "content": "What is my name?"},
+        ],
+        "max_tokens": 8,
+    }
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["sources"] == [] and response.json()["choices"][0]["message"]["content"]
@@ -296,8 +367,9 @@ def test_upload_over_the_limit_is_413(client: httpx.Client) -> None:
             yield b"x" * 16384
         yield b"\r\n--xyz--\r\n"
 
-    response = client.post("/v1/documents", content=chunked(),
-                           headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    response = client.post(
+        "/v1/documents", content=chunked(), headers={"Content-Type": "multipart/form-data; boundary=xyz"}
+    )
     assert response.status_code == 413
     too_long_text = client.post("/v1/documents", json={"text": "a" * int(UPLOAD_LIMIT_MB * 1024 * 1024 + 10)})
     assert too_long_text.status_code == 413
@@ -306,8 +378,11 @@ def test_upload_over_the_limit_is_413(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("files", "status", "code"),
     [
-        ({"file": ("report.docx", b"PK\x03\x04 fake", "application/vnd.openxmlformats")}, 415,
-         "unsupported_document_type"),
+        (
+            {"file": ("report.docx", b"PK\x03\x04 fake", "application/vnd.openxmlformats")},
+            415,
+            "unsupported_document_type",
+        ),
         ({"file": ("image.png", b"\x89PNG\r\n\x1a\n", "image/png")}, 415, "unsupported_document_type"),
         ({"file": ("empty.txt", b"", "text/plain")}, 422, "empty_document"),
         ({"file": ("blank.txt", b"  \n\n  ", "text/plain")}, 422, "empty_document"),
@@ -391,8 +466,9 @@ def test_unknown_routes_are_json_errors(client: httpx.Client) -> None:
 
 def test_no_server_errors_so_far(client: httpx.Client) -> None:
     text = client.get("/metrics").text
-    server_errors = [line for line in text.splitlines()
-                     if line.startswith("ragspec_http_requests_total") and 'status="5' in line]
+    server_errors = [
+        line for line in text.splitlines() if line.startswith("ragspec_http_requests_total") and 'status="5' in line
+    ]
     assert server_errors == []
 
 

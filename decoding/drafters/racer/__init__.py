@@ -1,13 +1,17 @@
 """RACER: retrieval (n-gram automaton) + logit cues (logits table) + a cross-session tier, one draft tree.
 
-Typical wiring (``app`` does this once per process and model)::
+Typical wiring (``app`` does this once per process and target model)::
 
-    table = LogitsTable.open(data_dir / "racer", model_id, vocab_size, k=8)
+    table = LogitsTable.open(data_dir / "racer", model_id, vocab_size, k=8)  # loaded if saved before
     tier = open_shared_tier(CrossSessionConfig(redis_url=settings.redis_url, ttl_s=...))
     racer = RacerFactory(RacerConfig(), table, tier, model_id=model_id, tokenizer_hash=tok_hash)
     ...
-    drafter = racer.drafter(tenant)          # per request
-    engine.generate(prompt, config, [drafter])
+    drafter = racer.drafter(tenant)          # per request: RacerDrafter(config, table, tier.cache(...))
+    engine.generate(prompt, config, [drafter])   # EngineConfig(prompt_topk=8) feeds the table at prefill
+    ...
+    racer.close()                            # at shutdown: saves the table, stops the Redis worker
+
+Node sources in the engine's stats: ``racer.retrieval``, ``racer.cross_session``, ``racer.logits``.
 """
 
 from decoding.drafters.racer.automaton import NgramAutomaton

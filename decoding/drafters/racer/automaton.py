@@ -289,13 +289,7 @@ class NgramAutomaton:
                 heapq.heappush(self._heap, (self._stamp[parent], parent))
             if link != ROOT and link != parent and refs[link] == 0:
                 heapq.heappush(self._heap, (self._stamp[link], link))
-        self._depth[node] = 0
-        self._token[node] = NONE
-        self._parent[node] = NONE
-        self._link[node] = NONE
-        self._count[node] = 0
-        self._next[node] = NONE
-        self._prev[node] = NONE
+        self._depth[node] = 0  # marks the id free; ``_new_node`` sets every column when it is reused
         self._free.append(node)
         self._size -= 1
         self.evicted += 1

@@ -2,7 +2,8 @@
 
 RACER's per-request automaton only knows this request's prompt and output. The shared tier remembers,
 for a context of ``context_len`` tokens, which ``continuation_len``-token sequences followed it in
-earlier answers of the same tenant on the same model, with decayed counts. A later session (say a
+earlier answers of the same tenant on the same model (and, when the caller asks with
+``learn_document``, in its documents: once per document key), with decayed counts. A later session (say a
 related question on the same document) then gets those continuations as drafts. Tiers are never shared
 across tenants (acceptance length leaks timing), nor across models or tokenizers (ids would mean
 other things): a namespace is (model id, tokenizer hash, tenant).
@@ -28,6 +29,8 @@ Redis key schema (``prefix`` defaults to ``ragspec:dc``)::
     {prefix}:{ns}:idx       ZSET  member = {ctx}, score = unix time of the context's last update. Used to
                                   sweep expired contexts and to keep at most max_contexts per namespace
                                   (oldest dropped first). EXPIRE = ttl_s.
+    {prefix}:{ns}:doc:{doc} STRING "1": the n-grams of document {doc} (blake2b-64 of the caller's document
+                                  key) were learned; set with NX so a document is learned once per TTL.
 
     ns  = "{m=<model id>;t=<tokenizer hash>;u=<sha256(tenant)[:16]>}"  (braces: a Redis Cluster hash tag,
           so one namespace lives in one slot and the update script may touch all its keys)
@@ -51,6 +54,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -100,7 +104,7 @@ class Namespace:
     tokenizer_hash: str
     tenant: str
 
-    @property
+    @cached_property
     def tag(self) -> str:
         tenant = hashlib.sha256(self.tenant.encode()).hexdigest()[:16]
         return f"{{m={_safe(self.model_id)};t={_safe(self.tokenizer_hash, 16)};u={tenant}}}"
@@ -166,6 +170,8 @@ class CountSet:
 class SharedTier(ABC):
     """The store behind every tenant's ``CrossSessionCache`` (one per process)."""
 
+    remote = False  # True when ``prefetch`` does I/O (worth computing the contexts to ask for)
+
     def __init__(self, config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.clock = clock
@@ -183,8 +189,10 @@ class SharedTier(ABC):
         """Ask for ``contexts`` to be made available locally (non-blocking)."""
 
     @abstractmethod
-    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]]) -> None:
-        """Add continuation counts (non-blocking)."""
+    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]],
+              document: str | None = None) -> None:
+        """Add continuation counts (non-blocking). With ``document``, only if that document (a caller's
+        key) was not learned in this namespace within the TTL."""
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Wait until queued background work is done (for tests and shutdown). True if idle."""
@@ -203,6 +211,7 @@ class InProcessSharedTier(SharedTier):
     def __init__(self, config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> None:
         super().__init__(config, clock)
         self._spaces: OrderedDict[str, OrderedDict[Context, CountSet]] = OrderedDict()
+        self._documents: OrderedDict[tuple[str, str], float] = OrderedDict()  # -> time learned
         self._lock = threading.Lock()
 
     def _space(self, ns: Namespace, create: bool) -> OrderedDict[Context, CountSet] | None:
@@ -230,10 +239,20 @@ class InProcessSharedTier(SharedTier):
     def prefetch(self, ns: Namespace, contexts: Sequence[Context]) -> None:
         return None  # everything is local
 
-    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]]) -> None:
+    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]],
+              document: str | None = None) -> None:
         cfg = self.config
         now = self.clock()
         with self._lock:
+            if document is not None:
+                key = (ns.tag, document)
+                seen = self._documents.get(key)
+                if seen is not None and now - seen <= cfg.ttl_s:
+                    return
+                self._documents[key] = now
+                self._documents.move_to_end(key)
+                while len(self._documents) > cfg.max_namespaces * 64:
+                    self._documents.popitem(last=False)
             space = self._space(ns, create=True)
             assert space is not None
             for ctx, incs in items.items():
@@ -351,10 +370,13 @@ class _Job:
     ns: Namespace
     contexts: list[Context] = field(default_factory=list)
     items: dict[Context, dict[tuple[int, ...], float]] = field(default_factory=dict)
+    document: str | None = None
 
 
 class RedisSharedTier(SharedTier):
     """Continuations in Redis (key schema in the module doc), read through an in-process mirror."""
+
+    remote = True
 
     def __init__(self, config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> None:
         if not config.redis_url:
@@ -410,11 +432,16 @@ class RedisSharedTier(SharedTier):
             else:
                 self._enqueue(_Job("fetch", ns, contexts=want))
 
-    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]]) -> None:
+    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]],
+              document: str | None = None) -> None:
         if not items:
             return
         tag = ns.tag
         with self._cv:
+            if document is not None:  # documents are large: no write-through, fetched when needed
+                if not self._closed:
+                    self._enqueue(_Job("learn", ns, items=items, document=document))
+                return
             for ctx, incs in items.items():  # write-through: this process sees it at once
                 entry = self._entry((tag, ctx))
                 for c, v in incs.items():
@@ -554,8 +581,16 @@ class RedisSharedTier(SharedTier):
                 entry.fetched_at = now
                 entry.rank(self.config.max_continuations)
 
+    def document_key(self, ns: Namespace, document: str) -> str:
+        h = hashlib.blake2b(document.encode(), digest_size=8).hexdigest()
+        return f"{self.config.key_prefix}:{ns.tag}:doc:{h}"
+
     def _learn(self, job: _Job) -> None:
         cfg = self.config
+        if job.document is not None and not self._client.set(
+            self.document_key(job.ns, job.document), b"1", nx=True, ex=int(max(1, cfg.ttl_s))
+        ):
+            return  # this document was learned already
         ctxs = list(job.items.items())
         prefix = f"{cfg.key_prefix}:{job.ns.tag}:c:"
         for start in range(0, len(ctxs), 512):
@@ -573,7 +608,7 @@ class RedisSharedTier(SharedTier):
             self.counters["learns"] += 1
             tag = job.ns.tag
             for ctx, incs in job.items.items():  # confirmed: from the local part to the remote part
-                entry = self._mirror.get((tag, ctx))
+                entry = None if job.document is not None else self._mirror.get((tag, ctx))
                 if entry is None:
                     continue
                 for c, v in incs.items():
@@ -629,6 +664,7 @@ class CrossSessionCache:
         self.namespace = namespace
         self.context_len = tier.config.context_len
         self.continuation_len = tier.config.continuation_len
+        self.remote = tier.remote
 
     def continuations(self, context: Sequence[int]) -> list[Continuation]:
         """What is known now for the last ``context_len`` tokens of ``context`` (never waits)."""
@@ -650,4 +686,14 @@ class CrossSessionCache:
         """
         items = ngram_items(tokens, start, self.context_len, self.continuation_len)
         self.tier.learn(self.namespace, items)
+        return len(items)
+
+    def learn_document(self, document: str, tokens: Sequence[int]) -> int:
+        """Learn the continuations of a document's tokens, once per ``document`` key within the TTL.
+
+        For documents whose text may help *other* prompts of the tenant (a prompt holding the document
+        already has it in its own automaton). Returns the number of contexts offered (in the background).
+        """
+        items = ngram_items(tokens, 0, self.context_len, self.continuation_len)
+        self.tier.learn(self.namespace, items, document=document)
         return len(items)

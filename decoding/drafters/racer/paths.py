@@ -21,7 +21,8 @@ _PENDING = 1 << 62  # a "count" above every real count: expanding a node goes be
 
 
 def retrieval_paths(
-    automaton: NgramAutomaton, budget: int, min_context: int = 2, source: str = SOURCE_RETRIEVAL
+    automaton: NgramAutomaton, budget: int, min_context: int = 2, source: str = SOURCE_RETRIEVAL,
+    weak_budget: int | None = None, strong_context: int = 4,
 ) -> DraftTree:
     """Continuations of the current text found in the automaton, best first.
 
@@ -35,6 +36,9 @@ def retrieval_paths(
 
     A path p under context c is the trie node c + p; the same path under the next shorter context is
     that node's suffix link, so a tree node only needs its deepest trie node.
+
+    ``weak_budget`` caps the nodes found under contexts shorter than ``strong_context`` tokens (short
+    contexts are noisy: leave room for other drafts); strong ones may use the whole ``budget``.
     """
     tree = DraftTree()
     state = automaton.state
@@ -64,6 +68,10 @@ def retrieval_paths(
                 heapq.heappush(heap, (neg_ctx + 1, -_PENDING, -_PENDING, seq, shorter, parent, plen, NONE))
                 seq += 1
         else:
+            if weak_budget is not None and -neg_ctx < strong_context:
+                if weak_budget <= 0:
+                    break  # the heap pops longer contexts first: everything left is weak
+                weak_budget -= 1
             index = tree.add(parent, token, source)
             seen[index] = set()
             heapq.heappush(heap, (neg_ctx, -_PENDING, -_PENDING, seq, node, index, plen + 1, NONE))

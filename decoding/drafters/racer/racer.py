@@ -3,7 +3,8 @@
 Per step (``propose``), below the root (the target's already decided next token):
 
 1. retrieval paths from this request's n-gram automaton (prompt + output, root included), longest
-   matched contexts first, then counts; at most ``retrieval_share`` of the budget;
+   matched contexts first, then counts; paths found under a long (strong) context may take the whole
+   budget, those from short contexts at most ``retrieval_share`` of it;
 2. cross-session paths: continuations that followed the same context in this tenant's earlier
    answers; ``cross_session_share`` of the budget plus whatever retrieval left unused;
 3. logits paths: breadth-first through the logits table from the root, filling the rest.
@@ -44,15 +45,16 @@ class RacerConfig:
     max_nodes: int = 262_144  # node bound of one request's automaton (~10 MB; an 8K prompt needs ~60K)
     topk: int = 8  # breadth of the root in the logits paths (<= the table's k)
     min_context: int = 2  # shortest matched context (root included) that may propose retrieval paths
-    retrieval_share: float = 0.5  # most of the step budget retrieval paths may take
+    retrieval_share: float = 0.5  # most of the budget retrieval paths from short (weak) contexts may take
+    retrieval_strong_context: int = 4  # contexts this long (root included) may take the whole budget
     cross_session_share: float = 0.25  # most of the budget the shared tier may take (+ retrieval's unused)
     cross_session_prefetch: int = 8  # tree nodes whose next-step contexts are prefetched from the shared tier
 
     def __post_init__(self) -> None:
         if self.max_ngram < 2:
             raise ValueError("max_ngram must be >= 2")
-        if self.topk < 1:
-            raise ValueError("topk must be >= 1")
+        if self.topk < 1 or self.retrieval_strong_context < 1:
+            raise ValueError("topk and retrieval_strong_context must be >= 1")
         if not 1 <= self.min_context <= self.max_ngram - 1:
             raise ValueError("min_context must be in [1, max_ngram - 1]")
         for name in ("retrieval_share", "cross_session_share"):
@@ -113,18 +115,19 @@ class RacerDrafter:
         cfg = self.config
         root = int(request.root)
         r_cap = min(budget, math.ceil(budget * cfg.retrieval_share))
-        trees = [retrieval_paths(auto, r_cap, cfg.min_context)]
+        trees = [retrieval_paths(auto, budget, cfg.min_context, weak_budget=r_cap,
+                                 strong_context=cfg.retrieval_strong_context)]
         text_tail: list[int] = []
         if self.shared is not None:
             text_tail = self._tail(request.generated, self.shared.context_len)  # ends with the root
             conts = self.shared.continuations(text_tail[:-1])
             if conts:
-                c_cap = math.ceil(budget * cfg.cross_session_share) + r_cap - len(trees[0])
+                c_cap = math.ceil(budget * cfg.cross_session_share) + max(0, r_cap - len(trees[0]))
                 trees.append(shared_paths(conts, root, min(budget, c_cap)))
         head = trees[0] if len(trees) == 1 else merge_trees(trees, budget)
         # logits paths fill what is left after de-duplication (a path already proposed costs nothing)
         merged = logits_paths(self.table, root, budget, cfg.topk, into=head)
-        if self.shared is not None:
+        if self.shared is not None and self.shared.remote:
             self._prefetch(text_tail, merged)
         return merged
 

@@ -79,6 +79,21 @@ def test_in_process_ttl_decay_and_bounds() -> None:
     assert tier.contexts(cache.namespace) == 0  # namespace "a" was the least recently used of three
 
 
+def test_documents_are_learned_once_per_key() -> None:
+    clock = Clock()
+    tier = InProcessSharedTier(CrossSessionConfig(context_len=2, continuation_len=2, ttl_s=100), clock)
+    cache = tier.cache("m", "t", "a")
+    doc = [5, 6, 7, 8, 5, 6, 9]
+    assert cache.learn_document("doc-1", doc) == 4  # distinct contexts
+    cache.learn_document("doc-1", doc)  # the same document again: nothing added
+    assert dict(cache.continuations([5, 6])) == {(7, 8): 1.0, (9,): 1.0}
+    cache.learn_document("doc-2", [5, 6, 7, 8])
+    assert dict(cache.continuations([5, 6])) == {(7, 8): 2.0, (9,): 1.0}
+    clock.now += 101  # past the TTL the document may be learned again
+    cache.learn_document("doc-1", doc)
+    assert dict(cache.continuations([5, 6])) == {(7, 8): 1.0, (9,): 1.0}
+
+
 def test_open_shared_tier_picks_the_backend() -> None:
     assert isinstance(open_shared_tier(CrossSessionConfig()), InProcessSharedTier)
 
@@ -134,6 +149,23 @@ def test_redis_key_schema_ttl_and_fetch(redis_server: RedisServer, tiers: list[R
     other.prefetch([[1, 2]])
     assert fresh.drain()
     assert other.continuations([1, 2]) == []
+
+
+@pytest.mark.redis
+def test_redis_documents_are_learned_once_per_key(redis_server: RedisServer, tiers: list[RedisSharedTier]) -> None:
+    tier = redis_tier(tiers, redis_server, context_len=2, continuation_len=2, ttl_s=600)
+    cache = tier.cache("m", "t", "a")
+    doc = [5, 6, 7, 8, 5, 6, 9]
+    cache.learn_document("doc-1", doc)
+    cache.learn_document("doc-1", doc)
+    assert tier.drain()
+    client = redis.Redis.from_url(redis_server.url)
+    assert decoded(client.hgetall(tier.context_key(cache.namespace, [5, 6]))) == {(7, 8): 1.0, (9,): 1.0}
+    marker = tier.document_key(cache.namespace, "doc-1")
+    assert client.get(marker) == b"1" and 0 < client.ttl(marker) <= 600
+    cache.prefetch([[5, 6]])
+    assert tier.drain()
+    assert dict(cache.continuations([5, 6])) == {(7, 8): 1.0, (9,): 1.0}
 
 
 @pytest.mark.redis

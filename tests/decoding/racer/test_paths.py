@@ -57,6 +57,17 @@ def test_retrieval_budget_and_min_context() -> None:
     assert len(retrieval_paths(fresh, budget=8)) == 0  # nothing ever followed the current suffix
 
 
+def test_retrieval_caps_paths_from_weak_contexts() -> None:
+    auto = NgramAutomaton.build(TEXT, max_ngram=5, max_nodes=10_000)
+    # contexts of >= 3 tokens are strong: (4,), (4, 5) freely; the 2-token context gives 1 node only
+    tree = retrieval_paths(auto, budget=10, min_context=2, weak_budget=1, strong_context=3)
+    assert paths(tree) == [(4,), (4, 5), (7,)]
+    tree = retrieval_paths(auto, budget=10, min_context=2, weak_budget=0, strong_context=4)
+    assert paths(tree) == []
+    tree = retrieval_paths(auto, budget=1, min_context=2, weak_budget=5, strong_context=3)
+    assert paths(tree) == [(4,)]
+
+
 def test_retrieval_follows_the_output_as_it_is_fed() -> None:
     auto = NgramAutomaton.build([10, 11, 12, 13, 14, 15], max_ngram=5)
     auto.extend([99, 10, 11])

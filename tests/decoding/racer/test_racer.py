@@ -72,11 +72,12 @@ def test_budget_counts_unique_nodes_after_merging(budget: int) -> None:
     pairs = {(p, t) for p, t in zip(tree.parents, tree.tokens, strict=True)}
     assert len(pairs) == len(tree) == budget  # unique nodes, budget filled exactly
     retrieval = tree.sources.count(SOURCE_RETRIEVAL)
-    assert 1 <= retrieval <= math.ceil(budget * cfg.retrieval_share)
-    assert tree.tokens[0] == 23 and tree.sources[0] == SOURCE_RETRIEVAL
-    if budget >= 4:
-        assert tree.sources.count(SOURCE_LOGITS) == budget - retrieval
-        assert tree.children()[0].__len__() > 1  # logits add alternatives beside the retrieval chain
+    assert retrieval >= 1 and tree.tokens[0] == 23 and tree.sources[0] == SOURCE_RETRIEVAL
+    # the strong match (... 20 21 22 -> 23 24) may take the budget; weak contexts only their share
+    assert retrieval <= 2 + math.ceil(budget * cfg.retrieval_share)
+    if budget >= 6:
+        assert tree.sources.count(SOURCE_LOGITS) == budget - retrieval > 0
+        assert len(tree.children()[0]) > 1  # logits add alternatives beside the retrieval chain
     for i, p in enumerate(tree.parents):
         assert p == ROOT or p < i
 

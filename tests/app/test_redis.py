@@ -1,0 +1,110 @@
+"""Sessions and the cross-session draft cache in a real redis-server; Redis killed mid-stream: the answer
+completes, readiness says degraded, conversations go on in process, and all recovers when Redis is back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+from httpx_sse import connect_sse
+
+from tests.app.live import (
+    LANDMARKS,
+    ThreadServer,
+    service_settings,
+    thread_server,
+    upload_text,
+    wait_for,
+    wait_indexed,
+)
+from tests.conftest import RedisServer, _spawn_redis, free_port
+
+pytestmark = [pytest.mark.real_model, pytest.mark.redis]
+
+LONG_QUESTION = "Write the numbers from 1 to 200, one per line."
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    workdir = tmp_path_factory.mktemp("redis")
+    port = free_port()
+    server = RedisServer(port=port, proc=_spawn_redis(port, workdir), workdir=workdir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[ThreadServer]:
+    settings = service_settings(tmp_path_factory.mktemp("redis-app"), redis_url=redis_server.url)
+    with thread_server(settings) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: ThreadServer) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def doc(client: httpx.Client) -> str:
+    doc_id = upload_text(client, LANDMARKS)
+    assert wait_indexed(client, doc_id)["status"] == "ready"
+    return doc_id
+
+
+def ask(client: httpx.Client, doc: str, question: str, session: str | None = None) -> dict[str, object]:
+    body: dict[str, object] = {"question": question, "document_ids": [doc], "max_tokens": 8}
+    if session:
+        body["session_id"] = session
+    response = client.post("/v1/ask", json=body)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def session_turns(redis_server: RedisServer, session: str) -> int:
+    with redis.Redis.from_url(redis_server.url) as r:
+        return int(r.llen(f"ragspec:session:default:{session}"))
+
+
+def test_sessions_and_draft_cache_live_in_redis(client: httpx.Client, doc: str, redis_server: RedisServer) -> None:
+    assert client.get("/readyz").json()["checks"]["redis"] == "ok"
+    ask(client, doc, "Where is the Eiffel Tower?", session="s-1")
+    ask(client, doc, "How tall is it?", session="s-1")
+    assert session_turns(redis_server, "s-1") == 2
+    with redis.Redis.from_url(redis_server.url) as r:
+        assert r.ttl("ragspec:session:default:s-1") > 0
+        # the answers' n-grams reach the tenant's cross-session tier (written in the background)
+        wait_for(lambda: any(True for _ in r.scan_iter("ragspec:dc:*")), "draft cache keys in Redis")
+
+
+def test_redis_killed_mid_stream(client: httpx.Client, doc: str, redis_server: RedisServer) -> None:
+    body = {"question": LONG_QUESTION, "document_ids": [doc], "max_tokens": 48, "stream": True, "session_id": "outage"}
+    with connect_sse(client, "POST", "/v1/ask", json=body) as source:
+        events = source.iter_sse()
+        assert next(events).event == "sources"
+        assert next(events).event == "token"
+        redis_server.stop()  # Redis dies while the answer is being generated
+        rest = list(events)
+    names = [e.event for e in rest]
+    assert "error" not in names and names[-2:] == ["stats", "done"]
+    assert json.loads(rest[-1].data)["finish_reason"] in ("stop", "length")
+
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "degraded" and ready.json()["checks"]["redis"].startswith("down")
+
+    # the conversation goes on from the in-process copy while Redis is away
+    follow = ask(client, doc, "Where is the Colosseum?", session="outage")
+    fresh = ask(client, doc, "Where is the Colosseum?")
+    assert follow["usage"]["prompt_tokens"] > fresh["usage"]["prompt_tokens"]  # type: ignore[index]
+
+    redis_server.start()
+    wait_for(lambda: client.get("/readyz").json()["status"] == "ready", "readiness after Redis is back")
+    ask(client, doc, "Where is the Great Wall?", session="after")
+    assert session_turns(redis_server, "after") == 1  # written to Redis again
