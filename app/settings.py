@@ -36,7 +36,9 @@ class Settings(BaseSettings):
         "auto", description="bge-m3 (BGEM3FlagModel) or flag (FlagModel, mean pooling); auto picks by name"
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bf16 on GPU, fp32 on CPU"
+    )
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
     max_context: int | None = Field(
         None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"

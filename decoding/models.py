@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from decoding.attention import use_grouped_sdpa
 from decoding.errors import ModelLoadError, VocabularyMismatch
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ def load_model(
         raise ModelLoadError(f"cannot load model {spec!r}: {exc}") from exc
     model.to(dev)  # type: ignore[arg-type]  # in place; transformers' typing of `to` confuses mypy
     model.eval()
+    use_grouped_sdpa(model)  # CPU: no KV head repetition under tree masks
     eos = _eos_ids(model, tokenizer)
     if not eos:
         raise ModelLoadError(f"model {spec!r} defines no EOS token")

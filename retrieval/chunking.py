@@ -12,7 +12,7 @@ Chunks therefore hold at least half the budget (except the last), and split on t
 separator available in that range.
 
 Invariants (tested with hypothesis):
-- ``n_tokens`` (whole-text tokens whose start lies in the chunk) <= ``max_tokens`` (for ``max_tokens`` >= 4:
+- ``n_tokens`` (whole-text tokens whose start lies in the chunk) <= ``max_tokens`` (for ``max_tokens`` >= 8:
   a byte-level tokenizer may split one character into up to 4 tokens that cannot be separated);
 - re-tokenizing ``chunk.text`` alone gives at most ``max_tokens + RETOKENIZE_SLACK`` tokens (a cut can
   make the tokenizer merge differently at the chunk's two edges);
@@ -100,8 +100,8 @@ def chunk_text(
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if not 0 <= overlap < max_tokens:
-        raise ValueError(f"overlap must be in [0, max_tokens), got {overlap} with max_tokens={max_tokens}")
+    if not 0 <= overlap <= max_tokens // 2:
+        raise ValueError(f"overlap must be in [0, max_tokens // 2], got {overlap} with max_tokens={max_tokens}")
     if tokens is None:
         tokens = tokenize(text, tokenizer)
     n = len(tokens)
@@ -112,14 +112,14 @@ def chunk_text(
     page_starts = [start for _no, start, _end in pages] if pages else []
 
     spans: list[tuple[int, int]] = []  # token index ranges [i, j)
-    i = 0
+    i = j = 0
     while True:
         if n - i <= max_tokens:
             spans.append((i, n))
             break
         hi = i + max_tokens
         lo = min(hi, i + max(int(MIN_FILL * max_tokens), overlap + 1, 1))
-        j = _best_cut(levels, i, lo, hi)
+        j = _best_cut(levels, max(i, j), lo, hi)  # past the previous cut: no chunk inside another
         spans.append((i, j))
         # the next chunk starts after this one's start (always progress), at most `overlap` tokens back
         i = _next_start(levels, max(j - overlap, i + 1), j) if overlap and j - i > 1 else j
@@ -136,20 +136,21 @@ def chunk_text(
     return chunks
 
 
-def _best_cut(levels: np.ndarray, i: int, lo: int, hi: int) -> int:
+def _best_cut(levels: np.ndarray, floor: int, lo: int, hi: int) -> int:
     """Last token boundary in [lo, hi] of the best (lowest) level present.
 
-    Only when no boundary there is allowed (a character split into more tokens than the whole
-    window, possible only with ``max_tokens`` < 4 for byte-level tokenizers) we look for an allowed
-    one before ``lo``, and failing that after ``hi`` (that chunk then exceeds ``max_tokens``).
+    Only when no boundary there is allowed (a character split into more tokens than the window is
+    wide; byte-level tokenizers split a character into at most 4 tokens, and the window holds at least
+    ``max_tokens // 2`` boundaries, so this needs ``max_tokens`` < 8) we take the last allowed one in
+    (floor, lo), and failing that the first after ``hi`` (that chunk then exceeds ``max_tokens``).
     """
     window = levels[lo : hi + 1]
     best = window.min()
     if best <= NONE:
         return lo + int(len(window) - 1 - np.argmax(window[::-1] == best))  # last index of `best`
-    before = np.flatnonzero(levels[i + 1 : lo] <= NONE)
+    before = np.flatnonzero(levels[floor + 1 : lo] <= NONE)
     if before.size:
-        return i + 1 + int(before[-1])
+        return floor + 1 + int(before[-1])
     after = np.flatnonzero(levels[hi + 1 :] <= NONE)
     return hi + 1 + int(after[0]) if after.size else len(levels) - 1
 

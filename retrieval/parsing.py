@@ -218,7 +218,10 @@ def _parse_html(markup: str) -> ParsedDocument:
                 parts.append("\t")
             parts.append(before)
 
-    walk(soup, in_pre=False)
+    try:
+        walk(soup, in_pre=False)
+    except RecursionError:
+        raise UnreadableDocument("the HTML is nested too deeply to read") from None
     text = _join_html_parts(parts)
     return ParsedDocument(text=text, pages=None, kind="html", title=title or None)
 

@@ -294,8 +294,12 @@ class DocumentStore:
     # --- loading --------------------------------------------------------------------------------
 
     def load_text(self, doc_id: str) -> str:
+        """The extracted text (any status)."""
         self.get(doc_id)
-        return (self._doc_dir(doc_id) / "source" / "text.txt").read_text(encoding="utf-8")
+        try:
+            return (self._doc_dir(doc_id) / "source" / "text.txt").read_text(encoding="utf-8")
+        except FileNotFoundError:  # deleted meanwhile
+            raise DocumentNotFound(doc_id) from None
 
     def load_chunks(self, doc_id: str) -> builtins.list[Chunk]:
         with self._read_derived(doc_id) as derived, (derived / "chunks.jsonl").open(encoding="utf-8") as f:

@@ -9,6 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from decoding.attention import use_grouped_sdpa
+
 VOCAB = 97
 
 
@@ -45,6 +47,7 @@ def make_tiny_llama(seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: 
         attn_implementation="sdpa",
     )
     model = LlamaForCausalLM(config).eval()
+    use_grouped_sdpa(model)
     if peaked != 1.0:
         with torch.no_grad():
             model.lm_head.weight.mul_(peaked)

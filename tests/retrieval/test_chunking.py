@@ -38,9 +38,7 @@ def check_invariants(text: str, chunks: list[Chunk], tokenizer: Any, max_tokens:
         last = len(starts) if k == len(chunks) - 1 else starts.index(c.end)
         assert c.n_tokens == last - first
         if k < len(chunks) - 1:
-            # the fill bound, less up to 3 tokens when a character split into several tokens straddles it
-            fill = min(max_tokens, max(int(MIN_FILL * max_tokens), overlap + 1))
-            assert c.n_tokens >= fill - 3
+            assert c.n_tokens >= min(max_tokens, max(int(MIN_FILL * max_tokens), overlap + 1))
     for a, b in itertools.pairwise(chunks):
         assert a.start < b.start and a.end < b.end
         if overlap == 0:
@@ -55,11 +53,11 @@ def check_invariants(text: str, chunks: list[Chunk], tokenizer: Any, max_tokens:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=TEXTS, max_tokens=st.integers(4, 48), overlap_frac=st.floats(0, 0.95), use_overlap=st.booleans())
+@given(text=TEXTS, max_tokens=st.integers(8, 48), overlap_frac=st.floats(0, 0.5), use_overlap=st.booleans())
 def test_chunk_invariants_target_tokenizer(
     target_tokenizer: Any, text: str, max_tokens: int, overlap_frac: float, use_overlap: bool
 ) -> None:
-    overlap = int(overlap_frac * max_tokens) if use_overlap else 0
+    overlap = min(int(overlap_frac * max_tokens), max_tokens // 2) if use_overlap else 0
     chunks = chunk_text(text, target_tokenizer, max_tokens=max_tokens, overlap=overlap)
     check_invariants(text, chunks, target_tokenizer, max_tokens, overlap)
     # Re-tokenizing a chunk alone may merge differently at its two edges: at most one token per edge.
@@ -69,10 +67,10 @@ def test_chunk_invariants_target_tokenizer(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=TEXTS, max_tokens=st.integers(1, 32), overlap=st.integers(0, 8))
+@given(text=TEXTS, max_tokens=st.integers(1, 32), overlap=st.integers(0, 16))
 def test_chunk_invariants_wordpiece_tokenizer(wordpiece_tokenizer: Any, text: str, max_tokens: int,
                                               overlap: int) -> None:
-    overlap = min(overlap, max_tokens - 1)
+    overlap = min(overlap, max_tokens // 2)
     chunks = chunk_text(text, wordpiece_tokenizer, max_tokens=max_tokens, overlap=overlap)
     check_invariants(text, chunks, wordpiece_tokenizer, max_tokens, overlap)
 
@@ -133,4 +131,4 @@ def test_empty_and_bad_arguments(target_tokenizer: Any) -> None:
     with pytest.raises(ValueError):
         chunk_text("abc", target_tokenizer, max_tokens=0)
     with pytest.raises(ValueError):
-        chunk_text("abc", target_tokenizer, max_tokens=8, overlap=8)
+        chunk_text("abc", target_tokenizer, max_tokens=8, overlap=5)

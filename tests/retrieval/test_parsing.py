@@ -108,6 +108,7 @@ def test_legacy_encoding_fallback_for_mostly_ascii_text() -> None:
         (b"this is not a pdf", "a.pdf", "application/pdf", UnreadableDocument, "%PDF"),
         (b"%PDF-1.7\n" + b"garbage " * 50, "a.pdf", None, UnreadableDocument, "PDF"),
         (b"hello", "a.txt", "text/plain; charset=no-such-charset", UnreadableDocument, "charset"),
+        (b"<div>" * 3000 + b"deep" + b"</div>" * 3000, "deep.html", None, UnreadableDocument, "nested"),
     ],
 )
 def test_bad_input_raises_a_domain_error_saying_why(
