@@ -349,8 +349,12 @@ class Engine:
 
     # ---- calibration ------------------------------------------------------------------------------
 
-    def calibrate(self, context_tokens: int = 1024, repeats: int = 3) -> dict[int, float]:
-        """Measure the verify cost per budget bucket on this hardware (a random context of the given size)."""
+    def calibrate(self, context_tokens: int = 1024, repeats: int = 5) -> dict[int, float]:
+        """Measure the verify cost per budget bucket on this hardware (a random context of the given size).
+
+        Buckets are measured round-robin, ``repeats`` times each, and the median kept, so a burst of load
+        from elsewhere on the machine hits every bucket alike instead of skewing one.
+        """
         vocab = int(self.model.config.vocab_size)
         gen = torch.Generator().manual_seed(0)
         ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
@@ -359,17 +363,15 @@ class Engine:
             self._prefill(ctx, cache)
             base = cache.length
 
-            def measure(nodes: int) -> float:
-                chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
-                times = []
-                for _ in range(repeats):
+            times: dict[int, list[float]] = {b: [] for b in self.policy.buckets}
+            for _ in range(repeats):
+                for nodes, seen in times.items():
+                    chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
                     t = time.perf_counter()
                     self._verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
-                    times.append(time.perf_counter() - t)
+                    seen.append(time.perf_counter() - t)
                     cache.truncate(base)
-                return statistics.median(times)
-
-            costs = self.policy.calibrate(measure)
+            costs = self.policy.calibrate(lambda nodes: statistics.median(times[nodes]))
         logger.info("verify cost by draft nodes (s): %s", {k: round(v, 4) for k, v in costs.items()})
         return costs
 

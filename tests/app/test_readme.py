@@ -1,0 +1,20 @@
+"""The README starts with the two commands and documents every setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.settings import Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    lines = [ln for ln in README.splitlines() if ln.strip() and not ln.startswith("```")]
+    assert lines[0].startswith("make serve")
+    assert lines[1].startswith("make test")
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    missing = [name for name in Settings.model_fields if f"`RAGSPEC_{name.upper()}`" not in README]
+    assert not missing, f"settings missing from the README table: {missing}"
