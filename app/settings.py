@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 BUNDLED = "bundled"
@@ -72,6 +72,14 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _overlap_fits(self) -> Settings:
+        if self.chunk_overlap > self.chunk_tokens // 2:
+            raise ValueError(
+                f"chunk_overlap ({self.chunk_overlap}) must be at most chunk_tokens // 2 ({self.chunk_tokens // 2})"
+            )
+        return self
 
     @property
     def models_dir(self) -> Path:

@@ -1,4 +1,4 @@
-"""The README starts with the two commands and documents every setting."""
+"""Settings: the README starts with the two commands and documents every setting; values are checked."""
 
 from __future__ import annotations
 
@@ -18,3 +18,12 @@ def test_readme_starts_with_the_two_commands() -> None:
 def test_every_setting_is_in_the_readme_table() -> None:
     missing = [name for name in Settings.model_fields if f"`RAGSPEC_{name.upper()}`" not in README]
     assert not missing, f"settings missing from the README table: {missing}"
+
+
+def test_chunk_overlap_is_bounded_by_half_the_chunk() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    assert Settings(chunk_tokens=512, chunk_overlap=256).chunk_overlap == 256  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="chunk_overlap"):
+        Settings(chunk_tokens=512, chunk_overlap=300)  # type: ignore[call-arg]
