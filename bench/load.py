@@ -120,14 +120,9 @@ def percentile(values: list[float], q: float) -> float | None:
 def machine() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bench.common import cpu_model
+
+    cpu = cpu_model()
     return {
         "cpu": cpu,
         "torch": torch.__version__,

@@ -86,14 +86,9 @@ def machine_info() -> dict[str, Any]:
     import faiss
     import torch
 
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bench.common import cpu_model
+
+    cpu = cpu_model()
     return {
         "cpu_model": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__, "faiss_version": faiss.__version__,
