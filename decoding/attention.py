@@ -6,10 +6,18 @@ step would copy the whole KV cache (3 -> 9 heads for SmolLM2) in every layer. to
 ``enable_gqa`` with a mask directly: measured here at a 2K-token cache, one layer's attention for 2 query
 tokens takes 0.56 ms instead of 2.0 ms. ``use_grouped_sdpa`` switches a CPU model to it; GPUs keep
 transformers' own implementation.
+
+On a model switched to the CPU kernels (``decoding.kernels.use_cpu_kernels``), forwards over up to
+``MAX_ROWS`` tokens run the batch-invariant attention kernel instead: each query attends to the fully visible
+cached prefix plus its own visible rows among the new ones (its tree path, or the causal block), read from
+the mask once per forward.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import weakref
 from typing import Any
 
 import torch
@@ -17,7 +25,79 @@ import torch.nn.functional as F
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
+from decoding import kernels
+
 NAME = "ragspec_grouped_sdpa"
+
+Visibility = tuple[int, torch.Tensor, torch.Tensor]  # (past, path rows int32, path offsets int32)
+_memo = threading.local()
+
+
+def _visibility(mask: torch.Tensor | None, n: int, length: int) -> Visibility | None:
+    """Which cache rows each of the ``n`` new queries sees: all of ``[0, past)``, then its own rows.
+
+    None when the mask is not of that shape (a hidden prefix row, an additive bias): the caller falls back.
+    """
+    past = length - n
+    if mask is None:
+        rows = torch.arange(past, length, dtype=torch.int32)
+        path = torch.cat([rows[: i + 1] for i in range(n)]) if n > 1 else rows
+        off = torch.tensor([i * (i + 1) // 2 for i in range(n + 1)], dtype=torch.int32)
+        return past, path, off
+    if mask.ndim != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] < length:
+        return None
+    full = mask[0, 0, :, :length]
+    if full.dtype == torch.bool:
+        visible = full
+    else:
+        visible = full == 0
+        if not bool((visible | (full <= torch.finfo(full.dtype).min / 2)).all()):
+            return None  # a real additive bias: not what the kernel computes
+    if past and not bool(visible[:, :past].all()):
+        return None
+    block = visible[:, past:]
+    counts = block.sum(dim=1)
+    off = torch.zeros(n + 1, dtype=torch.int32)
+    off[1:] = torch.cumsum(counts, 0).to(torch.int32)
+    path = (block.nonzero()[:, 1] + past).to(torch.int32)  # row-major: per query, ascending
+    return past, path.contiguous(), off
+
+
+def _visibility_cached(mask: torch.Tensor | None, n: int, length: int) -> Visibility | None:
+    """``_visibility``, computed once per forward: every layer gets the same mask object."""
+    if mask is None:
+        return _visibility(None, n, length)
+    memo = getattr(_memo, "entry", None)
+    if memo is not None and memo[0]() is mask and memo[1] == (n, length):
+        return memo[2]  # type: ignore[no-any-return]
+    vis = _visibility(mask, n, length)
+    _memo.entry = (weakref.ref(mask), (n, length), vis)
+    return vis
+
+
+def _kernel_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor | None:
+    lib = kernels.loaded()
+    if lib is None or not getattr(module, kernels.KERNEL_FLAG, False) or dropout or torch.is_grad_enabled():
+        return None
+    b, _, n, d = query.shape
+    if b != 1 or n > kernels.MAX_ROWS or d % 8 or d > 256 or query.dtype != torch.float32:
+        return None
+    if key.dtype != torch.float32 or key.stride(-1) != 1 or value.stride() != key.stride():
+        return None
+    vis = _visibility_cached(attention_mask, n, key.shape[-2])
+    if vis is None:
+        return None
+    past, path, off = vis
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+    return kernels.attention(lib, query, key, value, past, path, off, scale)
 
 
 def grouped_sdpa_attention(
@@ -31,6 +111,9 @@ def grouped_sdpa_attention(
     is_causal: bool | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
+    fast = _kernel_attention(module, query, key, value, attention_mask, dropout, scaling)
+    if fast is not None:
+        return fast, None
     if attention_mask is not None and attention_mask.ndim == 4:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     if is_causal is None:  # no mask and several queries only happens when q and k cover the same tokens
@@ -57,3 +140,4 @@ def use_grouped_sdpa(model: Any) -> bool:
     AttentionMaskInterface.register(NAME, sdpa_mask)
     config._attn_implementation = NAME
     return True
+

@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from decoding.attention import use_grouped_sdpa
+from decoding.kernels import use_cpu_kernels
 from decoding.errors import ModelLoadError, VocabularyMismatch
 
 logger = logging.getLogger(__name__)
@@ -101,12 +102,14 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     threads: int | None = None,
     local_files_only: bool = False,
+    cpu_kernels: bool = True,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
     ``spec``: ``'bundled'`` (then ``bundled_dir`` is the converted dir,
     ``decoding.bundled.bundled_target_dir(models_dir)``), a local HF dir, or a hub id.
-    ``threads`` sets torch's intra-op threads for the whole process.
+    ``threads`` sets torch's intra-op threads for the whole process. ``cpu_kernels``: on an fp32 CPU model,
+    run small forwards on ``decoding.kernels`` (falls back to torch's kernels where unavailable).
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -123,6 +126,8 @@ def load_model(
     model.to(dev)  # type: ignore[arg-type]  # in place; transformers' typing of `to` confuses mypy
     model.eval()
     use_grouped_sdpa(model)  # CPU: no KV head repetition under tree masks
+    if cpu_kernels:
+        use_cpu_kernels(model)
     eos = _eos_ids(model, tokenizer)
     if not eos:
         raise ModelLoadError(f"model {spec!r} defines no EOS token")

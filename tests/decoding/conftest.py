@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from decoding.attention import use_grouped_sdpa
+from decoding.kernels import use_cpu_kernels
 
 VOCAB = 97
 
@@ -34,7 +35,10 @@ class TinyTarget:
     max_context: int
 
 
-def make_tiny_llama(seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: float = 1.0) -> LlamaForCausalLM:
+def make_tiny_llama(
+    seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: float = 1.0, cpu_kernels: bool = True
+) -> LlamaForCausalLM:
+    """A random-weight Llama; ``cpu_kernels`` switches it to decoding.kernels (when this machine has them)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab,
@@ -48,6 +52,8 @@ def make_tiny_llama(seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: 
     )
     model = LlamaForCausalLM(config).eval()
     use_grouped_sdpa(model)
+    if cpu_kernels:
+        use_cpu_kernels(model)
     if peaked != 1.0:
         with torch.no_grad():
             model.lm_head.weight.mul_(peaked)

@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+
+from decoding import kernels
+from decoding.kernels import kernels_active
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -81,8 +84,13 @@ def test_load_local_dir_gives_eval_model_with_facts(tiny_dir: tuple[Path, LlamaF
     assert loaded.vocab_size == len(loaded.tokenizer) == original.config.vocab_size
     assert loaded.name == path.name
     ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
+    plain = load_model(str(path), bundled_dir=None, cpu_kernels=False)
+    assert not kernels_active(plain.model)
     with torch.inference_mode():
-        assert torch.equal(loaded.model(ids).logits, original(ids).logits)
+        assert torch.equal(plain.model(ids).logits, original(ids).logits)
+        if kernels.loaded() is not None:  # fp32 CPU models run small forwards on the kernels by default
+            assert kernels_active(loaded.model)
+            torch.testing.assert_close(loaded.model(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_load_with_explicit_dtype_and_threads(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:

@@ -1,0 +1,232 @@
+/* ragspec CPU kernels (AVX2 + FMA, fp32): small-batch linear layers and decode / tree-verify attention.
+ *
+ * Why: on a CPU the target's forward over a handful of tokens (a verify pass) is dominated by GEMMs with
+ * M = 1..65 rows, where the BLAS kernels run far below the machine's FMA rate, and by attention over the
+ * cached document, where the generic SDPA kernel reads the cache at a fraction of memory bandwidth. These
+ * kernels stream each weight row / cached key row once per call and reuse it for every query row.
+ *
+ * Batch invariance (the property the lossless tests rely on): every output element is computed by the same
+ * sequence of floating-point operations whatever the number of rows computed together, the row's position in
+ * the batch, or the thread that runs it. A token verified inside a draft tree therefore gets bit-for-bit the
+ * logits it gets when decoded alone, and speculative greedy output equals plain greedy output exactly.
+ *   - linear: y[m, n] = fma-chain over k in 8-lane vectors, one fixed horizontal sum, scalar tail, + bias.
+ *   - attention: a query attends to an explicit list of visible cache rows (the fully visible prefix, then
+ *     its own path). Scores use the same dot routine; the softmax max, exp, sum and the weighted sum of values
+ *     run over the visible keys in position order with lanes fixed by position.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    __m128 hi = _mm256_extractf128_ps(v, 1);
+    __m128 s = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehl_ps(s, s);
+    s = _mm_add_ps(s, sh);
+    sh = _mm_shuffle_ps(s, s, 0x55);
+    s = _mm_add_ss(s, sh);
+    return _mm_cvtss_f32(s);
+}
+
+/* the one reduction every dot product ends with */
+static inline float finish_dot(__m256 acc, const float *x, const float *w, int k8, int K) {
+    float s = hsum8(acc);
+    for (int k = k8; k < K; ++k) s += x[k] * w[k];
+    return s;
+}
+
+/* Block of MB input rows x NB weight rows: y[i * ldy + j] = dot(x_i, w_j) * scale (+ bias[j]). */
+#define DOT_BLOCK(MB, NB)                                                                                  \
+    static void dot_##MB##x##NB(const float *x, long ldx, const float *w, long ldw, int K, float *y,       \
+                                long ldy, const float *bias, float scale) {                                \
+        __m256 acc[MB][NB];                                                                                \
+        for (int i = 0; i < MB; ++i)                                                                       \
+            for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();                                   \
+        const int k8 = K & ~7;                                                                             \
+        for (int k = 0; k < k8; k += 8) {                                                                  \
+            __m256 xv[MB];                                                                                 \
+            for (int i = 0; i < MB; ++i) xv[i] = _mm256_loadu_ps(x + i * ldx + k);                        \
+            for (int j = 0; j < NB; ++j) {                                                                 \
+                __m256 wv = _mm256_loadu_ps(w + j * ldw + k);                                              \
+                for (int i = 0; i < MB; ++i) acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);            \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int i = 0; i < MB; ++i)                                                                       \
+            for (int j = 0; j < NB; ++j) {                                                                 \
+                float s = finish_dot(acc[i][j], x + i * ldx, w + j * ldw, k8, K) * scale;                  \
+                y[i * ldy + j] = bias ? s + bias[j] : s;                                                   \
+            }                                                                                              \
+    }
+
+DOT_BLOCK(1, 1)
+DOT_BLOCK(2, 1)
+DOT_BLOCK(3, 1)
+DOT_BLOCK(1, 4)
+DOT_BLOCK(2, 4)
+DOT_BLOCK(3, 4)
+
+typedef void (*dot_fn)(const float *, long, const float *, long, int, float *, long, const float *, float);
+
+static const dot_fn DOT4[4] = {0, dot_1x4, dot_2x4, dot_3x4};
+static const dot_fn DOT1[4] = {0, dot_1x1, dot_2x1, dot_3x1};
+
+/* y[m, n] for m in [0, M), n in [n0, n1): weight rows stream once, each block of 4 reused by all rows. */
+static void dot_rows(const float *x, long ldx, int M, const float *w, long ldw, int n0, int n1, int K, float *y,
+                     long ldy, const float *bias, float scale) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        for (int m = 0; m < M; m += 3) {
+            int mb = M - m < 3 ? M - m : 3;
+            DOT4[mb](x + m * ldx, ldx, w + n * ldw, ldw, K, y + m * ldy + n, ldy, bias ? bias + n : 0, scale);
+        }
+    }
+    for (; n < n1; ++n) {
+        for (int m = 0; m < M; m += 3) {
+            int mb = M - m < 3 ? M - m : 3;
+            DOT1[mb](x + m * ldx, ldx, w + n * ldw, ldw, K, y + m * ldy + n, ldy, bias ? bias + n : 0, scale);
+        }
+    }
+}
+
+/* y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]); rows of x and y contiguous with leading dims K and N. */
+void rs_linear_f32(const float *x, int M, int K, const float *w, int N, const float *bias, float *y, int threads) {
+    const int chunk = 64; /* weight rows per task: a multiple of 4, so blocking is the same in every task */
+    const int tasks = (N + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int t = 0; t < tasks; ++t) {
+        int n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        dot_rows(x, K, M, w, K, n0, n1, K, y, N, bias, 1.0f);
+    }
+}
+
+/* exp for x <= 0 (softmax after subtracting the max); x below -87 gives 0. Elementwise, so a value's result
+   never depends on its lane. */
+static inline __m256 exp_nonpos(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, p);
+}
+
+/* In place: s[0..P) <- exp(s - max); returns the sum (lanes fixed by index, padded tail). */
+static float softmax_numerators(float *s, int P) {
+    float m = -INFINITY;
+    for (int j = 0; j < P; ++j) m = s[j] > m ? s[j] : m;
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= P; j += 8) {
+        __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        _mm256_storeu_ps(s + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (j < P) {
+        float tail[8];
+        for (int t = 0; t < 8; ++t) tail[t] = j + t < P ? s[j + t] : m;
+        __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(tail), mv));
+        _mm256_storeu_ps(tail, e);
+        for (int t = 0; t < 8; ++t) {
+            if (j + t < P) s[j + t] = tail[t];
+            else tail[t] = 0.0f;
+        }
+        acc = _mm256_add_ps(acc, _mm256_loadu_ps(tail));
+    }
+    return hsum8(acc);
+}
+
+#define MAX_D 256
+
+/* acc[0..D) += sum over rows j in [j0, j1) of p[j] * v_row(j), j in position order. */
+static inline void weighted_rows(__m256 *acc, int dv, const float *p, const float *v, long ldv, int j0, int j1) {
+    for (int j = j0; j < j1; ++j) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+        const float *vr = v + j * ldv;
+        for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    }
+}
+
+/* Attention of n query rows of one head over its key/value head.
+ *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at k + g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
+ *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions).
+ *   work: threads * n * (past + max path length) floats.
+ * D must be a multiple of 8 and at most MAX_D. */
+void rs_attention_f32(const float *q, long q_sh, long q_sn, int H, int n, int D, const float *k, const float *v,
+                      long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
+                      float scale, float *out, long o_sn, long o_sh, float *work, int threads) {
+    int maxpath = 0;
+    for (int i = 0; i < n; ++i) {
+        int len = path_off[i + 1] - path_off[i];
+        maxpath = len > maxpath ? len : maxpath;
+    }
+    const long lds = (long)past + maxpath;
+    const int group = H / G;
+    const int dv = D / 8;
+    const int kb = 64; /* value rows per block: stays in L1 while every query row of the head reads it */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int h = 0; h < H; ++h) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *S = work + (long)tid * n * lds;
+        const float *qh = q + h * q_sh;
+        const float *kg = k + (h / group) * kv_sh;
+        const float *vg = v + (h / group) * kv_sh;
+        /* scores: prefix by blocks, path rows one by one with the same dot routine */
+        dot_rows(qh, q_sn, n, kg, kv_sn, 0, past, D, S, lds, 0, scale);
+        for (int i = 0; i < n; ++i) {
+            for (int t = path_off[i]; t < path_off[i + 1]; ++t)
+                dot_1x1(qh + i * q_sn, q_sn, kg + (long)path[t] * kv_sn, kv_sn, D, S + i * lds + past + (t - path_off[i]),
+                        1, 0, scale);
+        }
+        float denom[n];
+        for (int i = 0; i < n; ++i) denom[i] = softmax_numerators(S + i * lds, past + path_off[i + 1] - path_off[i]);
+        /* values: prefix in blocks of kb rows shared by all queries, then each query's path */
+        __m256 acc[MAX_D / 8];
+        float *o_h = out + h * o_sh;
+        for (int i = 0; i < n; ++i)
+            for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o_h + i * o_sn + 8 * c, _mm256_setzero_ps());
+        for (int j0 = 0; j0 < past; j0 += kb) {
+            int j1 = j0 + kb < past ? j0 + kb : past;
+            for (int i = 0; i < n; ++i) {
+                float *oi = o_h + i * o_sn;
+                for (int c = 0; c < dv; ++c) acc[c] = _mm256_loadu_ps(oi + 8 * c);
+                weighted_rows(acc, dv, S + i * lds, vg, kv_sn, j0, j1);
+                for (int c = 0; c < dv; ++c) _mm256_storeu_ps(oi + 8 * c, acc[c]);
+            }
+        }
+        for (int i = 0; i < n; ++i) {
+            float *oi = o_h + i * o_sn;
+            const float *pi = S + i * lds + past;
+            for (int c = 0; c < dv; ++c) acc[c] = _mm256_loadu_ps(oi + 8 * c);
+            for (int t = path_off[i]; t < path_off[i + 1]; ++t) {
+                __m256 pj = _mm256_set1_ps(pi[t - path_off[i]]);
+                const float *vr = vg + (long)path[t] * kv_sn;
+                for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+            }
+            __m256 inv = _mm256_set1_ps(1.0f / denom[i]);
+            for (int c = 0; c < dv; ++c) _mm256_storeu_ps(oi + 8 * c, _mm256_mul_ps(acc[c], inv));
+        }
+    }
+}
+
+int rs_kernels_version(void) { return 1; }
