@@ -18,8 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from decoding.attention import use_grouped_sdpa
-from decoding.kernels import use_cpu_kernels
 from decoding.errors import ModelLoadError, VocabularyMismatch
+from decoding.kernels import use_cpu_kernels
 
 logger = logging.getLogger(__name__)
 

@@ -71,7 +71,8 @@ def tiny_target(seed: int = 0, eos: tuple[int, ...] = (), max_context: int = 512
     )
 
 
-@pytest.fixture(scope="module")
-def tiny() -> TinyTarget:
+@pytest.fixture(scope="module", params=["cpu_kernels", "torch_kernels"])
+def tiny(request: pytest.FixtureRequest) -> TinyTarget:
+    """The tiny target, once on decoding.kernels and once on torch's kernels (everything must hold on both)."""
     torch.set_num_threads(1)
-    return tiny_target(0)
+    return tiny_target(0, cpu_kernels=request.param == "cpu_kernels")

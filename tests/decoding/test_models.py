@@ -8,14 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-
-from decoding import kernels
-from decoding.kernels import kernels_active
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoding import bundled
+from decoding import bundled, kernels
 from decoding.errors import ModelLoadError, VocabularyMismatch
+from decoding.kernels import kernels_active
 from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
 
 CHATML = (
@@ -44,8 +42,13 @@ def make_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 320) -> PreTrai
     )
     backend.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
-        unk_token="<|endoftext|>", chat_template=CHATML, clean_up_tokenization_spaces=False,
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        chat_template=CHATML,
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -56,9 +59,16 @@ def save_tiny_model(
     tokenizer = tokenizer or make_tokenizer()
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab or len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id, attn_implementation="sdpa",
+        vocab_size=vocab or len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        attn_implementation="sdpa",
     )
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(path)
@@ -116,9 +126,7 @@ def test_bundled_spec_uses_bundled_dir(tiny_dir: tuple[Path, LlamaForCausalLM]) 
         ("nobody/no-such-model-xyz", None, "cannot load model"),
     ],
 )
-def test_load_errors_are_domain_errors(
-    tmp_path: Path, spec: str, bundled_dir: Path | None, message: str
-) -> None:
+def test_load_errors_are_domain_errors(tmp_path: Path, spec: str, bundled_dir: Path | None, message: str) -> None:
     with pytest.raises(ModelLoadError, match=message):
         load_model(spec.format(tmp=tmp_path), bundled_dir=bundled_dir, local_files_only=True)
 
@@ -141,9 +149,7 @@ def test_same_vocab_passes_for_two_models_sharing_a_tokenizer(
     assert tokenizer_fingerprint(target.tokenizer) == tokenizer_fingerprint(drafter.tokenizer)
 
 
-def test_vocab_mismatch_on_different_tokenizer(
-    tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path
-) -> None:
+def test_vocab_mismatch_on_different_tokenizer(tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path) -> None:
     target = load_model(str(tiny_dir[0]), bundled_dir=None)
     other = make_tokenizer(["zebra yak xylophone wombat vortex " * 3, "umbrella tundra sierra quokka"] * 4)
     save_tiny_model(tmp_path, other, vocab=target.vocab_size)  # same logits width, different mapping

@@ -1,0 +1,210 @@
+"""decoding.kernels: agreement with torch, batch invariance (bit for bit), mask parsing, build and fallback."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from decoding import kernels
+from decoding.attention import _visibility
+from decoding.tree import ROOT, DraftTree, tree_layout
+from tests.decoding.conftest import make_tiny_llama
+
+lib = kernels.load()
+needs_kernels = pytest.mark.skipif(lib is None, reason=f"CPU kernels unavailable: {kernels.unavailable_reason()}")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("m", "k", "n", "bias"),
+    [(1, 64, 96, False), (5, 576, 192, True), (9, 13, 7, True), (3, 40, 4, False), (96, 72, 130, True)],
+)
+def test_linear_matches_torch(m: int, k: int, n: int, bias: bool) -> None:
+    g = _gen(m * 1000 + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    assert lib is not None
+    got = kernels.linear(lib, x, w, b)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_rows_are_batch_invariant(threads: int) -> None:
+    """A row's result is the same bits alone, in any batch, at any position, on any thread count."""
+    g = _gen(3)
+    x, w, b = torch.randn(17, 200, generator=g), torch.randn(259, 200, generator=g), torch.randn(259, generator=g)
+    assert lib is not None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = kernels.linear(lib, x, w, b)
+        for i in range(17):
+            assert torch.equal(kernels.linear(lib, x[i : i + 1], w, b), whole[i : i + 1])
+        perm = torch.randperm(17, generator=g)
+        assert torch.equal(kernels.linear(lib, x[perm], w, b), whole[perm])
+        torch.set_num_threads(1 if threads == 2 else 2)
+        assert torch.equal(kernels.linear(lib, x, w, b), whole)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=True)
+    return out.transpose(1, 2)  # [1, n, H, D]
+
+
+def _random_tree(n: int, seed: int) -> torch.Tensor:
+    """Ancestor mask [n, n] of a random tree whose nodes come parent-first (row 0 is the root)."""
+    g = _gen(seed)
+    tree = DraftTree()
+    for i in range(n - 1):
+        parent = ROOT if i == 0 else int(torch.randint(-1, i, (1,), generator=g))
+        tree.add(parent, i, "t")
+    return tree_layout(0, tree, 0, torch.device("cpu")).ancestor_mask
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("heads", "groups", "d", "past", "n"),
+    [(9, 3, 64, 300, 1), (9, 3, 64, 300, 9), (4, 2, 16, 0, 7), (4, 4, 32, 77, 33), (6, 1, 8, 5, 20)],
+)
+def test_attention_matches_sdpa_on_trees(heads: int, groups: int, d: int, past: int, n: int) -> None:
+    g = _gen(past + n)
+    cap = past + n + 11  # rows live in a bigger buffer, like the slot cache
+    kbuf, vbuf = torch.randn(1, groups, cap, d, generator=g), torch.randn(1, groups, cap, d, generator=g)
+    k, v = kbuf[:, :, : past + n], vbuf[:, :, : past + n]
+    q = torch.randn(1, heads, n, d, generator=g)
+    tree = _random_tree(n, seed=n)
+    visible = torch.cat([torch.ones(n, past, dtype=torch.bool), tree], dim=1)
+    mask = torch.zeros(1, 1, n, past + n + 3).masked_fill_(~F.pad(visible, (0, 3)), torch.finfo(torch.float32).min)
+    vis = _visibility(mask, n, past + n)
+    assert vis is not None
+    assert lib is not None
+    got = kernels.attention(lib, q, k, v, *vis, scale=d**-0.5)
+    torch.testing.assert_close(got, _reference_attention(q, k, v, visible), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_attention_is_batch_invariant_across_tree_and_chain() -> None:
+    """A query's output inside a tree equals, bit for bit, the output it gets decoded alone on the same keys."""
+    g = _gen(11)
+    heads, groups, d, past, n = 9, 3, 64, 513, 12
+    q = torch.randn(1, heads, n, d, generator=g)
+    k, v = torch.randn(1, groups, past + n, d, generator=g), torch.randn(1, groups, past + n, d, generator=g)
+    tree = _random_tree(n, seed=5)
+    mask = torch.zeros(1, 1, n, past + n)
+    mask[0, 0, :, past:].masked_fill_(~tree, float("-inf"))
+    vis = _visibility(mask, n, past + n)
+    assert vis is not None and lib is not None
+    together = kernels.attention(lib, q, k, v, *vis, scale=0.125)
+    for i in range(n):
+        path = tree[i].nonzero()[:, 0] + past  # the rows node i sees beyond the prefix, in order
+        rows = torch.cat([torch.arange(past), path])
+        # alone: a chain where those rows are contiguous and the query is the last one (a plain decode step)
+        alone = kernels.attention(
+            lib,
+            q[:, :, i : i + 1],
+            k[:, :, rows],
+            v[:, :, rows],
+            len(rows) - 1,
+            torch.tensor([len(rows) - 1], dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32),
+            scale=0.125,
+        )
+        assert torch.equal(alone[0, 0], together[0, i]), i
+
+
+def test_visibility_parsing() -> None:
+    past, path, off = _visibility(None, 3, 10)  # type: ignore[misc]
+    assert past == 7 and path.tolist() == [7, 7, 8, 7, 8, 9] and off.tolist() == [0, 1, 3, 6]
+    neg = torch.finfo(torch.float32).min
+    mask = torch.zeros(1, 1, 2, 6)
+    mask[0, 0, 0, 5] = neg
+    vis = _visibility(mask, 2, 6)
+    assert vis is not None and vis[0] == 4 and vis[1].tolist() == [4, 4, 5] and vis[2].tolist() == [0, 1, 3]
+    hidden_prefix = mask.clone()
+    hidden_prefix[0, 0, 1, 0] = neg
+    assert _visibility(hidden_prefix, 2, 6) is None
+    bias = mask.clone()
+    bias[0, 0, 0, 1] = -3.0  # an additive bias is not a visibility mask: fall back
+    assert _visibility(bias, 2, 6) is None
+    assert _visibility(torch.ones(1, 1, 2, 6, dtype=torch.bool), 2, 6) is not None
+    assert _visibility(torch.zeros(2, 1, 2, 6), 2, 6) is None  # batch of 2
+
+
+@needs_kernels
+def test_tiny_llama_decode_steps_equal_one_batched_forward() -> None:
+    """With the kernels, logits of tokens fed one by one == logits of the same tokens in one forward, bitwise."""
+    from transformers import DynamicCache
+
+    model = make_tiny_llama(seed=4, layers=3)
+    assert kernels.kernels_active(model)
+    ids = torch.randint(0, model.config.vocab_size, (1, 70), generator=_gen(2))
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(input_ids=ids[:, :40], past_key_values=cache, use_cache=True)
+        batched = model(input_ids=ids[:, 40:], past_key_values=cache, use_cache=True).logits
+        cache = DynamicCache()
+        model(input_ids=ids[:, :40], past_key_values=cache, use_cache=True)
+        steps = [
+            model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True).logits for i in range(40, 70)
+        ]
+        assert torch.equal(torch.cat(steps, dim=1), batched)
+        plain = make_tiny_llama(seed=4, layers=3, cpu_kernels=False)
+        torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_disabled_by_environment_falls_back(tmp_path: Path) -> None:
+    code = (
+        "import logging, torch; logging.basicConfig(level=logging.WARNING);"
+        "from decoding import kernels; from tests.decoding.conftest import make_tiny_llama;"
+        "m = make_tiny_llama(); assert kernels.load() is None and not kernels.kernels_active(m);"
+        "print(kernels.unavailable_reason())"
+    )
+    env = {"RAGSPEC_CPU_KERNELS": "0", "RAGSPEC_KERNEL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path.cwd())
+    assert out.returncode == 0, out.stderr
+    assert "disabled by RAGSPEC_CPU_KERNELS" in out.stdout
+    assert "CPU kernels unavailable" in out.stderr
+    assert not list(tmp_path.iterdir())  # nothing was built
+
+
+def test_broken_compiler_gives_a_clear_reason_and_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RAGSPEC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")
+    kernels.reset_for_tests()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert kernels.load() is None
+        assert "compiling the CPU kernels failed" in kernels.unavailable_reason()
+        assert "CPU kernels unavailable" in caplog.text
+        model = make_tiny_llama(seed=1)
+        assert not kernels.kernels_active(model)
+    finally:
+        monkeypatch.undo()
+        kernels.reset_for_tests()
+        kernels.load()
+
+
+@needs_kernels
+def test_build_is_cached_and_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSPEC_KERNEL_CACHE", str(tmp_path))
+    first = kernels.build()
+    assert first.parent == tmp_path and first.is_file()
+    stamp = first.stat().st_mtime_ns
+    assert kernels.build() == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp files left behind
