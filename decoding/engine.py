@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from decoding.budget import BudgetPolicy, BudgetState
+from decoding.budget import BudgetPolicy, TreeSelector
 from decoding.detokenize import IncrementalDetokenizer, StopMatcher
 from decoding.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.errors import ContextTooLong
@@ -231,7 +231,7 @@ class Engine:
         detok = IncrementalDetokenizer(self.target.tokenizer)
         stops = StopMatcher(config.stop)
         output: list[int] = []
-        state = BudgetState(self.policy)
+        selector = TreeSelector(self.policy)
         finish = ""
         t_first = 0.0
 
@@ -268,11 +268,11 @@ class Engine:
                 break
             budget = 0
             if drafters:
-                budget = config.draft_budget if config.draft_budget is not None else state.choose()
+                budget = config.draft_budget if config.draft_budget is not None else self.policy.max_budget
                 budget = min(budget, max_new - len(output))
-            td = time.perf_counter()
             tree = self._draft(drafters, root, output, budget) if budget > 0 else DraftTree()
-            draft_s = time.perf_counter() - td
+            if config.draft_budget is None:
+                tree = selector.select(tree)  # the part worth verifying on this hardware (maybe nothing)
 
             tv = time.perf_counter()
             base = cache.length
@@ -288,7 +288,7 @@ class Engine:
             for i in verdict.accepted_nodes:
                 stats.add_accepted(tree.sources[i], 1)
             if drafters:
-                state.observe(budget, len(tree), len(accepted_tokens), draft_s)
+                selector.observe(tree, verdict.accepted_nodes)
                 outcome = VerifyOutcome(
                     root=root,
                     tree=tree,
@@ -349,7 +349,7 @@ class Engine:
 
     # ---- calibration ------------------------------------------------------------------------------
 
-    def calibrate(self, context_tokens: int = 1024, repeats: int = 5) -> dict[int, float]:
+    def calibrate(self, context_tokens: int = 1024, repeats: int = 3) -> dict[int, float]:
         """Measure the verify cost per budget bucket on this hardware (a random context of the given size).
 
         Buckets are measured round-robin, ``repeats`` times each, and the median kept, so a burst of load

@@ -23,17 +23,24 @@ class DraftTree:
     ``probs[i]`` is the drafter's distribution q (a ``[vocab]`` float tensor) from which ``tokens[i]`` was
     *sampled*, or ``None`` for a deterministic draft (n-gram, logits table, top-k alternatives), which the
     sampling verifier treats as a point mass. Both are lossless; q only raises acceptance.
+
+    ``kinds[i]`` is a finer class than the source for acceptance statistics (e.g. a retrieval path under a
+    long context, the top-1 of a logits row); the engine learns how often each kind is accepted and sizes
+    the verified tree from it (``decoding.budget``). It defaults to the source.
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     probs: list[torch.Tensor | None] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int, source: str, prob: torch.Tensor | None = None) -> int:
+    def add(
+        self, parent: int, token: int, source: str, prob: torch.Tensor | None = None, kind: str | None = None
+    ) -> int:
         """Append a node and return its index. ``parent`` is ``ROOT`` or an earlier index."""
         if parent != ROOT and not 0 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} out of range for a tree of {len(self.tokens)} nodes")
@@ -41,7 +48,22 @@ class DraftTree:
         self.parents.append(int(parent))
         self.sources.append(source)
         self.probs.append(prob)
+        self.kinds.append(kind or source)
         return len(self.tokens) - 1
+
+    def copy(self) -> DraftTree:
+        return DraftTree(list(self.tokens), list(self.parents), list(self.sources), list(self.probs), list(self.kinds))
+
+    def subset(self, keep: Sequence[int]) -> DraftTree:
+        """The nodes ``keep`` (ascending, each node's parent kept too), re-indexed, order preserved."""
+        out = DraftTree()
+        new: dict[int, int] = {}
+        for i in keep:
+            p = self.parents[i]
+            if p != ROOT and p not in new:
+                raise ValueError(f"node {i} kept without its parent {p}")
+            new[i] = out.add(ROOT if p == ROOT else new[p], self.tokens[i], self.sources[i], self.probs[i], self.kinds[i])
+        return out
 
     @classmethod
     def chain(
@@ -99,7 +121,7 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
                 if len(merged) >= budget:
                     mapping.append(None)
                     continue
-                hit = merged.add(mp, tok, tree.sources[i], tree.probs[i])
+                hit = merged.add(mp, tok, tree.sources[i], tree.probs[i], tree.kinds[i])
                 index[key] = hit
             mapping.append(hit)
     return merged

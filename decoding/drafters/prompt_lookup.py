@@ -67,7 +67,7 @@ class PromptLookupDrafter:
                 for tok in cont:
                     # share an equal prefix with an earlier branch
                     kids = [i for i, p in enumerate(tree.parents) if p == parent and tree.tokens[i] == tok]
-                    parent = kids[0] if kids else tree.add(parent, tok, self.name)
+                    parent = kids[0] if kids else tree.add(parent, tok, self.name, kind=f"{self.name}/m{n}")
                 if len(seen) >= self.branches or len(tree) >= budget:
                     return tree
         return tree

@@ -1,11 +1,15 @@
-"""Budget policy: picks the node budget that maximises expected tokens per second, falls back to 0."""
+"""Budget policy: verify the nodes worth their measured cost, learned per node kind; fall back to none."""
 
 from __future__ import annotations
 
-from decoding.budget import BudgetPolicy, BudgetState
+import pytest
 
-# CPU-like costs relative to one token (measured on the bundled model at 7K context: N=4 1.7x, 16 2.1x ...)
-CPU = {0: 1.0, 2: 1.4, 4: 1.7, 8: 2.0, 16: 2.1, 32: 2.6, 64: 3.9}
+from decoding.budget import AcceptanceModel, BudgetPolicy, TreeSelector
+from decoding.tree import ROOT, DraftTree
+
+# Costs relative to one token: a CPU (measured on the bundled model with the CPU kernels) and a GPU.
+CPU = {0: 1.0, 1: 1.04, 2: 1.07, 3: 1.15, 4: 1.25, 6: 1.35, 8: 1.44, 12: 1.7, 16: 2.0, 24: 2.5, 32: 3.0, 48: 4.2,
+       64: 5.4}  # fmt: skip
 GPU = {b: 1.0 + 0.001 * b for b in CPU}
 
 
@@ -15,43 +19,107 @@ def policy(costs: dict[int, float], explore_every: int = 1000) -> BudgetPolicy:
     return p
 
 
-def feed(state: BudgetState, accepted_for: dict[int, float], steps: int) -> None:
-    for _ in range(steps):
-        b = state.choose()
-        state.observe(b, b, round(accepted_for.get(state.policy.bucket_of(b), 0.0)) if b else 0, 0.0)
+def chain(n: int, kind: str) -> DraftTree:
+    tree = DraftTree()
+    parent = ROOT
+    for i in range(n):
+        parent = tree.add(parent, 100 + i, "test", kind=kind)
+    return tree
+
+
+def teach(selector: TreeSelector, kind: str, rate: float, times: int = 200) -> None:
+    """Verify outcomes where a ``kind`` child of the root is accepted ``rate`` of the time."""
+    for t in range(times):
+        tree = chain(1, kind)
+        selector.observe(tree, [0] if int((t + 1) * rate + 1e-9) > int(t * rate + 1e-9) else [])
 
 
 def test_useless_drafts_fall_back_to_autoregressive() -> None:
-    state = BudgetState(policy(CPU))
-    feed(state, {}, 50)  # drafts never accepted
-    assert state.choose() == 0
+    sel = TreeSelector(policy(CPU))
+    teach(sel, "bad", 0.0)
+    assert len(sel.select(chain(16, "bad"))) == 0
 
 
-def test_good_drafts_on_cpu_pick_a_moderate_budget() -> None:
-    state = BudgetState(policy(CPU))
-    # acceptance saturates at ~3 tokens: 4-8 nodes pay off best on a CPU
-    acc = {2: 2, 4: 3, 8: 3, 16: 3, 32: 3, 64: 3}
-    feed(state, acc, 60)
-    assert state.choose() in (4, 8)
+def test_good_drafts_on_cpu_verify_a_moderate_prefix() -> None:
+    sel = TreeSelector(policy(CPU))
+    teach(sel, "good", 0.8)
+    kept = sel.select(chain(64, "good"))
+    assert 3 <= len(kept) <= 12, len(kept)  # 0.8^n shrinks: beyond ~8 nodes a CPU verify costs more than it gains
+    assert kept.tokens == list(range(100, 100 + len(kept)))  # a prefix of the chain
 
 
-def test_gpu_costs_allow_large_budgets() -> None:
-    state = BudgetState(policy(GPU))
-    acc = {2: 1, 4: 2, 8: 3, 16: 4, 32: 5, 64: 6}
-    feed(state, acc, 80)
-    assert state.choose() == 64
+def test_gpu_costs_verify_much_more() -> None:
+    sel = TreeSelector(policy(GPU))
+    teach(sel, "good", 0.8)
+    assert len(sel.select(chain(64, "good"))) >= 16
 
 
-def test_measured_costs_refine_the_estimates() -> None:
+def test_tree_keeps_likely_nodes_with_their_ancestors() -> None:
+    sel = TreeSelector(policy(CPU))
+    teach(sel, "good", 0.9)
+    teach(sel, "bad", 0.02)
+    tree = DraftTree()
+    a = tree.add(ROOT, 1, "s", kind="bad")  # an unlikely first child...
+    b = tree.add(ROOT, 2, "s", kind="good")  # ...and a likely one, whose chain continues
+    tree.add(a, 3, "s", kind="good")  # likely only if its unlikely parent is accepted
+    c = tree.add(b, 4, "s", kind="good")
+    tree.add(c, 5, "s", kind="good")
+    kept = sel.select(tree)
+    assert kept.tokens == [2, 4, 5] and kept.parents == [ROOT, 0, 1] and kept.kinds == ["good"] * 3
+
+
+def test_what_earlier_requests_learned_starts_the_next_one() -> None:
+    shared = policy(CPU)
+    first = TreeSelector(shared)
+    teach(first, "good", 0.9)
+    second = TreeSelector(shared)  # a new request: no local counts yet
+    assert second.probability("good") == pytest.approx(0.9, abs=0.05)
+    assert len(second.select(chain(16, "good"))) >= 4
+    assert TreeSelector(policy(CPU)).probability("good") == AcceptanceModel().prior  # another engine: the prior
+
+
+def test_request_counts_take_over_from_the_engine_wide_rate() -> None:
+    shared = policy(CPU)
+    teach(TreeSelector(shared), "k", 0.9)
+    sel = TreeSelector(shared)
+    teach(sel, "k", 0.0, times=200)  # in this request the kind fails every time
+    assert sel.probability("k") < 0.25
+    assert len(sel.select(chain(8, "k"))) == 0
+
+
+def test_only_tested_nodes_teach() -> None:
+    """A node whose parent was rejected was never tested: it must not count as a failure."""
+    sel = TreeSelector(policy(CPU))
+    tree = DraftTree()
+    a = tree.add(ROOT, 1, "s", kind="first")
+    tree.add(a, 2, "s", kind="second")
+    for _ in range(30):
+        sel.observe(tree, [])  # the first node rejected every time
+    assert sel.probability("second") == AcceptanceModel().prior
+    assert sel.probability("first") < 0.1
+
+
+def test_exploration_verifies_two_nodes_now_and_then() -> None:
+    sel = TreeSelector(policy(CPU, explore_every=4))
+    teach(sel, "bad", 0.0)
+    sizes = [len(sel.select(chain(8, "bad"))) for _ in range(8)]
+    assert sizes.count(0) == 6 and sizes.count(2) == 2
+
+
+def test_costs_refine_and_interpolate() -> None:
     p = policy(CPU)
-    p.observe_cost(3, 10.0)  # bucket 4 measured much slower than calibrated
+    p.observe_cost(4, 10.0)
     assert p.cost(4) > CPU[4]
-    assert p.bucket_of(3) == 4 and p.bucket_of(100) == 64
-    assert CPU[8] < p.cost(12) < CPU[16]  # interpolation between measured buckets
+    before = dict(p.cost_s)
+    p.observe_cost(5, 10.0)  # not a bucket: sizes between buckets interpolate, they do not skew a bucket
+    assert p.cost_s == before
+    assert p.cost(6) < p.cost(7) < p.cost(8)
+    assert p.cost(100) > p.cost(64)  # beyond the measured range: linear growth
+    assert BudgetPolicy(max_budget=8).buckets == (0, 1, 2, 3, 4, 6, 8)
 
 
-def test_exploration_probes_a_larger_bucket() -> None:
-    state = BudgetState(policy(CPU, explore_every=4))
-    feed(state, {}, 8)
-    picks = [state.choose() for _ in range(8)]
-    assert 0 in picks and any(b > 0 for b in picks)
+def test_subset_requires_ancestors() -> None:
+    tree = chain(3, "k")
+    with pytest.raises(ValueError, match="without its parent"):
+        tree.subset([0, 2])
+    assert tree.subset([0, 1]).tokens == [100, 101]

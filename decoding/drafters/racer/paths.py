@@ -54,7 +54,7 @@ def retrieval_paths(
     seq = 1
     seen: dict[int, set[int]] = {ROOT: set()}
     while heap and len(tree) < budget:
-        neg_ctx, _neg_count, _neg_stamp, _, node, parent, plen, token = heapq.heappop(heap)
+        neg_ctx, neg_count, _neg_stamp, _, node, parent, plen, token = heapq.heappop(heap)
         if token == NONE:
             taken = seen[parent]
             for tok, child in automaton.children(node):
@@ -72,7 +72,7 @@ def retrieval_paths(
                 if weak_budget <= 0:
                     break  # the heap pops longer contexts first: everything left is weak
                 weak_budget -= 1
-            index = tree.add(parent, token, source)
+            index = tree.add(parent, token, source, kind=f"{source}/c{min(-neg_ctx, 6)}n{min(-neg_count, 3)}")
             seen[index] = set()
             heapq.heappush(heap, (neg_ctx, -_PENDING, -_PENDING, seq, node, index, plen + 1, NONE))
             seq += 1
@@ -94,8 +94,7 @@ def logits_paths(
     tree = DraftTree()
     index: dict[tuple[int, int], int] = {}
     if into is not None:
-        tree.tokens, tree.parents = list(into.tokens), list(into.parents)
-        tree.sources, tree.probs = list(into.sources), list(into.probs)
+        tree = into.copy()
         index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True))}
     level: list[tuple[int, int, int]] = [(ROOT, root, breadth)]  # (tree node, token, breadth)
     next_tokens = table.next_tokens
@@ -107,7 +106,7 @@ def logits_paths(
                 if node is None:
                     if len(tree) >= budget:
                         break
-                    node = tree.add(parent, nxt, source)
+                    node = tree.add(parent, nxt, source, kind=f"{source}/r{min(j, 3)}")
                     index[(parent, nxt)] = node
                 below.append((node, nxt, max(1, b >> (j + 1))))
         level = below
