@@ -62,7 +62,8 @@ class DraftTree:
             p = self.parents[i]
             if p != ROOT and p not in new:
                 raise ValueError(f"node {i} kept without its parent {p}")
-            new[i] = out.add(ROOT if p == ROOT else new[p], self.tokens[i], self.sources[i], self.probs[i], self.kinds[i])
+            parent = ROOT if p == ROOT else new[p]
+            new[i] = out.add(parent, self.tokens[i], self.sources[i], self.probs[i], self.kinds[i])
         return out
 
     @classmethod
