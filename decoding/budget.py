@@ -11,9 +11,9 @@ second:
   and refined by every step of exactly such a size (EMA); other sizes interpolate.
 - a node's acceptance probability is the product, down its path, of P(accepted | parent accepted) for
   each node's *kind* (``DraftTree.kinds``: e.g. a retrieval path under a 6-token context seen 3 times, the
-  top-1 of a logits row). That conditional rate is learned from every verify pass: engine-wide (all
-  requests, so a new request starts from what earlier ones taught) blended with this request's own
-  counts, which take over as they accumulate.
+  top-1 of a logits row) at its depth (1, 2, 3+). That conditional rate is learned from every verify
+  pass: engine-wide (all requests, so a new request starts from what earlier ones taught) blended with
+  this request's own counts, which take over as they accumulate.
 
 N = 0 is plain autoregressive decoding: when the drafts are not worth their cost the step verifies
 nothing, so speculation is never slower than autoregressive decoding beyond the drafting time (well
@@ -125,12 +125,18 @@ class TreeSelector:
         w = self.request_weight
         return (acc + w * rate) / (tested + w)
 
+    @staticmethod
+    def keys(tree: DraftTree) -> list[str]:
+        """Statistics key per node: its kind and depth (1, 2, 3+): once a draft is on track, it tends to stay."""
+        depths = tree.depths()
+        return [f"{kind}@{min(d, 3)}" for kind, d in zip(tree.kinds, depths, strict=True)]
+
     def node_probabilities(self, tree: DraftTree) -> list[float]:
         """P(node accepted) for every node: the product of conditional rates down its path."""
         p: list[float] = []
-        for i, parent in enumerate(tree.parents):
+        for parent, key in zip(tree.parents, self.keys(tree), strict=True):
             base = 1.0 if parent == ROOT else p[parent]
-            p.append(base * self.probability(tree.kinds[i]))
+            p.append(base * self.probability(key))
         return p
 
     def select(self, tree: DraftTree) -> DraftTree:
@@ -158,10 +164,9 @@ class TreeSelector:
         """Every node whose parent was accepted was tested: accepted or not, it teaches its kind's rate."""
         accepted = set(accepted_nodes)
         model = self.policy.acceptance
-        for i, parent in enumerate(tree.parents):
+        for i, (parent, kind) in enumerate(zip(tree.parents, self.keys(tree), strict=True)):
             if parent == ROOT or parent in accepted:
                 hit = i in accepted
-                kind = tree.kinds[i]
                 stats = self._local.setdefault(kind, [0.0, 0.0])
                 stats[0] += float(hit)
                 stats[1] += 1.0

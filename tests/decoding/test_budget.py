@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from decoding.budget import AcceptanceModel, BudgetPolicy, TreeSelector
@@ -27,11 +29,14 @@ def chain(n: int, kind: str) -> DraftTree:
     return tree
 
 
-def teach(selector: TreeSelector, kind: str, rate: float, times: int = 200) -> None:
-    """Verify outcomes where a ``kind`` child of the root is accepted ``rate`` of the time."""
+def teach(selector: TreeSelector, kind: str, rate: float, times: int = 200, depths: Sequence[int] = (1, 2, 3)) -> None:
+    """Verify outcomes where a ``kind`` node at each depth, its ancestors accepted, is accepted ``rate`` of the time."""
     for t in range(times):
-        tree = chain(1, kind)
-        selector.observe(tree, [0] if int((t + 1) * rate + 1e-9) > int(t * rate + 1e-9) else [])
+        hit = int((t + 1) * rate + 1e-9) > int(t * rate + 1e-9)
+        for d in depths:
+            tree = chain(d - 1, "_path")
+            tree.add(ROOT if d == 1 else d - 2, 999, "test", kind=kind)
+            selector.observe(tree, list(range(d - 1)) + ([d - 1] if hit else []))
 
 
 def test_useless_drafts_fall_back_to_autoregressive() -> None:
@@ -73,9 +78,9 @@ def test_what_earlier_requests_learned_starts_the_next_one() -> None:
     first = TreeSelector(shared)
     teach(first, "good", 0.9)
     second = TreeSelector(shared)  # a new request: no local counts yet
-    assert second.probability("good") == pytest.approx(0.9, abs=0.05)
+    assert second.probability("good@1") == pytest.approx(0.9, abs=0.05)
     assert len(second.select(chain(16, "good"))) >= 4
-    assert TreeSelector(policy(CPU)).probability("good") == AcceptanceModel().prior  # another engine: the prior
+    assert TreeSelector(policy(CPU)).probability("good@1") == AcceptanceModel().prior  # another engine: the prior
 
 
 def test_request_counts_take_over_from_the_engine_wide_rate() -> None:
@@ -83,7 +88,7 @@ def test_request_counts_take_over_from_the_engine_wide_rate() -> None:
     teach(TreeSelector(shared), "k", 0.9)
     sel = TreeSelector(shared)
     teach(sel, "k", 0.0, times=200)  # in this request the kind fails every time
-    assert sel.probability("k") < 0.25
+    assert sel.probability("k@1") < 0.25
     assert len(sel.select(chain(8, "k"))) == 0
 
 
@@ -95,8 +100,8 @@ def test_only_tested_nodes_teach() -> None:
     tree.add(a, 2, "s", kind="second")
     for _ in range(30):
         sel.observe(tree, [])  # the first node rejected every time
-    assert sel.probability("second") == AcceptanceModel().prior
-    assert sel.probability("first") < 0.1
+    assert sel.probability("second@2") == AcceptanceModel().prior
+    assert sel.probability("first@1") < 0.1
 
 
 def test_exploration_verifies_two_nodes_now_and_then() -> None:
