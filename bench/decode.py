@@ -25,7 +25,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from decoding.drafters.racer import (
 )
 from decoding.engine import Engine, EngineConfig
 from decoding.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.kernels import kernels_active
 from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
 from decoding.prompt import build_prompt
@@ -145,6 +146,8 @@ class Run:
     decode_tokens: int  # tokens emitted after the first emission
     forwards: int  # target forwards after the first emission
     acceptance_length: float
+    drafted_by_source: dict[str, int] = field(default_factory=dict)  # nodes verified, per source
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
 
     @property
     def decode_tps(self) -> float:
@@ -166,6 +169,8 @@ def run_engine(bench: Bench, case: Case, drafters: Sequence[Drafter]) -> Run:
         decode_tokens=max(0, s.completion_tokens - 1),
         forwards=s.steps,
         acceptance_length=s.acceptance_length or 1.0,
+        drafted_by_source=dict(s.drafted_by_source),
+        accepted_by_source=dict(s.accepted_by_source),
     )
 
 
@@ -272,6 +277,42 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _sum_sources(rows: Sequence[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in rows:
+        for k, v in row.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def source_shares(results: Sequence[dict[str, Any]], name: str) -> dict[str, dict[str, float | int]]:
+    """Per draft source over all prompts: nodes verified, accepted, acceptance rate, share of accepted."""
+    drafted = _sum_sources([r["methods"][name]["drafted_by_source"] for r in results])
+    accepted = _sum_sources([r["methods"][name]["accepted_by_source"] for r in results])
+    total = sum(accepted.values())
+    return {
+        src: {
+            "verified_nodes": n,
+            "accepted": accepted.get(src, 0),
+            "acceptance_rate": round(accepted.get(src, 0) / n, 4) if n else 0.0,
+            "share_of_accepted": round(accepted.get(src, 0) / total, 4) if total else 0.0,
+        }
+        for src, n in drafted.items()
+    }
+
+
+def noise(runs: dict[str, dict[str, list[Run]]]) -> dict[str, float]:
+    """How much plain decoding's speed moves between repetitions of the same prompt (the noise band)."""
+    spreads = []
+    for per_method in runs.values():
+        tps = [r.decode_tps for r in per_method["autoregressive"]]
+        if len(tps) >= 2 and min(tps) > 0:
+            spreads.append(max(tps) / min(tps) - 1.0)
+    if not spreads:
+        return {}
+    return {"ar_repeat_spread_median": round(median(spreads), 4), "ar_repeat_spread_max": round(max(spreads), 4)}
+
+
 def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ar_tps = median([r.decode_tps for r in runs["autoregressive"]])
@@ -290,6 +331,8 @@ def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str
             "total_s": round(total, 4),
             "e2e_speedup_vs_ar": round(ar_total / total, 4) if total else 0.0,
             "acceptance_length": round(median([r.acceptance_length for r in reps]), 4),
+            "accepted_by_source": _sum_sources([r.accepted_by_source for r in reps]),
+            "drafted_by_source": _sum_sources([r.drafted_by_source for r in reps]),
             "reps": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in reps],
         }
     return out
@@ -411,6 +454,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             if name != "autoregressive"
         },
     }
+    sources = {name: source_shares(results, name) for name in names if name in DRAFTERS}
     return {
         "benchmark": "decode",
         "config": {
@@ -425,6 +469,12 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "greedy": True,
             "system": SYSTEM,
             "verify_cost_s": {str(k): round(v, 5) for k, v in sorted(engine.policy.cost_s.items())},
+            "cpu_kernels": kernels_active(target.model),
+        },
+        "noise": noise(runs),
+        "sources": sources,
+        "acceptance_by_kind": {
+            k: {"rate": round(r, 4), "tested": n} for k, (r, n) in sorted(engine.policy.acceptance.snapshot().items())
         },
         "machine": machine_info(),
         "cases": results,

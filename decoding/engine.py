@@ -349,13 +349,15 @@ class Engine:
 
     # ---- calibration ------------------------------------------------------------------------------
 
-    def calibrate(self, context_tokens: int = 1024, repeats: int = 3) -> dict[int, float]:
+    def calibrate(self, context_tokens: int = 2048, repeats: int = 3) -> dict[int, float]:
         """Measure the verify cost per budget bucket on this hardware (a random context of the given size).
 
-        Buckets are measured round-robin, ``repeats`` times each, and the median kept, so a burst of load
+        The default context is a typical RAG prompt's order of size: on a CPU, attention makes a verify's
+        cost relative to a plain step grow with the context. Buckets are measured round-robin, ``repeats`` times each, and the median kept, so a burst of load
         from elsewhere on the machine hits every bucket alike instead of skewing one.
         """
         vocab = int(self.model.config.vocab_size)
+        context_tokens = max(1, min(context_tokens, self.max_context - max(self.policy.buckets) - 2))
         gen = torch.Generator().manual_seed(0)
         ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
         with torch.inference_mode():
