@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from decoding.budget import BudgetPolicy
 from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.engine import Engine
@@ -188,6 +189,37 @@ def test_policy_budget_and_prompt_lookup(tiny: TinyTarget, reference: list[int])
     engine = Engine(tiny)
     done = run(engine, PROMPT, N, [PromptLookupDrafter()], None)
     assert done.token_ids == reference
+
+
+CPU_COSTS = {0: 1.0, 1: 1.04, 2: 1.07, 3: 1.15, 4: 1.25, 6: 1.35, 8: 1.44, 12: 1.7, 16: 2.0, 24: 2.5, 32: 3.0,
+             48: 4.2, 64: 5.4}  # fmt: skip
+
+
+def _cpu_policy(explore_every: int = 16) -> BudgetPolicy:
+    policy = BudgetPolicy(max_budget=64, explore_every=explore_every)
+    policy.calibrate(lambda n: CPU_COSTS[n])
+    policy.observe_cost = lambda nodes, seconds: None  # type: ignore[method-assign]  # keep the CPU-like costs
+    return policy
+
+
+def test_selector_stops_verifying_useless_drafts(tiny: TinyTarget, reference: list[int]) -> None:
+    """Always-wrong drafts: after learning, steps verify nothing but exploration probes; output exact."""
+    engine = Engine(tiny, policy=_cpu_policy(explore_every=8))
+    first = run(engine, PROMPT, N, [ScriptedDrafter(reference, right=0, width=3)], None)
+    again = run(engine, PROMPT, N, [ScriptedDrafter(reference, right=0, width=3)], None)  # learned engine-wide
+    assert first.token_ids == again.token_ids == reference
+    assert again.stats.accepted == 0
+    assert again.stats.drafted <= 2 * ((again.stats.steps // 8) + 1)  # only the exploration probes
+    assert again.stats.drafted < first.stats.drafted
+
+
+def test_selector_verifies_more_of_good_drafts(tiny: TinyTarget, reference: list[int]) -> None:
+    engine = Engine(tiny, policy=_cpu_policy())
+    run(engine, PROMPT, N, [ScriptedDrafter(reference, right=None)], None)  # teaches: this kind is always right
+    done = run(engine, PROMPT, N, [ScriptedDrafter(reference, right=None)], None)
+    assert done.token_ids == reference
+    assert done.stats.accepted == done.stats.drafted
+    assert done.stats.acceptance_length > 4.0  # several nodes a step, cut by the cost curve, not by the drafter
 
 
 def test_eos_and_stop_strings(tiny: TinyTarget, reference: list[int]) -> None:
