@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from decoding.budget import BudgetPolicy, TreeSelector
+from decoding.coupled import SeededNoise, sample_coupled, verify_coupled
 from decoding.detokenize import IncrementalDetokenizer, StopMatcher
 from decoding.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.errors import ContextTooLong
@@ -78,6 +79,7 @@ class Engine:
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.eos = set(target.eos_token_ids)
         self._float_dtype = next(self.model.parameters()).dtype
+        self._vocab = int(self.model.config.vocab_size)
 
     @property
     def max_context(self) -> int:
@@ -220,13 +222,14 @@ class Engine:
         t0 = time.perf_counter()
         sampling = config.sampling
         generator = _generator(sampling)
+        noise = None if sampling.greedy or sampling.seed is None else SeededNoise(sampling.seed, self._vocab)
         stats = GenerationStats(prompt_tokens=len(prompt.ids), context_truncated=prompt.context_truncated)
         spare = (config.draft_budget if config.draft_budget is not None else self.policy.max_budget) + 2
         cache = SlotCache(self.num_layers, len(prompt.ids) + max_new + spare)
 
         last_logits, prompt_topk = self._start(prompt, cache, stats)
         stats.prefill_s = time.perf_counter() - t0
-        root = self._pick(last_logits, sampling, generator)
+        root = self._pick(last_logits, sampling, generator, noise)
 
         detok = IncrementalDetokenizer(self.target.tokenizer)
         stops = StopMatcher(config.stop)
@@ -276,7 +279,7 @@ class Engine:
 
             tv = time.perf_counter()
             base = cache.length
-            verdict, logits = self._verify(root, tree, cache, sampling, generator)
+            verdict, logits = self._verify(root, tree, cache, sampling, generator, noise, len(output))
             rows = [0, *(i + 1 for i in verdict.accepted_nodes)]
             cache.compact(base, rows)
             self.policy.observe_cost(len(tree), time.perf_counter() - tv)
@@ -331,6 +334,8 @@ class Engine:
         cache: SlotCache,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        noise: SeededNoise | None = None,
+        position: int = 0,
     ) -> tuple[Verdict, torch.Tensor]:
         """One target forward over root + tree; returns the verdict and the logits ``[n + 1, vocab]``."""
         base = cache.length
@@ -339,12 +344,24 @@ class Engine:
         logits = self._forward(layout.input_ids, cache, layout.position_ids, mask)
         if sampling.greedy:
             return verify_greedy(tree, logits), logits
-        return verify_sampling(tree, target_probs(logits, sampling), generator), logits
+        probs = target_probs(logits, sampling)
+        if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
+            return verify_coupled(tree, probs, noise, position), logits
+        return verify_sampling(tree, probs, generator), logits
 
-    def _pick(self, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
+    def _pick(
+        self,
+        logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        noise: SeededNoise | None = None,
+    ) -> int:
+        """The first output token (position 0), from the prefill's last logits."""
         if sampling.greedy:
             return int(logits.argmax())
         probs = target_probs(logits, sampling)
+        if noise is not None:
+            return sample_coupled(probs, noise, 0)
         return int(torch.multinomial(probs, 1, generator=generator).item())
 
     # ---- calibration ------------------------------------------------------------------------------
