@@ -370,8 +370,9 @@ class Engine:
         """Measure the verify cost per budget bucket on this hardware (a random context of the given size).
 
         The default context is a typical RAG prompt's order of size: on a CPU, attention makes a verify's
-        cost relative to a plain step grow with the context. Buckets are measured round-robin, ``repeats`` times each, and the median kept, so a burst of load
-        from elsewhere on the machine hits every bucket alike instead of skewing one.
+        cost relative to a plain step grow with the context. Buckets are measured round-robin, ``repeats``
+        times each, and the median kept, so a burst of load from elsewhere on the machine hits every bucket
+        alike instead of skewing one.
         """
         vocab = int(self.model.config.vocab_size)
         context_tokens = max(1, min(context_tokens, self.max_context - max(self.policy.buckets) - 2))
