@@ -40,15 +40,19 @@ static inline float finish_dot(__m256 acc, const float *x, const float *w, int k
     return s;
 }
 
-/* Block of MB input rows x NB weight rows: y[i * ldy + j] = dot(x_i, w_j) * scale (+ bias[j]). */
+/* Block of MB input rows x NB weight rows: y[i * ldy + j] = dot(x_i, w_j) * scale (+ bias[j]).
+   pf (optional): the next block's weight rows, prefetched while this block computes, so streaming the
+   weights from memory overlaps the FMAs (measured: all GEMMs of a SmolLM2 forward, 5 rows, 57 -> 50 ms). */
 #define DOT_BLOCK(MB, NB)                                                                                  \
     static void dot_##MB##x##NB(const float *x, long ldx, const float *w, long ldw, int K, float *y,       \
-                                long ldy, const float *bias, float scale) {                                \
+                                long ldy, const float *bias, float scale, const float *pf) {               \
         __m256 acc[MB][NB];                                                                                \
         for (int i = 0; i < MB; ++i)                                                                       \
             for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();                                   \
         const int k8 = K & ~7;                                                                             \
         for (int k = 0; k < k8; k += 8) {                                                                  \
+            if (pf && (k & 15) == 0)                                                                       \
+                for (int j = 0; j < NB; ++j) _mm_prefetch((const char *)(pf + j * ldw + k), _MM_HINT_T0);  \
             __m256 xv[MB];                                                                                 \
             for (int i = 0; i < MB; ++i) xv[i] = _mm256_loadu_ps(x + i * ldx + k);                        \
             for (int j = 0; j < NB; ++j) {                                                                 \
@@ -70,7 +74,8 @@ DOT_BLOCK(1, 4)
 DOT_BLOCK(2, 4)
 DOT_BLOCK(3, 4)
 
-typedef void (*dot_fn)(const float *, long, const float *, long, int, float *, long, const float *, float);
+typedef void (*dot_fn)(const float *, long, const float *, long, int, float *, long, const float *, float,
+                       const float *);
 
 static const dot_fn DOT4[4] = {0, dot_1x4, dot_2x4, dot_3x4};
 static const dot_fn DOT1[4] = {0, dot_1x1, dot_2x1, dot_3x1};
@@ -82,13 +87,14 @@ static void dot_rows(const float *x, long ldx, int M, const float *w, long ldw, 
     for (; n + 4 <= n1; n += 4) {
         for (int m = 0; m < M; m += 3) {
             int mb = M - m < 3 ? M - m : 3;
-            DOT4[mb](x + m * ldx, ldx, w + n * ldw, ldw, K, y + m * ldy + n, ldy, bias ? bias + n : 0, scale);
+            const float *pf = (m == 0 && n + 8 <= n1) ? w + (n + 4) * ldw : 0;
+            DOT4[mb](x + m * ldx, ldx, w + n * ldw, ldw, K, y + m * ldy + n, ldy, bias ? bias + n : 0, scale, pf);
         }
     }
     for (; n < n1; ++n) {
         for (int m = 0; m < M; m += 3) {
             int mb = M - m < 3 ? M - m : 3;
-            DOT1[mb](x + m * ldx, ldx, w + n * ldw, ldw, K, y + m * ldy + n, ldy, bias ? bias + n : 0, scale);
+            DOT1[mb](x + m * ldx, ldx, w + n * ldw, ldw, K, y + m * ldy + n, ldy, bias ? bias + n : 0, scale, 0);
         }
     }
 }
@@ -196,7 +202,7 @@ void rs_attention_f32(const float *q, long q_sh, long q_sn, int H, int n, int D,
         for (int i = 0; i < n; ++i) {
             for (int t = path_off[i]; t < path_off[i + 1]; ++t)
                 dot_1x1(qh + i * q_sn, q_sn, kg + (long)path[t] * kv_sn, kv_sn, D, S + i * lds + past + (t - path_off[i]),
-                        1, 0, scale);
+                        1, 0, scale, 0);
         }
         float denom[n];
         for (int i = 0; i < n; ++i) denom[i] = softmax_numerators(S + i * lds, past + path_off[i + 1] - path_off[i]);
