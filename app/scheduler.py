@@ -191,6 +191,7 @@ class GenerationScheduler:
 
     def _execute(self, job: Job) -> None:
         t0 = time.monotonic()
+        failure: _Failure | None = None
         try:
             if not (job.background and job.cancel.is_set()):
                 for event in job.run(job.cancel):
@@ -198,15 +199,17 @@ class GenerationScheduler:
         except BaseException as exc:  # reported to the request; the worker keeps serving
             if job.background:
                 logger.warning("background job %s failed: %s", job.key, exc, exc_info=True)
-            job.push(_Failure(exc))
+            failure = _Failure(exc)
         finally:
-            with self._cond:  # free the slot before the caller learns the job ended
+            with self._cond:  # free the slot before the caller learns the job ended (or failed)
                 self._running = None
                 if not job.background:
                     self._durations.append(time.monotonic() - t0)
                     self.completed += 1
                 self._cond.notify_all()
             job.finished = True
+            if failure is not None:
+                job.push(failure)
             job.push(_End())
 
     def stop(self, timeout: float = 10.0) -> None:
