@@ -64,16 +64,29 @@ def test_target_probs_top_k_top_p() -> None:
     assert float(cold[0, 0]) > 0.999
 
 
-class ChainDrafter:
+class _QuietDrafter:
+    """A drafter that learns nothing: only ``propose`` differs between the test drafters."""
+
+    def begin(self, prompt: object) -> None:
+        pass
+
+    def observe(self, outcome: object) -> None:
+        pass
+
+    def end(self, output_ids: object) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class ChainDrafter(_QuietDrafter):
     """Deterministic chains from a fixed table: next = (tok * 5 + 1) % vocab."""
 
     name = "chain"
 
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
-
-    def begin(self, prompt: object) -> None:
-        pass
 
     def propose(self, request: object) -> DraftTree:
         tree = DraftTree()
@@ -86,14 +99,6 @@ class ChainDrafter:
                 tree.add(parent if parent == ROOT else tree.parents[parent], (tok + 2) % self.vocab, self.name)
         return tree
 
-    def observe(self, outcome: object) -> None:
-        pass
-
-    def end(self, output_ids: object) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["rejection_sampling", "seeded_coupled"])
@@ -125,7 +130,7 @@ def test_engine_sampling_matches_target_distribution(seeded: bool) -> None:
     assert tv(counts, exact, trials) < 0.09
 
 
-class RandomDrafter:
+class RandomDrafter(_QuietDrafter):
     """Random small trees: what is drafted must not change a seeded answer."""
 
     name = "random"
@@ -134,9 +139,6 @@ class RandomDrafter:
         self.vocab = vocab
         self.gen = torch.Generator().manual_seed(seed)
 
-    def begin(self, prompt: object) -> None:
-        pass
-
     def propose(self, request: object) -> DraftTree:
         tree = DraftTree()
         for _ in range(request.budget):  # type: ignore[attr-defined]
@@ -144,14 +146,6 @@ class RandomDrafter:
             tree.add(parent, int(torch.randint(0, self.vocab, (1,), generator=self.gen)), self.name)
         return tree
 
-    def observe(self, outcome: object) -> None:
-        pass
-
-    def end(self, output_ids: object) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 def test_seeded_sampling_does_not_depend_on_drafting() -> None:
