@@ -177,7 +177,7 @@ def attention(
     out = torch.empty(1, n, h, d, dtype=torch.float32)
     max_path = int((path_off[1:] - path_off[:-1]).max()) if n else 0
     threads = torch.get_num_threads()
-    work = _workspace(threads * n * (past + max_path))
+    work = _workspace(h * n * (past + max_path + 1))  # scores of every row, then one denominator per row
     lib.rs_attention_f32(
         _ptr(q), q.stride(1), q.stride(2), h, n, d,
         _ptr(key), _ptr(value), key.stride(1), key.stride(2), g,

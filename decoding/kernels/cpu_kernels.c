@@ -135,11 +135,17 @@ static inline __m256 exp_nonpos(__m256 x) {
 
 /* In place: s[0..P) <- exp(s - max); returns the sum (lanes fixed by index, padded tail). */
 static float softmax_numerators(float *s, int P) {
+    __m256 mx = _mm256_set1_ps(-INFINITY); /* max is exact: any order gives the same value */
+    int j = 0;
+    for (; j + 8 <= P; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mx);
     float m = -INFINITY;
-    for (int j = 0; j < P; ++j) m = s[j] > m ? s[j] : m;
+    for (int t = 0; t < 8; ++t) m = lanes[t] > m ? lanes[t] : m;
+    for (; j < P; ++j) m = s[j] > m ? s[j] : m;
     const __m256 mv = _mm256_set1_ps(m);
     __m256 acc = _mm256_setzero_ps();
-    int j = 0;
+    j = 0;
     for (; j + 8 <= P; j += 8) {
         __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, e);
@@ -161,19 +167,54 @@ static float softmax_numerators(float *s, int P) {
 
 #define MAX_D 256
 
-/* acc[0..D) += sum over rows j in [j0, j1) of p[j] * v_row(j), j in position order. */
-static inline void weighted_rows(__m256 *acc, int dv, const float *p, const float *v, long ldv, int j0, int j1) {
-    for (int j = j0; j < j1; ++j) {
-        __m256 pj = _mm256_set1_ps(p[j]);
-        const float *vr = v + j * ldv;
-        for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
-    }
+/* Eight scores at once: r[t] = hsum8(a[t]) for t = 0..7, each by exactly hsum8's addition tree
+   ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), so a key scored in a block of eight gets the bits it gets
+   scored alone. */
+static inline __m256 hsum8x8(const __m256 *a) {
+    __m256 b01 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    __m256 b23 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    __m256 b45 = _mm256_add_ps(_mm256_permute2f128_ps(a[4], a[5], 0x20), _mm256_permute2f128_ps(a[4], a[5], 0x31));
+    __m256 b67 = _mm256_add_ps(_mm256_permute2f128_ps(a[6], a[7], 0x20), _mm256_permute2f128_ps(a[6], a[7], 0x31));
+    /* per 128-bit half: [x0 + x2, x1 + x3] of two keys */
+    __m256 c = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, 0x44), _mm256_shuffle_ps(b01, b23, 0xEE));
+    __m256 d = _mm256_add_ps(_mm256_shuffle_ps(b45, b67, 0x44), _mm256_shuffle_ps(b45, b67, 0xEE));
+    /* half 0 holds keys 0, 2, 4, 6; half 1 keys 1, 3, 5, 7 */
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(c, d, 0x88), _mm256_shuffle_ps(c, d, 0xDD));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* Attention of n query rows of one head over its key/value head.
+/* s[t] = dot(q, k_row(j0 + t)) * scale for t = 0..7: lane sums over d in 8-lane chunks, then hsum8x8. */
+static inline void score8(const float *q, int dv, const float *k, long ldk, float scale, float *s) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+    for (int c = 0; c < dv; ++c) {
+        __m256 qc = _mm256_loadu_ps(q + 8 * c);
+        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + t * ldk + 8 * c), acc[t]);
+    }
+    _mm256_storeu_ps(s, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+}
+
+/* One score by the same operations as a lane of score8. */
+static inline float score1(const float *q, int dv, const float *k, float scale) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int c = 0; c < dv; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(k + 8 * c), acc);
+    return hsum8(acc) * scale;
+}
+
+#define KEY_BLOCK 64 /* cached key rows per scoring task: stay in L1 while every query row of the group reads them */
+#define VCHUNK 4     /* 8-float vectors of the head dim per value task */
+
+/* Attention of n new tokens (H query heads, G key/value heads, head dim D).
  *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at k + g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
  *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions).
- *   work: threads * n * (past + max path length) floats.
+ *   work: H * n * (past + max path length) + H * n floats, shared by the threads.
+ * Three phases over all heads at once, each split into tasks whose results do not depend on who runs them:
+ *   1. scores of the prefix, by (key head, block of KEY_BLOCK keys): the block is read once for the group's
+ *      query heads and all n queries;
+ *   2. per query row: its path scores, then max, exp and the sum (lanes fixed by position);
+ *   3. weighted values, by (key head, chunk of VCHUNK vectors of the head dim): blocks of KEY_BLOCK value
+ *      rows stay in L1 while the group's rows, three at a time, add them in; every output element sums its
+ *      visible keys in position order (prefix, then its path).
  * D must be a multiple of 8 and at most MAX_D. */
 void rs_attention_f32(const float *q, long q_sh, long q_sn, int H, int n, int D, const float *k, const float *v,
                       long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
@@ -186,53 +227,106 @@ void rs_attention_f32(const float *q, long q_sh, long q_sn, int H, int n, int D,
     const long lds = (long)past + maxpath;
     const int group = H / G;
     const int dv = D / 8;
-    const int kb = 64; /* value rows per block: stays in L1 while every query row of the head reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-    for (int h = 0; h < H; ++h) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *S = work + (long)tid * n * lds;
-        const float *qh = q + h * q_sh;
-        const float *kg = k + (h / group) * kv_sh;
-        const float *vg = v + (h / group) * kv_sh;
-        /* scores: prefix by blocks, path rows one by one with the same dot routine */
-        dot_rows(qh, q_sn, n, kg, kv_sn, 0, past, D, S, lds, 0, scale);
-        for (int i = 0; i < n; ++i) {
+    const int rows = H * n; /* row r = h * n + i */
+    float *S = work;
+    float *denom = work + (long)rows * lds;
+    const int kblocks = (past + KEY_BLOCK - 1) / KEY_BLOCK;
+    const int gr = group * n;            /* rows per key head */
+    const int vchunks = (dv + VCHUNK - 1) / VCHUNK;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < G * kblocks; ++task) {
+            const int g = task / kblocks;
+            const int j0 = (task % kblocks) * KEY_BLOCK;
+            const int j1 = j0 + KEY_BLOCK < past ? j0 + KEY_BLOCK : past;
+            const float *kg = k + g * kv_sh;
+            for (int h = g * group; h < (g + 1) * group; ++h)
+                for (int i = 0; i < n; ++i) {
+                    const float *qi = q + h * q_sh + i * q_sn;
+                    float *s = S + (long)(h * n + i) * lds;
+                    int j = j0;
+                    for (; j + 8 <= j1; j += 8) score8(qi, dv, kg + (long)j * kv_sn, kv_sn, scale, s + j);
+                    for (; j < j1; ++j) s[j] = score1(qi, dv, kg + (long)j * kv_sn, scale);
+                }
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int r = 0; r < rows; ++r) {
+            const int h = r / n, i = r % n;
+            const float *qi = q + h * q_sh + i * q_sn;
+            const float *kg = k + (h / group) * kv_sh;
+            float *s = S + (long)r * lds;
             for (int t = path_off[i]; t < path_off[i + 1]; ++t)
-                dot_1x1(qh + i * q_sn, q_sn, kg + (long)path[t] * kv_sn, kv_sn, D, S + i * lds + past + (t - path_off[i]),
-                        1, 0, scale, 0);
+                s[past + t - path_off[i]] = score1(qi, dv, kg + (long)path[t] * kv_sn, scale);
+            denom[r] = softmax_numerators(s, past + path_off[i + 1] - path_off[i]);
         }
-        float denom[n];
-        for (int i = 0; i < n; ++i) denom[i] = softmax_numerators(S + i * lds, past + path_off[i + 1] - path_off[i]);
-        /* values: prefix in blocks of kb rows shared by all queries, then each query's path */
-        __m256 acc[MAX_D / 8];
-        float *o_h = out + h * o_sh;
-        for (int i = 0; i < n; ++i)
-            for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o_h + i * o_sn + 8 * c, _mm256_setzero_ps());
-        for (int j0 = 0; j0 < past; j0 += kb) {
-            int j1 = j0 + kb < past ? j0 + kb : past;
-            for (int i = 0; i < n; ++i) {
-                float *oi = o_h + i * o_sn;
-                for (int c = 0; c < dv; ++c) acc[c] = _mm256_loadu_ps(oi + 8 * c);
-                weighted_rows(acc, dv, S + i * lds, vg, kv_sn, j0, j1);
-                for (int c = 0; c < dv; ++c) _mm256_storeu_ps(oi + 8 * c, acc[c]);
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < G * vchunks; ++task) {
+            const int g = task / vchunks;
+            const int c0 = (task % vchunks) * VCHUNK;
+            const int nc = dv - c0 < VCHUNK ? dv - c0 : VCHUNK;
+            const float *vg = v + g * kv_sh + 8 * c0;
+            __m256 acc[3][VCHUNK];
+            /* running sums live in `out` between key blocks; a block of value rows stays in L1 for all rows */
+            for (int r = g * gr; r < (g + 1) * gr; ++r) {
+                float *o = out + (r % n) * o_sn + (r / n) * o_sh + 8 * c0;
+                for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_setzero_ps());
             }
-        }
-        for (int i = 0; i < n; ++i) {
-            float *oi = o_h + i * o_sn;
-            const float *pi = S + i * lds + past;
-            for (int c = 0; c < dv; ++c) acc[c] = _mm256_loadu_ps(oi + 8 * c);
-            for (int t = path_off[i]; t < path_off[i + 1]; ++t) {
-                __m256 pj = _mm256_set1_ps(pi[t - path_off[i]]);
-                const float *vr = vg + (long)path[t] * kv_sn;
-                for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+            for (int j0 = 0; j0 < past; j0 += KEY_BLOCK) {
+                const int j1 = j0 + KEY_BLOCK < past ? j0 + KEY_BLOCK : past;
+                for (int ra = g * gr; ra < (g + 1) * gr; ra += 3) {
+                    const int nr = (g + 1) * gr - ra < 3 ? (g + 1) * gr - ra : 3;
+                    float *o[3];
+                    const float *pr[3];
+                    for (int a = 0; a < nr; ++a) {
+                        o[a] = out + ((ra + a) % n) * o_sn + ((ra + a) / n) * o_sh + 8 * c0;
+                        pr[a] = S + (long)(ra + a) * lds;
+                    }
+                    if (nc == VCHUNK && nr == 3) {
+                        /* 12 independent sums: enough in flight to hide the FMA latency of the j-ordered chains */
+                        for (int a = 0; a < 3; ++a)
+                            for (int c = 0; c < VCHUNK; ++c) acc[a][c] = _mm256_loadu_ps(o[a] + 8 * c);
+                        for (int j = j0; j < j1; ++j) {
+                            const float *vr = vg + (long)j * kv_sn;
+                            __m256 w0 = _mm256_set1_ps(pr[0][j]), w1 = _mm256_set1_ps(pr[1][j]);
+                            __m256 w2 = _mm256_set1_ps(pr[2][j]);
+                            for (int c = 0; c < VCHUNK; ++c) {
+                                __m256 vv = _mm256_loadu_ps(vr + 8 * c);
+                                acc[0][c] = _mm256_fmadd_ps(w0, vv, acc[0][c]);
+                                acc[1][c] = _mm256_fmadd_ps(w1, vv, acc[1][c]);
+                                acc[2][c] = _mm256_fmadd_ps(w2, vv, acc[2][c]);
+                            }
+                        }
+                        for (int a = 0; a < 3; ++a)
+                            for (int c = 0; c < VCHUNK; ++c) _mm256_storeu_ps(o[a] + 8 * c, acc[a][c]);
+                    } else {
+                        for (int a = 0; a < nr; ++a) {
+                            for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_loadu_ps(o[a] + 8 * c);
+                            for (int j = j0; j < j1; ++j) {
+                                const float *vr = vg + (long)j * kv_sn;
+                                __m256 w = _mm256_set1_ps(pr[a][j]);
+                                for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[0][c]);
+                            }
+                            for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o[a] + 8 * c, acc[0][c]);
+                        }
+                    }
+                }
             }
-            __m256 inv = _mm256_set1_ps(1.0f / denom[i]);
-            for (int c = 0; c < dv; ++c) _mm256_storeu_ps(oi + 8 * c, _mm256_mul_ps(acc[c], inv));
+            for (int r = g * gr; r < (g + 1) * gr; ++r) {
+                const int h = r / n, i = r % n;
+                float *o = out + i * o_sn + h * o_sh + 8 * c0;
+                const float *pi = S + (long)r * lds + past;
+                for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_loadu_ps(o + 8 * c);
+                for (int t = path_off[i]; t < path_off[i + 1]; ++t) {
+                    __m256 w = _mm256_set1_ps(pi[t - path_off[i]]);
+                    const float *vr = vg + (long)path[t] * kv_sn;
+                    for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[0][c]);
+                }
+                __m256 inv = _mm256_set1_ps(1.0f / denom[r]);
+                for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[0][c], inv));
+            }
         }
     }
 }
 
-int rs_kernels_version(void) { return 1; }
+int rs_kernels_version(void) { return 2; }

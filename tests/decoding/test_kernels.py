@@ -78,7 +78,15 @@ def _random_tree(n: int, seed: int) -> torch.Tensor:
 @needs_kernels
 @pytest.mark.parametrize(
     ("heads", "groups", "d", "past", "n"),
-    [(9, 3, 64, 300, 1), (9, 3, 64, 300, 9), (4, 2, 16, 0, 7), (4, 4, 32, 77, 33), (6, 1, 8, 5, 20)],
+    [
+        (9, 3, 64, 300, 1),
+        (9, 3, 64, 300, 9),
+        (4, 2, 16, 0, 7),
+        (4, 4, 32, 77, 33),
+        (6, 1, 8, 5, 20),
+        (8, 2, 128, 130, 5),
+        (3, 3, 72, 64, 2),
+    ],
 )
 def test_attention_matches_sdpa_on_trees(heads: int, groups: int, d: int, past: int, n: int) -> None:
     g = _gen(past + n)
@@ -97,8 +105,19 @@ def test_attention_matches_sdpa_on_trees(heads: int, groups: int, d: int, past: 
 
 
 @needs_kernels
-def test_attention_is_batch_invariant_across_tree_and_chain() -> None:
-    """A query's output inside a tree equals, bit for bit, the output it gets decoded alone on the same keys."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_is_batch_invariant_across_tree_and_chain(threads: int) -> None:
+    """A query's output inside a tree equals, bit for bit, the output it gets decoded alone on the same keys
+    (prefix keys are scored eight at a time, path keys one by one: both give the same bits)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_tree_equals_chain()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_tree_equals_chain() -> None:
     g = _gen(11)
     heads, groups, d, past, n = 9, 3, 64, 513, 12
     q = torch.randn(1, heads, n, d, generator=g)
