@@ -50,7 +50,9 @@ class VerifyOutcome:
     excluded) in path order; ``new_tokens`` the tokens appended to the output by this step: the accepted
     node tokens followed by the next root (bonus / recovered token). ``node_topk`` is the target's
     top-k prediction after the root (row 0) and after every node (row i + 1), ``[n + 1, k]`` long:
-    rejected nodes included, for logit-cue tables.
+    rejected nodes included, for logit-cue tables. ``generated`` is the output before this step's new
+    tokens (``root`` last, as in ``DraftRequest``; empty when the caller does not say): the context of the
+    root and of every node.
     """
 
     root: int
@@ -58,6 +60,7 @@ class VerifyOutcome:
     accepted_nodes: Sequence[int]
     new_tokens: Sequence[int]
     node_topk: torch.Tensor
+    generated: Sequence[int] = ()
 
 
 @runtime_checkable

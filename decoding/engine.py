@@ -298,6 +298,7 @@ class Engine:
                     accepted_nodes=verdict.accepted_nodes,
                     new_tokens=[*accepted_tokens, verdict.bonus],
                     node_topk=torch.topk(logits, min(self.config.node_topk, logits.shape[-1]), dim=-1).indices.cpu(),
+                    generated=output,
                 )
                 for d in drafters:
                     d.observe(outcome)

@@ -1,4 +1,4 @@
-"""RACER: retrieval (n-gram automaton) + logit cues (logits table) + a cross-session tier, one draft tree.
+"""RACER: retrieval (n-gram automaton) + logit cues (context + logits tables) + a cross-session tier, one draft tree.
 
 Typical wiring (``app`` does this once per process and target model)::
 
@@ -15,6 +15,7 @@ Node sources in the engine's stats: ``racer.retrieval``, ``racer.cross_session``
 """
 
 from decoding.drafters.racer.automaton import NgramAutomaton
+from decoding.drafters.racer.context_table import ContextTable
 from decoding.drafters.racer.cross_session import (
     CrossSessionCache,
     CrossSessionConfig,
@@ -41,6 +42,7 @@ __all__ = [
     "SOURCE_LOGITS",
     "SOURCE_RETRIEVAL",
     "AutomatonCache",
+    "ContextTable",
     "CrossSessionCache",
     "CrossSessionConfig",
     "InProcessSharedTier",

@@ -52,8 +52,11 @@ def reference(tiny: TinyTarget) -> list[int]:
 
 
 @pytest.mark.parametrize("budget", [1, 3, 8, 24])
-def test_racer_output_equals_plain_greedy(engine: Engine, reference: list[int], budget: int) -> None:
-    drafter = RacerDrafter(RacerConfig(), LogitsTable(VOCAB))
+@pytest.mark.parametrize("context_cues", [False, True])
+def test_racer_output_equals_plain_greedy(
+    engine: Engine, reference: list[int], budget: int, context_cues: bool
+) -> None:
+    drafter = RacerDrafter(RacerConfig(context_cues=context_cues), LogitsTable(VOCAB))
     done = run(engine, PROMPT, [drafter], budget)
     assert done.token_ids == reference
     assert set(done.stats.drafted_by_source) <= {SOURCE_RETRIEVAL, SOURCE_LOGITS}
