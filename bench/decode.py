@@ -469,6 +469,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "greedy": True,
             "system": SYSTEM,
             "verify_cost_s": {str(k): round(v, 5) for k, v in sorted(engine.policy.cost_s.items())},
+            "verify_cost_context": engine.policy.cost_context,
+            "verify_cost_slope_s_per_1k_tokens": {
+                str(k): round(1000 * v, 5) for k, v in sorted(engine.policy.cost_slope.items())
+            },
             "cpu_kernels": kernels_active(target.model),
         },
         "noise": noise(runs),

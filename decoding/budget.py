@@ -7,8 +7,14 @@ second:
 
     rate(N) = (1 + sum of the N most likely nodes' acceptance probabilities) / cost(N)
 
-- ``cost(N)``: seconds of a target forward over N + 1 tokens, calibrated at start-up for a set of sizes
-  and refined by every step of exactly such a size (EMA); other sizes interpolate.
+- ``cost(N, L)``: seconds of a target forward over N + 1 tokens on an L-token cache. Calibrated at
+  start-up for a set of sizes at two cache lengths: on a CPU attention makes the extra tokens of a verify
+  cost more the longer the document (measured on the bundled model, 8 nodes: ~1.45x a plain step at a 2K
+  cache, ~1.75x at 3.5K), so one table for every request would over-draft long documents and under-draft
+  short ones. Per size: a base at the reference length plus a growth per cache token (a line in the size,
+  fitted over all sizes: attention's cost grows with the tokens forwarded); every step of
+  exactly such a size refines the base (EMA, its timing moved to the reference length along the slope);
+  other sizes interpolate.
 - a node's acceptance probability is the product, down its path, of P(accepted | parent accepted) for
   each node's *kind* (``DraftTree.kinds``: e.g. a retrieval path under a 6-token context seen 3 times, the
   top-1 of a logits row) at its depth (1, 2, 3+). That conditional rate is learned from every verify
@@ -64,43 +70,90 @@ class BudgetPolicy:
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     ema: float = 0.2
     explore_every: int = 16
-    cost_s: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per verify forward
+    cost_s: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per verify forward at cost_context
+    cost_context: int | None = None  # the cache length cost_s refers to (None: context-free costs)
+    cost_slope: dict[int, float] = field(default_factory=dict)  # bucket -> extra seconds per cache token
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _calibrated: dict[int | None, dict[int, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.buckets = tuple(b for b in self.buckets if b <= self.max_budget) or (0,)
 
-    def calibrate(self, measure: Callable[[int], float], sizes: Sequence[int] | None = None) -> dict[int, float]:
-        """Fill ``cost_s`` with ``measure(n_nodes)`` seconds for each bucket (n_nodes + 1 tokens forward)."""
-        for b in sizes or self.buckets:
-            if b in self.buckets:
-                self.cost_s[b] = measure(b)
-        return dict(self.cost_s)
+    def calibrate(self, measure: Callable[[int], float], sizes: Sequence[int] | None = None,
+                  context: int | None = None) -> dict[int, float]:
+        """Record ``measure(n_nodes)`` seconds for each bucket (n_nodes + 1 tokens forward) on a ``context``-token
+        cache. Once two cache lengths are calibrated, costs follow the cache length: ``cost_s`` holds them
+        at the longer one, ``cost_slope`` the growth per token in between. Returns ``cost_s``."""
+        times = {b: measure(b) for b in (sizes or self.buckets) if b in self.buckets}
+        floor = 0.0
+        for b in sorted(times):  # forwarding more tokens never costs less: a dip is noise
+            times[b] = floor = max(floor, times[b])
+        with self._lock:
+            self._calibrated.setdefault(context, {}).update(times)
+            lengths = sorted(c for c in self._calibrated if c is not None)
+            if context is None or len(lengths) < 2:
+                self.cost_s.update(times)
+                self.cost_context = context if context is not None else self.cost_context
+                return dict(self.cost_s)
+            lo, hi = lengths[0], lengths[-1]
+            short, long_ = self._calibrated[lo], self._calibrated[hi]
+            self.cost_context = hi
+            self.cost_s.update(long_)
+            both = [b for b in long_ if b in short]
+            s0, s1 = _line(both, [(long_[b] - short[b]) / (hi - lo) for b in both])
+            self.cost_slope = {b: max(0.0, s0 + s1 * b) for b in self.buckets}
+            return dict(self.cost_s)
 
-    def observe_cost(self, nodes: int, seconds: float) -> None:
-        """A verify over ``nodes`` nodes took ``seconds``; refines that size's cost if it is a bucket."""
+    def observe_cost(self, nodes: int, seconds: float, context: int | None = None) -> None:
+        """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's
+        cost if it is a bucket (moved to the reference cache length along the size's slope)."""
         if nodes not in self.buckets:
             return
         with self._lock:
+            if context is not None and self.cost_context is not None:
+                slope = self.cost_slope.get(nodes, 0.0)
+                seconds = max(0.2 * seconds, seconds - slope * (context - self.cost_context))
             old = self.cost_s.get(nodes)
             self.cost_s[nodes] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
-    def cost(self, nodes: int) -> float:
-        """Seconds for a verify forward of ``nodes`` nodes; interpolated between measured sizes."""
-        if nodes in self.cost_s:
-            return self.cost_s[nodes]
-        known = sorted(self.cost_s)
-        if not known:
-            return 1.0 + 0.03 * nodes  # neutral prior: relative units
-        lo = max((k for k in known if k <= nodes), default=known[0])
-        hi = min((k for k in known if k >= nodes), default=known[-1])
-        if lo == hi:  # outside the measured range: grow linearly from the nearest end
-            base = self.cost_s[lo]
-            slope = _slope(self.cost_s, known)
-            return base + slope * (nodes - lo)
-        t = (nodes - lo) / (hi - lo)
-        return self.cost_s[lo] + t * (self.cost_s[hi] - self.cost_s[lo])
+    def cost(self, nodes: int, context: int | None = None) -> float:
+        """Seconds for a verify forward of ``nodes`` nodes on a ``context``-token cache (None: the reference
+        length); interpolated between measured sizes."""
+        base = _interpolate(self.cost_s, nodes, extrapolate=True)
+        if context is None or self.cost_context is None or not self.cost_slope:
+            return base
+        shift = _interpolate(self.cost_slope, nodes, extrapolate=False) * (context - self.cost_context)
+        return max(0.2 * base, base + shift)
+
+
+def _interpolate(table: dict[int, float], nodes: int, extrapolate: bool) -> float:
+    """``table`` at ``nodes``: linear between the nearest known sizes; beyond them, linear growth from the
+    nearest end (``extrapolate``) or the end value."""
+    if nodes in table:
+        return table[nodes]
+    known = sorted(table)
+    if not known:
+        return 1.0 + 0.03 * nodes if extrapolate else 0.0  # neutral prior: relative units
+    lo = max((k for k in known if k <= nodes), default=known[0])
+    hi = min((k for k in known if k >= nodes), default=known[-1])
+    if lo == hi:  # outside the measured range
+        return table[lo] + (_slope(table, known) * (nodes - lo) if extrapolate else 0.0)
+    t = (nodes - lo) / (hi - lo)
+    return table[lo] + t * (table[hi] - table[lo])
+
+
+def _line(xs: Sequence[int], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with ``b >= 0``. The growth of a verify's cost per cache token is
+    attention's, proportional to the tokens forwarded: a line through the sizes' timings, not each size's
+    own difference of two noisy medians (extrapolated to a long document, those would swing widely)."""
+    if not xs:
+        return 0.0, 0.0
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx) if sxx else 0.0
+    return my - b * mx, b
 
 
 def _slope(costs: dict[int, float], known: Sequence[int]) -> float:
@@ -139,19 +192,20 @@ class TreeSelector:
             p.append(base * self.probability(key))
         return p
 
-    def select(self, tree: DraftTree) -> DraftTree:
-        """The most likely nodes (ancestors included) whose number maximises expected tokens per second."""
+    def select(self, tree: DraftTree, context: int | None = None) -> DraftTree:
+        """The most likely nodes (ancestors included) whose number maximises expected tokens per second on a
+        ``context``-token cache."""
         self.step += 1
         if not len(tree):
             return tree
         p = self.node_probabilities(tree)
         order = sorted(range(len(tree)), key=lambda i: (-p[i], i))  # a parent never ranks below its child
         cost = self.policy.cost
-        best_n, best_rate = 0, 1.0 / cost(0)
+        best_n, best_rate = 0, 1.0 / cost(0, context)
         gain = 1.0
         for n, i in enumerate(order[: self.policy.max_budget], start=1):
             gain += p[i]
-            rate = gain / cost(n)
+            rate = gain / cost(n, context)
             if rate > best_rate:
                 best_n, best_rate = n, rate
         if best_n == 0 and self.step % self.policy.explore_every == 0:

@@ -275,14 +275,14 @@ class Engine:
                 budget = min(budget, max_new - len(output))
             tree = self._draft(drafters, root, output, budget) if budget > 0 else DraftTree()
             if config.draft_budget is None:
-                tree = selector.select(tree)  # the part worth verifying on this hardware (maybe nothing)
+                tree = selector.select(tree, cache.length)  # the part worth verifying here (maybe nothing)
 
             tv = time.perf_counter()
             base = cache.length
             verdict, logits = self._verify(root, tree, cache, sampling, generator, noise, len(output))
             rows = [0, *(i + 1 for i in verdict.accepted_nodes)]
             cache.compact(base, rows)
-            self.policy.observe_cost(len(tree), time.perf_counter() - tv)
+            self.policy.observe_cost(len(tree), time.perf_counter() - tv, base)
 
             stats.steps += 1
             accepted_tokens = [tree.tokens[i] for i in verdict.accepted_nodes]
@@ -367,33 +367,38 @@ class Engine:
 
     # ---- calibration ------------------------------------------------------------------------------
 
-    def calibrate(self, context_tokens: int = 2048, repeats: int = 3) -> dict[int, float]:
-        """Measure the verify cost per budget bucket on this hardware (a random context of the given size).
+    def calibrate(self, contexts: Sequence[int] = (256, 2048), repeats: int = 3) -> dict[int, float]:
+        """Measure the verify cost per budget bucket on this hardware, on random caches of each length in
+        ``contexts`` (the policy then follows a request's cache length between and beyond them).
 
-        The default context is a typical RAG prompt's order of size: on a CPU, attention makes a verify's
-        cost relative to a plain step grow with the context. Buckets are measured round-robin, ``repeats``
-        times each, and the median kept, so a burst of load from elsewhere on the machine hits every bucket
-        alike instead of skewing one.
+        On a CPU, attention makes a verify's cost relative to a plain step grow with the context. Buckets
+        are measured round-robin, ``repeats`` times each, and the median kept, so a burst of load from
+        elsewhere on the machine hits every bucket alike instead of skewing one. Returns the costs at the
+        longest context.
         """
         vocab = int(self.model.config.vocab_size)
-        context_tokens = max(1, min(context_tokens, self.max_context - max(self.policy.buckets) - 2))
-        gen = torch.Generator().manual_seed(0)
-        ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
-        with torch.inference_mode():
-            cache = SlotCache(self.num_layers, context_tokens + max(self.policy.buckets) + 2)
-            self._prefill(ctx, cache)
-            base = cache.length
-
-            times: dict[int, list[float]] = {b: [] for b in self.policy.buckets}
-            for _ in range(repeats):
-                for nodes, seen in times.items():
-                    chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
-                    t = time.perf_counter()
-                    self._verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
-                    seen.append(time.perf_counter() - t)
-                    cache.truncate(base)
-            costs = self.policy.calibrate(lambda nodes: statistics.median(times[nodes]))
-        logger.info("verify cost by draft nodes (s): %s", {k: round(v, 4) for k, v in costs.items()})
+        costs: dict[int, float] = {}
+        longest = self.max_context - max(self.policy.buckets) - 2
+        for context_tokens in sorted({max(1, min(c, longest)) for c in contexts}):
+            gen = torch.Generator().manual_seed(context_tokens)
+            ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
+            with torch.inference_mode():
+                cache = SlotCache(self.num_layers, context_tokens + max(self.policy.buckets) + 2)
+                self._prefill(ctx, cache)
+                base = cache.length
+                times: dict[int, list[float]] = {b: [] for b in self.policy.buckets}
+                for _ in range(repeats):
+                    for nodes, seen in times.items():
+                        chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(),
+                                                "calibration")
+                        t = time.perf_counter()
+                        self._verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
+                        seen.append(time.perf_counter() - t)
+                        cache.truncate(base)
+            medians = {b: statistics.median(v) for b, v in times.items()}
+            costs = self.policy.calibrate(medians.__getitem__, context=base)
+            logger.info("verify cost by draft nodes at a %d-token cache (s): %s", base,
+                        {k: round(v, 4) for k, v in medians.items()})
         return costs
 
 

@@ -111,6 +111,32 @@ def test_exploration_verifies_two_nodes_now_and_then() -> None:
     assert sizes.count(0) == 6 and sizes.count(2) == 2
 
 
+def test_costs_follow_the_cache_length() -> None:
+    p = BudgetPolicy(max_budget=64, explore_every=1000)
+    short = {b: 1.0 + 0.02 * b for b in CPU}  # seconds on a 256-token cache
+    long = {b: 2.0 + 0.1 * b for b in CPU}  # on a 2048-token cache
+    p.calibrate(short.__getitem__, context=256)
+    assert p.cost(8, 2048) == pytest.approx(short[8])  # one length only: no growth known yet
+    p.calibrate(long.__getitem__, context=2048)
+    assert p.cost_context == 2048
+    assert p.cost(8) == pytest.approx(long[8]) == p.cost(8, 2048)
+    assert p.cost(8, 256) == pytest.approx(short[8])
+    assert p.cost(8, 1152) == pytest.approx((short[8] + long[8]) / 2)
+    assert p.cost(8, 4096) > long[8]  # beyond: linear growth
+    assert p.cost(6, 1152) == pytest.approx((short[6] + long[6]) / 2)
+    assert p.cost(5, 2048) == pytest.approx((long[4] + long[6]) / 2)  # between buckets: interpolated
+    # a verify costs relatively more on a long cache: fewer nodes pay there
+    sel = TreeSelector(p)
+    teach(sel, "ok", 0.5)
+    assert len(sel.select(chain(16, "ok"), 256)) > len(sel.select(chain(16, "ok"), 8000)) >= 1
+    # a step timed on a long cache refines the reference cost without counting the length twice
+    before = p.cost(4)
+    p.observe_cost(4, p.cost(4, 6000), context=6000)
+    assert p.cost(4) == pytest.approx(before)
+    p.observe_cost(4, 2 * p.cost(4, 6000), context=6000)  # slower than expected there: dearer everywhere
+    assert p.cost(4) > before and p.cost(4, 256) > short[4]
+
+
 def test_costs_refine_and_interpolate() -> None:
     p = policy(CPU)
     p.observe_cost(4, 10.0)

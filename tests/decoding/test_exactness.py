@@ -198,7 +198,7 @@ CPU_COSTS = {0: 1.0, 1: 1.04, 2: 1.07, 3: 1.15, 4: 1.25, 6: 1.35, 8: 1.44, 12: 1
 def _cpu_policy(explore_every: int = 16) -> BudgetPolicy:
     policy = BudgetPolicy(max_budget=64, explore_every=explore_every)
     policy.calibrate(lambda n: CPU_COSTS[n])
-    policy.observe_cost = lambda nodes, seconds: None  # type: ignore[method-assign]  # keep the CPU-like costs
+    policy.observe_cost = lambda nodes, seconds, context=None: None  # type: ignore[method-assign]  # fixed costs
     return policy
 
 
