@@ -235,8 +235,9 @@ def test_eos_and_stop_strings(tiny: TinyTarget, reference: list[int]) -> None:
     stop = f"<{reference[4]}>"
     plain = Engine(tiny)
     ev = list(plain.generate(PROMPT, GenerationConfig(max_new_tokens=N, stop=(stop,))))
-    done = ev[-1]
-    assert isinstance(done, DoneEvent)
+    last = ev[-1]
+    assert isinstance(last, DoneEvent)
+    done = last
     full = "".join(f"<{t}>" for t in reference)
     assert done.text == full[: full.index(stop)]
     assert done.finish_reason == "stop"

@@ -40,7 +40,7 @@ def test_engine_matches_hf_generate_and_speculation_is_lossless(target: LoadedMo
     )
     n = 32
     with torch.inference_mode():
-        hf = target.model.generate(
+        hf = target.model.generate(  # type: ignore[operator]  # transformers types generate loosely
             torch.tensor([prompt.ids]), max_new_tokens=n, do_sample=False, eos_token_id=list(target.eos_token_ids)
         )[0, len(prompt.ids) :].tolist()
     hf = [t for t in hf if t not in target.eos_token_ids]

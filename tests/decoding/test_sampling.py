@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from tests.decoding.conftest import TinyTarget, tiny_target
 TV_TOLERANCE = 0.03  # with 20k draws the TV of an exact sampler stays well below this (expected ~0.01)
 
 
-def tv(counts: Counter[object], probs: dict[object, float], n: int) -> float:
+def tv(counts: Counter[Any], probs: Mapping[Any, float], n: int) -> float:
     keys = set(counts) | set(probs)
     return 0.5 * sum(abs(counts.get(k, 0) / n - probs.get(k, 0.0)) for k in keys)
 
