@@ -272,3 +272,17 @@ def test_cancellation_between_steps(engine: Engine) -> None:
     assert isinstance(done, DoneEvent)
     assert done.finish_reason == "cancelled"
     assert len(done.token_ids) <= 2
+
+
+def test_engine_calibration_measures_every_size_at_two_cache_lengths(tiny: TinyTarget) -> None:
+    engine = Engine(tiny, policy=BudgetPolicy(max_budget=16))
+    costs = engine.calibrate(contexts=(32, 160), repeats=1)
+    policy = engine.policy
+    assert policy.cost_context == 160
+    assert set(costs) == set(policy.buckets) == set(policy.cost_slope)
+    by_size = [costs[b] for b in sorted(costs)]
+    assert by_size == sorted(by_size)  # never cheaper with more tokens
+    assert all(v > 0 for v in costs.values()) and all(v >= 0 for v in policy.cost_slope.values())
+    assert policy.cost(8, 32) <= policy.cost(8, 160) <= policy.cost(8, 400)
+    # a cache length beyond the model's window is clamped, not an error
+    assert Engine(tiny, policy=BudgetPolicy(max_budget=4)).calibrate(contexts=(10_000,), repeats=1)
