@@ -9,12 +9,12 @@ second:
 
 - ``cost(N, L)``: seconds of a target forward over N + 1 tokens on an L-token cache. Calibrated at
   start-up for a set of sizes at two cache lengths: on a CPU attention makes the extra tokens of a verify
-  cost more the longer the document (measured on the bundled model, 8 nodes: ~1.45x a plain step at a 2K
-  cache, ~1.75x at 3.5K), so one table for every request would over-draft long documents and under-draft
-  short ones. Per size: a base at the reference length plus a growth per cache token (a line in the size,
-  fitted over all sizes: attention's cost grows with the tokens forwarded); every step of
-  exactly such a size refines the base (EMA, its timing moved to the reference length along the slope);
-  other sizes interpolate.
+  cost more the longer the document (measured on the bundled model, 8 nodes: ~1.3x a plain step at a
+  256-token cache, ~1.55x at 2K, ~1.75x at 3.5K), so one table for every request would over-draft long
+  documents and under-draft short ones. Per size: a base at the reference length plus a growth per cache
+  token (a line in the size, fitted over all sizes: attention's cost grows with the tokens forwarded);
+  every step of exactly such a size refines the base (EMA, its timing moved to the reference length along
+  the slope); other sizes interpolate.
 - a node's acceptance probability is the product, down its path, of P(accepted | parent accepted) for
   each node's *kind* (``DraftTree.kinds``: e.g. a retrieval path under a 6-token context seen 3 times, the
   top-1 of a logits row) at its depth (1, 2, 3+). That conditional rate is learned from every verify

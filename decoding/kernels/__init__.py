@@ -8,7 +8,8 @@ back to torch's own kernels: same results up to float rounding, slower verificat
 What they buy (measured on the 2-core AVX2 dev box, 2 threads, SmolLM2-135M shapes, fp32): the 30 layers'
 GEMMs plus the LM head for M = 1 / 5 / 9 rows take ~41-46 / 50-60 / 58-69 ms instead of ~91 / 154-188 /
 180-195 ms with torch's BLAS calls, so a verify pass over a small draft tree costs little more than a plain
-decode step; attention over a 3.5K-token cache takes 0.3 / 1.1 / 1.8 ms per layer for 1 / 5 / 9 queries.
+decode step; attention over a 3.5K-token cache takes ~0.2 / 0.5-1.1 / 0.8-1.9 ms per layer for 1 / 5 / 9
+queries (the range is this shared machine's load).
 
 Exactness: each output element is computed by the same operation sequence whatever the batch shape (see
 the C file), so a token's logits inside a verify pass equal its logits in a plain decode step bit for bit.

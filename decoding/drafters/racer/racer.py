@@ -176,17 +176,11 @@ class RacerDrafter:
 
     def _before_root(self, generated: Sequence[int]) -> list[int]:
         """The (up to) two tokens before the root, the last of ``generated``."""
-        before = list(generated[-3:-1])
-        if len(before) < 2:
-            before = (self._prompt_last + before)[-2:]
-        return before
+        return _text_tail(self._prompt_last, generated, 3)[:-1]
 
     def _tail(self, generated: Sequence[int], n: int) -> list[int]:
         """The last ``n + 1`` tokens of prompt + generated (the root last)."""
-        got = list(generated[-(n + 1) :])
-        if len(got) <= n:
-            got = self._prompt_tail[max(0, len(self._prompt_tail) - (n + 1 - len(got))) :] + got
-        return got
+        return _text_tail(self._prompt_tail, generated, n + 1)
 
     def _prefetch(self, text_tail: list[int], tree: DraftTree) -> None:
         """Contexts the next step may need: after the root alone, or after accepting a path of ``tree``."""
@@ -197,6 +191,14 @@ class RacerDrafter:
             path = [tree.tokens[i] for i in tree.path_to(node)]
             contexts.append((text_tail + path)[-n:])
         self.shared.prefetch(contexts)
+
+
+def _text_tail(prompt_tail: list[int], generated: Sequence[int], n: int) -> list[int]:
+    """The last ``n`` tokens of prompt + generated, from the prompt's kept tail and the output."""
+    got = list(generated[-n:])
+    if len(got) < n:
+        got = prompt_tail[max(0, len(prompt_tail) - (n - len(got))) :] + got
+    return got
 
 
 class RacerFactory:
