@@ -38,19 +38,24 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     from decoding.errors import ModelLoadError
 
     try:
-        assets = install_bundled(settings.models_dir, verify=args.verify)
+        assets = install_bundled(settings.models_dir, verify=args.verify, fp32=args.fp32)
     except ModelLoadError as exc:
         logger.error("%s", exc)
         return 1
-    state = f"converted in {assets.convert_s:.1f} s" if assets.converted else "already converted"
-    say(f"target model (bundled SmolLM2-135M-Instruct): {assets.target_dir.resolve()} ({state})")
+    say(f"target model (bundled SmolLM2-135M-Instruct): {assets.gguf_dir.resolve()} (served from the GGUF as stored "
+        "on a CPU)")
+    if args.fp32:
+        state = f"converted in {assets.convert_s:.1f} s" if assets.converted else "already converted"
+        say(f"fp32 weights for torch (GPU): {assets.target_dir.resolve()} ({state})")
     say(f"embedder (bundled all-MiniLM-L6-v2): {assets.embedder_dir}")
     return 0
 
 
 def add_models(sub: SubParsers) -> None:
-    p = sub.add_parser("models", help="install the bundled models and convert SmolLM2 once (quick when done)")
-    p.add_argument("--verify", action="store_true", help="also load the converted model and run one forward")
+    p = sub.add_parser("models", help="install the bundled models (quick when done)")
+    p.add_argument("--verify", action="store_true", help="also load the served model and run one forward")
+    p.add_argument("--fp32", action="store_true",
+                   help="also convert SmolLM2 to fp32 safetensors once (what a GPU / torch target loads)")
     p.set_defaults(handler=_models)
 
 

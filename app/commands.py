@@ -40,11 +40,12 @@ def _load_tokenizer(settings: Settings) -> Any:
     """The target's tokenizer only (chunk sizes are counted in target tokens); never downloads."""
     from transformers import AutoTokenizer
 
-    from decoding.bundled import bundled_target_dir
+    from decoding.bundled import bundled_gguf_dir
 
-    source = (
-        bundled_target_dir(settings.models_dir) if settings.target_model == BUNDLED else settings.target_model
-    )
+    source = bundled_gguf_dir(settings.models_dir) if settings.target_model == BUNDLED else settings.target_model
+    path = Path(str(source)).expanduser()
+    if path.is_file() and path.suffix == ".gguf":  # a bare GGUF file carries its tokenizer
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
 
 

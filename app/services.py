@@ -25,7 +25,6 @@ from app.redis_link import RedisLink
 from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
 from app.settings import Settings
-from decoding.bundled import bundled_target_dir
 from decoding.engine import Engine, EngineConfig
 from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel, load_model, tokenizer_fingerprint
@@ -131,12 +130,14 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
 
     target = load_model(
         settings.target_model,
-        bundled_dir=bundled_target_dir(settings.models_dir),
+        models_dir=settings.models_dir,
         device=settings.device,
         dtype=settings.dtype,
         threads=settings.threads,
         local_files_only=True,
         cpu_kernels=settings.cpu_kernels,
+        cpu_quant=settings.cpu_quant,
+        kv_dtype=settings.kv_dtype,
     )
     if settings.max_context is not None and settings.max_context < target.max_context:
         target = dataclasses.replace(target, max_context=settings.max_context)

@@ -29,7 +29,9 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated Bearer keys; each key is a tenant. Empty: no auth"
     )
 
-    target_model: str = Field(BUNDLED, description="Target LLM: 'bundled' (SmolLM2-135M), a local HF dir or hub id")
+    target_model: str = Field(
+        BUNDLED, description="Target LLM: 'bundled' (SmolLM2-135M), a GGUF file, a local HF dir or hub id"
+    )
     drafter_model: str = Field(BUNDLED, description="RAPID drafter LM (same vocabulary as the target)")
     embedding_model: str = Field(BUNDLED, description="'bundled' (all-MiniLM-L6-v2), a local dir or hub id")
     embedding_kind: Literal["auto", "bge-m3", "flag"] = Field(
@@ -40,8 +42,16 @@ class Settings(BaseSettings):
         "auto", description="auto: bf16 on GPU, fp32 on CPU"
     )
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
+    cpu_quant: Literal["auto", "q8_0", "q4_1", "none"] = Field(
+        "auto",
+        description="CPU target weights: auto (a GGUF as stored, an HF model quantized to q8_0), q8_0, q4_1, "
+        "or none (fp32 on transformers)",
+    )
+    kv_dtype: Literal["auto", "float16", "float32"] = Field(
+        "auto", description="KV cache storage of the quantized CPU runtime (auto: float16)"
+    )
     cpu_kernels: bool = Field(
-        True, description="fp32 CPU target: decode/verify forwards on ragspec's batch-invariant AVX2 kernels (needs cc)"
+        True, description="fp32 torch CPU target (cpu_quant=none): small forwards on ragspec's AVX2 kernels (needs cc)"
     )
     max_context: int | None = Field(
         None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"

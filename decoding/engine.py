@@ -78,7 +78,9 @@ class Engine:
         self.policy = policy or BudgetPolicy(max_budget=self.config.max_budget)
         self.num_layers = int(self.model.config.num_hidden_layers)
         self.eos = set(target.eos_token_ids)
-        self._float_dtype = next(self.model.parameters()).dtype
+        self._float_dtype: torch.dtype = self.model.dtype
+        # prefix KV computed by another runtime (fp32 torch, fp16-KV quantized...) is never reused
+        self._cache_model = f"{target.name}|{getattr(target, 'runtime', 'torch')}"
         self._vocab = int(self.model.config.vocab_size)
 
     @property
@@ -152,7 +154,7 @@ class Engine:
         entry: PrefixEntry | None = None
         key = None
         if self.prefix_cache is not None and prompt.prefix_key and prefix:
-            key = prefix_cache_key(self.target.name, prompt.prefix_key, prefix)
+            key = prefix_cache_key(self._cache_model, prompt.prefix_key, prefix)
             entry = self.prefix_cache.get(key, self.device)
             if entry is not None and self.config.prompt_topk and entry.topk is None:
                 entry = None  # cached without the top-k this engine needs: recompute once
@@ -179,7 +181,7 @@ class Engine:
         """Compute and cache the KV of ``prompt.prefix_ids`` ahead of the first question. True if computed."""
         if self.prefix_cache is None or not prompt.prefix_key or not prompt.prefix_ids:
             return False
-        key = prefix_cache_key(self.target.name, prompt.prefix_key, prompt.prefix_ids)
+        key = prefix_cache_key(self._cache_model, prompt.prefix_key, prompt.prefix_ids)
         if self.prefix_cache.get(key, self.device) is not None:
             return False
         cache = SlotCache(self.num_layers, len(prompt.prefix_ids) + 1)

@@ -61,6 +61,24 @@ class SlotLayer(CacheLayerMixin):
         self._vbuf = torch.nn.functional.pad(self._vbuf, grow)
         self.capacity = new_cap
 
+    def reserve(self, heads: int, head_dim: int, dtype: torch.dtype, rows: int) -> None:
+        """Allocate (or grow) the buffers for ``rows`` rows, for a writer that fills them itself."""
+        if not self.is_initialized:
+            self.lazy_initialization(torch.empty(1, heads, 0, head_dim, dtype=dtype))
+        elif self.dtype != dtype:
+            raise ValueError(f"this cache holds {self.dtype} keys/values, not {dtype}")
+        self._ensure(rows)
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``)."""
+        assert self._kbuf is not None and self._vbuf is not None
+        return self._kbuf, self._vbuf
+
+    def advance(self, n: int) -> None:
+        """``n`` rows after ``length`` were written into the buffers directly: make them live."""
+        self.length += n
+        self._publish()
+
     def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Copy a prefix ``[1, h, n, d]`` into rows 0..n-1."""
         if not self.is_initialized:

@@ -1,8 +1,10 @@
 """Loading target / drafter models, and the vocabulary checks that make drafted token ids meaningful.
 
-``load_model(spec)`` accepts ``'bundled'`` (the converted SmolLM2 dir, see ``decoding.bundled``), a local
-HF model dir, or a hub id (resolved from the local HF cache; downloads only where the caller allows it and
-a hub is reachable — transformers honours ``HF_HUB_OFFLINE`` itself).
+``load_model(spec)`` accepts ``'bundled'`` (SmolLM2, see ``decoding.bundled``), a GGUF file, a local HF
+model dir, or a hub id (resolved from the local HF cache; downloads only where the caller allows it and a
+hub is reachable — transformers honours ``HF_HUB_OFFLINE`` itself). On a CPU the model runs on the
+quantized runtime (``decoding.cpu_llama``); on a GPU, or where the CPU kernels cannot be built, on
+transformers.
 """
 
 from __future__ import annotations
@@ -15,23 +17,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from decoding.attention import use_grouped_sdpa
 from decoding.errors import ModelLoadError, VocabularyMismatch
-from decoding.kernels import use_cpu_kernels
+from decoding.kernels import load as load_kernels
+from decoding.kernels import unavailable_reason, use_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
 BUNDLED = "bundled"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
+KV_DTYPES = ("auto", "float16", "float32")  # KV cache storage of the quantized CPU runtime
 
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A causal LM in eval mode with its tokenizer and the facts the engine needs."""
+    """A causal LM ready for inference with its tokenizer and the facts the engine needs."""
 
-    model: PreTrainedModel
+    model: Any  # a transformers PreTrainedModel in eval mode, or decoding.cpu_llama.CpuLlama
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
     name: str
     device: torch.device
@@ -39,6 +44,8 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     max_context: int  # config.max_position_embeddings
     vocab_size: int  # width of the logits (config.vocab_size)
+    runtime: str = "torch"  # "torch" or "cpu-quantized:<weights>/kv-<dtype>" (the engine keys caches on it)
+    weight_bytes: int = 0  # bytes of the served weights
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -65,28 +72,48 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
-def _resolve_source(spec: str, bundled_dir: Path | None) -> tuple[str, str]:
-    """(what to pass to from_pretrained, a display name)."""
+def _gguf_file(path: Path) -> Path | None:
+    """The GGUF file ``path`` names: the file itself, or the one ``.gguf`` in a directory."""
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ModelLoadError(f"{path} holds several GGUF files ({', '.join(f.name for f in found)}): name one")
+        return found[0] if found else None
+    return None
+
+
+def _resolve_source(spec: str, models_dir: Path | None, quantized: bool) -> tuple[str, str]:
+    """(a local path or hub id to load, a display name)."""
     if spec == BUNDLED:
-        if bundled_dir is None:
-            raise ModelLoadError("model 'bundled' requested but no bundled_dir was given")
-        if not (Path(bundled_dir) / "config.json").is_file():
-            raise ModelLoadError(f"bundled model missing at {bundled_dir}: run `ragspec models` first")
-        return str(bundled_dir), f"{BUNDLED}:{Path(bundled_dir).name}"
+        from decoding import bundled
+
+        if models_dir is None:
+            raise ModelLoadError("model 'bundled' requested but no models_dir was given")
+        if quantized:
+            gguf_dir = bundled.bundled_gguf_dir(models_dir)
+            if not bundled.has_gguf_dir(gguf_dir):
+                raise ModelLoadError(f"bundled model missing at {gguf_dir}: run `ragspec models` first")
+            return str(gguf_dir), f"{BUNDLED}:{gguf_dir.name}"
+        if not bundled.is_converted(bundled.bundled_target_dir(models_dir)):
+            logger.info("the torch runtime needs SmolLM2 in fp32: converting the bundled GGUF once")
+        target = bundled.ensure_converted(models_dir)
+        return str(target), f"{BUNDLED}:{target.name}"
     path = Path(spec).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} is not a Hugging Face model dir (no config.json)")
+        if _gguf_file(path) is None and not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a Hugging Face model dir (no config.json) nor a GGUF file")
         return str(path), path.name
     return spec, spec  # hub id
 
 
-def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:
+def _eos_ids(config: Any, generation_config: Any, tokenizer: Any) -> tuple[int, ...]:
     """Every id that ends a generation: tokenizer EOS plus the config / generation config EOS ids."""
     ids: list[int] = []
-    sources = [tokenizer.eos_token_id, model.config.eos_token_id]
-    if model.generation_config is not None:
-        sources.append(model.generation_config.eos_token_id)
+    sources = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
+    if generation_config is not None:
+        sources.append(generation_config.eos_token_id)
     for value in sources:
         for i in value if isinstance(value, list | tuple) else [value]:
             if i is not None and int(i) not in ids:
@@ -94,46 +121,94 @@ def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
+_fallback_logged = False
+
+
+def _quantized_runtime(dev: torch.device, dt: torch.dtype, cpu_quant: str) -> bool:
+    """Whether this load runs on the quantized CPU runtime; logs once why not where it was expected."""
+    global _fallback_logged
+    if cpu_quant not in CPU_QUANT:
+        raise ModelLoadError(f"unknown cpu_quant {cpu_quant!r}; use one of {', '.join(CPU_QUANT)}")
+    if dev.type != "cpu" or cpu_quant == "none" or dt != torch.float32:
+        return False
+    if load_kernels() is None:
+        if not _fallback_logged:
+            logger.warning("quantized CPU runtime unavailable (%s): serving fp32 weights on torch's kernels",
+                           unavailable_reason())
+            _fallback_logged = True
+        return False
+    return True
+
+
+def _load_tokenizer(source: str, gguf: Path | None, local_files_only: bool) -> Any:
+    root = Path(source) if gguf is None or Path(source).is_dir() else gguf.parent
+    if gguf is not None and not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(str(root), local_files_only=local_files_only)
+
+
+def _generation_config(root: Path) -> Any:
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(root))
+    except (OSError, ValueError):
+        return None
+
+
 def load_model(
     spec: str,
     *,
-    bundled_dir: Path | None,
+    models_dir: Path | None = None,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
     threads: int | None = None,
     local_files_only: bool = False,
     cpu_kernels: bool = True,
+    cpu_quant: str = "auto",
+    kv_dtype: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
-    ``spec``: ``'bundled'`` (then ``bundled_dir`` is the converted dir,
-    ``decoding.bundled.bundled_target_dir(models_dir)``), a local HF dir, or a hub id.
-    ``threads`` sets torch's intra-op threads for the whole process. ``cpu_kernels``: on an fp32 CPU model,
-    run small forwards on ``decoding.kernels`` (falls back to torch's kernels where unavailable).
+    ``spec``: ``'bundled'`` (SmolLM2 under ``models_dir``, see ``decoding.bundled``), a GGUF file or a dir
+    holding one (with the tokenizer files beside it, or the GGUF's own tokenizer), a local HF dir, or a hub id.
+    On a CPU with fp32 activations the target runs on the quantized runtime (``decoding.cpu_llama``) unless
+    ``cpu_quant`` is ``'none'``: a GGUF's Q8_0 / Q4_1 tensors as stored (other types requantized), an HF
+    model quantized at load (``'auto'`` = ``'q8_0'``, or ``'q4_1'``). ``kv_dtype``: the quantized runtime's
+    KV cache storage (``'auto'`` = float16). Elsewhere transformers runs the model; ``cpu_kernels`` then puts
+    an fp32 CPU model's small forwards on ``decoding.kernels``. ``threads`` sets torch's intra-op threads.
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
-    source, name = _resolve_source(spec, bundled_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    quantized = _quantized_runtime(dev, dt, cpu_quant)
+    if kv_dtype not in KV_DTYPES:
+        raise ModelLoadError(f"unknown kv_dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
+    source, name = _resolve_source(spec, models_dir, quantized)
+    gguf = _gguf_file(Path(source)) if Path(source).exists() else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dt, attn_implementation="sdpa", local_files_only=local_files_only
-        )
+        tokenizer = _load_tokenizer(source, gguf, local_files_only)
+        if quantized:
+            model = _load_quantized(source, gguf, cpu_quant, kv_dtype, local_files_only)
+            generation_config = _generation_config(Path(source) if Path(source).is_dir() else Path(source).parent)
+        else:
+            model = _load_torch(source, gguf, dt, local_files_only)
+            model.to(dev)  # in place
+            use_grouped_sdpa(model)  # CPU: no KV head repetition under tree masks
+            if cpu_kernels:
+                use_cpu_kernels(model)
+            generation_config = model.generation_config
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model {spec!r}: {exc}") from exc
-    model.to(dev)  # type: ignore[arg-type]  # in place; transformers' typing of `to` confuses mypy
-    model.eval()
-    use_grouped_sdpa(model)  # CPU: no KV head repetition under tree masks
-    if cpu_kernels:
-        use_cpu_kernels(model)
-    eos = _eos_ids(model, tokenizer)
+    eos = _eos_ids(model.config, generation_config, tokenizer)
     if not eos:
         raise ModelLoadError(f"model {spec!r} defines no EOS token")
     max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if max_context <= 0:
         raise ModelLoadError(f"model {spec!r} has no max_position_embeddings in its config")
+    runtime = f"cpu-quantized:{model.runtime_tag}" if quantized else f"torch:{str(dt).removeprefix('torch.')}"
+    weight_bytes = model.weights.nbytes if quantized else sum(p.numel() * p.element_size() for p in model.parameters())
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -143,9 +218,33 @@ def load_model(
         eos_token_ids=eos,
         max_context=max_context,
         vocab_size=int(model.config.vocab_size),
+        runtime=runtime,
+        weight_bytes=weight_bytes,
     )
-    logger.info("loaded %s on %s (%s, %d-token window, eos %s)", name, dev, dt, max_context, eos)
+    logger.info("loaded %s on %s (%s, %.0f MB of weights, %d-token window, eos %s)", name, dev, runtime,
+                weight_bytes / 1e6, max_context, eos)
     return loaded
+
+
+def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_only: bool) -> Any:
+    kwargs: dict[str, Any] = {"dtype": dt, "attn_implementation": "sdpa", "local_files_only": local_files_only}
+    if gguf is not None:  # transformers de-quantizes the GGUF to ``dt``
+        return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kwargs).eval()
+    return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
+
+
+def _load_quantized(source: str, gguf: Path | None, cpu_quant: str, kv_dtype: str, local_files_only: bool) -> Any:
+    from decoding.cpu_llama import CpuLlama, weights_from_gguf, weights_from_hf
+    from decoding.quant import NAMES, WeightType
+
+    kind = NAMES.get(cpu_quant, WeightType.Q8_0)
+    if gguf is not None:
+        weights = weights_from_gguf(gguf, fallback=kind)
+    else:
+        dense = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_files_only)
+        weights = weights_from_hf(dense, kind)
+        del dense
+    return CpuLlama(weights, torch.float32 if kv_dtype == "float32" else torch.float16)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -15,7 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
-BUNDLED_TARGET_DIR = DATA_DIR / "models" / "smollm2-135m-instruct"
+BUNDLED_TARGET_DIR = DATA_DIR / "models" / "smollm2-135m-instruct"  # fp32 conversion (made on first use)
+BUNDLED_GGUF_DIR = DATA_DIR / "models" / "smollm2-135m-instruct-gguf"  # what the service serves on a CPU
 
 
 def free_port() -> int:
@@ -79,8 +80,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def bundled_target_dir() -> Path:
-    """The converted SmolLM2 safetensors dir (`ragspec models` makes it; `make test` runs that first)."""
-    if not (BUNDLED_TARGET_DIR / "config.json").exists():
-        pytest.fail(f"{BUNDLED_TARGET_DIR} missing: run `ragspec models` (make test does)")
-    return BUNDLED_TARGET_DIR
+def bundled_gguf_dir() -> Path:
+    """The bundled SmolLM2 GGUF dir (`ragspec models` makes it; `make test` runs that first)."""
+    from decoding.bundled import has_gguf_dir
+
+    if not has_gguf_dir(BUNDLED_GGUF_DIR):
+        pytest.fail(f"{BUNDLED_GGUF_DIR} missing: run `ragspec models` (make test does)")
+    return BUNDLED_GGUF_DIR
+
+
+@pytest.fixture(scope="session")
+def bundled_target_dir(bundled_gguf_dir: Path) -> Path:
+    """The fp32 SmolLM2 safetensors dir, the torch runtime's reference (converted once, about a minute)."""
+    from decoding.bundled import ensure_converted
+
+    return ensure_converted(bundled_gguf_dir.parent)

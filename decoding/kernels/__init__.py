@@ -30,10 +30,12 @@ from pathlib import Path
 
 import torch
 
+from decoding.quant import QuantMatrix
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"))
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
 ENV_DISABLE = "RAGSPEC_CPU_KERNELS"
 ENV_CACHE = "RAGSPEC_KERNEL_CACHE"
@@ -50,7 +52,7 @@ def cache_dir() -> Path:
 
 
 def _library_path(compiler: str) -> Path:
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     h.update(" ".join((compiler, *FLAGS, platform.machine())).encode())
     return cache_dir() / f"libragspec_cpu-{h.hexdigest()[:16]}.so"
 
@@ -79,7 +81,7 @@ def build(force: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, str(SOURCE), "-o", tmp]
+        cmd = [compiler, *FLAGS, *(str(src) for src in SOURCES), "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the CPU kernels failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
@@ -132,8 +134,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i, f, lg = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
     lib.rs_linear_f32.argtypes = [p, i, i, p, i, p, p, i]
     lib.rs_linear_f32.restype = None
-    lib.rs_attention_f32.argtypes = [p, lg, lg, i, i, i, p, p, lg, lg, i, i, p, p, f, p, lg, lg, p, i]
-    lib.rs_attention_f32.restype = None
+    lib.rs_attention.argtypes = [p, lg, lg, i, i, i, p, p, lg, lg, i, i, p, p, f, p, lg, lg, p, i, i]
+    lib.rs_attention.restype = None
+    lib.rs_qlinear.argtypes = [p, i, i, p, i, lg, i, p, p, p, p, p, p, i]
+    lib.rs_qlinear.restype = None
+    lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
+    lib.rs_dequant_rows.restype = None
+    lib.rs_layer.argtypes = [p, p, p, i, p, p, p, p, p, lg, lg, lg, i, i, p, p, p, i]
+    lib.rs_layer.restype = None
+    lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
+    lib.rs_head.restype = None
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -150,7 +160,45 @@ def linear(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.
     return y.view(*x.shape[:-1], n)
 
 
+def qlinear(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,  # fp32 [..., K]
+    weight: QuantMatrix,  # [N, K]
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,  # [..., N]: added to the result
+) -> torch.Tensor:
+    """``residual + x @ dequant(weight).T + bias`` with the activations quantized per row and 32-block."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k).contiguous()
+    m, n = rows.shape[0], weight.rows
+    y = torch.empty(m, n, dtype=torch.float32)
+    res = None if residual is None else residual.reshape(m, n).contiguous()
+    xq = torch.empty(m * k, dtype=torch.int8)
+    scales = torch.empty(2, m * k // 32, dtype=torch.float32)
+    lib.rs_qlinear(
+        _ptr(rows), m, k, _ptr(weight.data), int(weight.kind), weight.row_bytes, n, _ptr(bias), _ptr(res),
+        _ptr(y), _ptr(xq), _ptr(scales[0]), _ptr(scales[1]), torch.get_num_threads(),
+    )  # fmt: skip
+    return y.view(*x.shape[:-1], n)
+
+
+def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[len(rows), K]``: the given rows of ``weight`` (e.g. token embeddings) dequantized."""
+    idx = rows.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(idx.numel(), weight.cols, dtype=torch.float32)
+    lib.rs_dequant_rows(
+        _ptr(weight.data), int(weight.kind), weight.row_bytes, weight.cols, _ptr(idx), idx.numel(), _ptr(out),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
 _work = threading.local()
+
+
+def attention_work_floats(heads: int, rows: int, head_dim: int, longest: int) -> int:
+    """Scratch the attention kernel needs: per row and block of 64 visible keys, a partial of head_dim + 2."""
+    return heads * rows * ((longest + 63) // 64) * (head_dim + 2)
 
 
 def _workspace(floats: int) -> torch.Tensor:
@@ -164,8 +212,8 @@ def _workspace(floats: int) -> torch.Tensor:
 def attention(
     lib: ctypes.CDLL,
     query: torch.Tensor,  # [1, H, n, D]
-    key: torch.Tensor,  # [1, G, L, D], rows contiguous (D stride 1)
-    value: torch.Tensor,  # [1, G, L, D], same strides as key
+    key: torch.Tensor,  # [1, G, L, D], rows contiguous (D stride 1), fp32 or fp16
+    value: torch.Tensor,  # [1, G, L, D], same strides and dtype as key
     past: int,
     path: torch.Tensor,  # int32 [total]: visible rows beyond the prefix, per query, ascending
     path_off: torch.Tensor,  # int32 [n + 1]
@@ -178,12 +226,12 @@ def attention(
     out = torch.empty(1, n, h, d, dtype=torch.float32)
     max_path = int((path_off[1:] - path_off[:-1]).max()) if n else 0
     threads = torch.get_num_threads()
-    work = _workspace(h * n * (past + max_path + 1))  # scores of every row, then one denominator per row
-    lib.rs_attention_f32(
+    work = _workspace(attention_work_floats(h, n, d, past + max_path))
+    lib.rs_attention(
         _ptr(q), q.stride(1), q.stride(2), h, n, d,
         _ptr(key), _ptr(value), key.stride(1), key.stride(2), g,
         past, _ptr(path), _ptr(path_off), float(scale),
-        _ptr(out), out.stride(1), out.stride(2), _ptr(work), threads,
+        _ptr(out), out.stride(1), out.stride(2), _ptr(work), int(key.dtype == torch.float16), threads,
     )  # fmt: skip
     return out
 

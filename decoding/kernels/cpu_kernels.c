@@ -133,8 +133,8 @@ static inline __m256 exp_nonpos(__m256 x) {
     return _mm256_andnot_ps(under, p);
 }
 
-/* In place: s[0..P) <- exp(s - max); returns the sum (lanes fixed by index, padded tail). */
-static float softmax_numerators(float *s, int P) {
+/* In place: s[0..P) <- exp(s - max); returns the sum (lanes fixed by index, padded tail), the max in *mx_out. */
+static float softmax_numerators(float *s, int P, float *mx_out) {
     __m256 mx = _mm256_set1_ps(-INFINITY); /* max is exact: any order gives the same value */
     int j = 0;
     for (; j + 8 <= P; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
@@ -143,6 +143,7 @@ static float softmax_numerators(float *s, int P) {
     float m = -INFINITY;
     for (int t = 0; t < 8; ++t) m = lanes[t] > m ? lanes[t] : m;
     for (; j < P; ++j) m = s[j] > m ? s[j] : m;
+    *mx_out = m;
     const __m256 mv = _mm256_set1_ps(m);
     __m256 acc = _mm256_setzero_ps();
     j = 0;
@@ -183,150 +184,196 @@ static inline __m256 hsum8x8(const __m256 *a) {
     return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* Cached keys / values are fp32 or fp16 (`half`): an fp16 row is widened to fp32 on load (exactly), so the
+   arithmetic after the load is the same for both storage types. Offsets below count elements. */
+#define LOADKV(base, idx) \
+    (half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (idx)))) \
+          : _mm256_loadu_ps((const float *)(base) + (idx)))
+
 /* s[t] = dot(q, k_row(j0 + t)) * scale for t = 0..7: lane sums over d in 8-lane chunks, then hsum8x8. */
-static inline void score8(const float *q, int dv, const float *k, long ldk, float scale, float *s) {
+static inline __attribute__((always_inline)) void score8(const float *q, int dv, const void *k, long off, long ldk,
+                                                         float scale, float *s, const int half) {
     __m256 acc[8];
     for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
     for (int c = 0; c < dv; ++c) {
         __m256 qc = _mm256_loadu_ps(q + 8 * c);
-        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + t * ldk + 8 * c), acc[t]);
+        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qc, LOADKV(k, off + t * ldk + 8 * c), acc[t]);
     }
     _mm256_storeu_ps(s, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
 }
 
 /* One score by the same operations as a lane of score8. */
-static inline float score1(const float *q, int dv, const float *k, float scale) {
+static inline __attribute__((always_inline)) float score1(const float *q, int dv, const void *k, long off,
+                                                          float scale, const int half) {
     __m256 acc = _mm256_setzero_ps();
-    for (int c = 0; c < dv; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(k + 8 * c), acc);
+    for (int c = 0; c < dv; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), LOADKV(k, off + 8 * c), acc);
     return hsum8(acc) * scale;
 }
 
-#define KEY_BLOCK 64 /* cached key rows per scoring task: stay in L1 while every query row of the group reads them */
-#define VCHUNK 4     /* 8-float vectors of the head dim per value task */
+#define KEY_BLOCK 64 /* keys per block, by logical position (the row's visible keys in order: prefix, then path) */
 
-/* Attention of n new tokens (H query heads, G key/value heads, head dim D).
- *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at k + g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
- *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions).
- *   work: H * n * (past + max path length) + H * n floats, shared by the threads.
- * Three phases over all heads at once, each split into tasks whose results do not depend on who runs them:
- *   1. scores of the prefix, by (key head, block of KEY_BLOCK keys): the block is read once for the group's
- *      query heads and all n queries;
- *   2. per query row: its path scores, then max, exp and the sum (lanes fixed by position);
- *   3. weighted values, by (key head, chunk of VCHUNK vectors of the head dim): blocks of KEY_BLOCK value
- *      rows stay in L1 while the group's rows, three at a time, add them in; every output element sums its
- *      visible keys in position order (prefix, then its path).
- * D must be a multiple of 8 and at most MAX_D. */
-void rs_attention_f32(const float *q, long q_sh, long q_sn, int H, int n, int D, const float *k, const float *v,
-                      long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
-                      float scale, float *out, long o_sn, long o_sh, float *work, int threads) {
+/* One query row against one block of cnt <= KEY_BLOCK keys / values (fp32, rows ldk / ldv apart):
+   p <- scores, then exp(score - block max); part[0..D) <- sum_j p_j v_j in key order; *m, *l <- block max and
+   sum of p. The same operations whatever storage the block came from, so a row's result depends only on its
+   visible keys. */
+static inline void row_block(const float *qi, int dv, const float *kb, long ldk, const float *vb, long ldv,
+                             int cnt, float scale, float *p, float *part, float *m, float *l) {
+    int j = 0;
+    for (; j + 8 <= cnt; j += 8) score8(qi, dv, kb, (long)j * ldk, ldk, scale, p + j, 0);
+    for (; j < cnt; ++j) p[j] = score1(qi, dv, kb, (long)j * ldk, scale, 0);
+    *l = softmax_numerators(p, cnt, m);
+    /* 64 dims (8 vectors) per pass, so the sums stay in registers; each element still sums over j in order */
+    int c0 = 0;
+    for (; c0 + 8 <= dv; c0 += 8) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+        for (j = 0; j < cnt; ++j) {
+            const __m256 w = _mm256_set1_ps(p[j]);
+            const float *vr = vb + (long)j * ldv + 8 * c0;
+            for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(part + 8 * (c0 + c), acc[c]);
+    }
+    for (; c0 < dv; ++c0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (j = 0; j < cnt; ++j)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + (long)j * ldv + 8 * c0), acc);
+        _mm256_storeu_ps(part + 8 * c0, acc);
+    }
+}
+
+/* Copy (widening fp16) cache rows into a contiguous fp32 block [cnt, D]. rows == 0: rows r0..r0+cnt-1. */
+static inline __attribute__((always_inline)) void gather_block(const void *src, long base, long ld, int dv,
+                                                               int D, long r0, const long *rows, int cnt,
+                                                               float *dst, const int half) {
+    if (!rows && ld == D) { /* contiguous rows: one flat run */
+        const long e = (long)cnt * D, off = base + r0 * ld;
+        for (long t = 0; t < e; t += 8) _mm256_storeu_ps(dst + t, LOADKV(src, off + t));
+        return;
+    }
+    for (int j = 0; j < cnt; ++j) {
+        const long off = base + (rows ? rows[j] : r0 + j) * ld;
+        for (int c = 0; c < dv; ++c) _mm256_storeu_ps(dst + (long)j * D + 8 * c, LOADKV(src, off + 8 * c));
+    }
+}
+
+/* Attention of n new tokens (H query heads, G key/value heads, head dim D), flash-decoding style.
+ *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at element g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
+ *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions):
+ *   its visible keys in logical order, split into blocks of KEY_BLOCK logical positions.
+ *   work: H * n * nb * (D + 2) floats (nb = blocks of the longest row), shared by the threads.
+ * Two phases over all heads at once:
+ *   1. the prefix blocks every row sees in full, by (key head, block): the block's keys / values are read once
+ *      (widened once when fp16) for every query row of the key head; per row a partial (block max, sum of
+ *      exp, weighted values);
+ *   2. per query row: the blocks that reach into its own path (gathered by logical position), then the
+ *      partials combined in block order: out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b).
+ * Every row's result is a function of its visible keys alone (not of n, the tree, the task split or the
+ * thread), so a tree node's attention equals its attention decoded alone, bit for bit.
+ * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
+static inline __attribute__((always_inline)) void attention_part(
+    const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
+    long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale, float *out, long o_sn,
+    long o_sh, float *work, const int half) {
     int maxpath = 0;
     for (int i = 0; i < n; ++i) {
         int len = path_off[i + 1] - path_off[i];
         maxpath = len > maxpath ? len : maxpath;
     }
-    const long lds = (long)past + maxpath;
+    const int nbmax = (past + maxpath + KEY_BLOCK - 1) / KEY_BLOCK;
     const int group = H / G;
     const int dv = D / 8;
-    const int rows = H * n; /* row r = h * n + i */
-    float *S = work;
-    float *denom = work + (long)rows * lds;
-    const int kblocks = (past + KEY_BLOCK - 1) / KEY_BLOCK;
-    const int gr = group * n;            /* rows per key head */
-    const int vchunks = (dv + VCHUNK - 1) / VCHUNK;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-#pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < G * kblocks; ++task) {
-            const int g = task / kblocks;
-            const int j0 = (task % kblocks) * KEY_BLOCK;
-            const int j1 = j0 + KEY_BLOCK < past ? j0 + KEY_BLOCK : past;
-            const float *kg = k + g * kv_sh;
-            for (int h = g * group; h < (g + 1) * group; ++h)
-                for (int i = 0; i < n; ++i) {
-                    const float *qi = q + h * q_sh + i * q_sn;
-                    float *s = S + (long)(h * n + i) * lds;
-                    int j = j0;
-                    for (; j + 8 <= j1; j += 8) score8(qi, dv, kg + (long)j * kv_sn, kv_sn, scale, s + j);
-                    for (; j < j1; ++j) s[j] = score1(qi, dv, kg + (long)j * kv_sn, scale);
-                }
+    const int full = past / KEY_BLOCK; /* prefix blocks every row sees whole */
+    const long pstride = (long)nbmax * D;  /* partials of row r: work + r * pstride + b * D */
+    float *parts = work;
+    float *ml = work + (long)H * n * pstride; /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
+    float kbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
+    float vbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
+    float p[KEY_BLOCK];
+#pragma omp for schedule(static)
+    for (int task = 0; task < G * full; ++task) {
+        const int g = task / full, b = task % full;
+        const long r0 = (long)b * KEY_BLOCK;
+        const float *kb, *vb;
+        long ld;
+        if (half) {
+            gather_block(k, g * kv_sh, kv_sn, dv, D, r0, 0, KEY_BLOCK, kbuf, 1);
+            gather_block(v, g * kv_sh, kv_sn, dv, D, r0, 0, KEY_BLOCK, vbuf, 1);
+            kb = kbuf, vb = vbuf, ld = D;
+        } else {
+            kb = (const float *)k + g * kv_sh + r0 * kv_sn, vb = (const float *)v + g * kv_sh + r0 * kv_sn, ld = kv_sn;
         }
+        for (int h = g * group; h < (g + 1) * group; ++h)
+            for (int i = 0; i < n; ++i) {
+                const long r = (long)h * n + i;
+                float *mlr = ml + 2 * (r * nbmax + b);
+                row_block(q + h * q_sh + i * q_sn, dv, kb, ld, vb, ld, KEY_BLOCK, scale, p, parts + r * pstride + (long)b * D,
+                          mlr, mlr + 1);
+            }
+    }
 #pragma omp for schedule(dynamic, 1)
-        for (int r = 0; r < rows; ++r) {
-            const int h = r / n, i = r % n;
-            const float *qi = q + h * q_sh + i * q_sn;
-            const float *kg = k + (h / group) * kv_sh;
-            float *s = S + (long)r * lds;
-            for (int t = path_off[i]; t < path_off[i + 1]; ++t)
-                s[past + t - path_off[i]] = score1(qi, dv, kg + (long)path[t] * kv_sn, scale);
-            denom[r] = softmax_numerators(s, past + path_off[i + 1] - path_off[i]);
+    for (int r = 0; r < H * n; ++r) {
+        const int h = r / n, i = r % n, g = h / group;
+        const float *qi = q + h * q_sh + i * q_sn;
+        const int plen = path_off[i + 1] - path_off[i];
+        const int total = past + plen, nb = (total + KEY_BLOCK - 1) / KEY_BLOCK;
+        for (int b = full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
+            const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
+            long rows[KEY_BLOCK];
+            for (int t = 0; t < cnt; ++t)
+                rows[t] = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
+            gather_block(k, g * kv_sh, kv_sn, dv, D, 0, rows, cnt, kbuf, half);
+            gather_block(v, g * kv_sh, kv_sn, dv, D, 0, rows, cnt, vbuf, half);
+            float *mlr = ml + 2 * ((long)r * nbmax + b);
+            row_block(qi, dv, kbuf, D, vbuf, D, cnt, scale, p, parts + r * pstride + (long)b * D, mlr, mlr + 1);
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < G * vchunks; ++task) {
-            const int g = task / vchunks;
-            const int c0 = (task % vchunks) * VCHUNK;
-            const int nc = dv - c0 < VCHUNK ? dv - c0 : VCHUNK;
-            const float *vg = v + g * kv_sh + 8 * c0;
-            __m256 acc[3][VCHUNK];
-            /* running sums live in `out` between key blocks; a block of value rows stays in L1 for all rows */
-            for (int r = g * gr; r < (g + 1) * gr; ++r) {
-                float *o = out + (r % n) * o_sn + (r / n) * o_sh + 8 * c0;
-                for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_setzero_ps());
-            }
-            for (int j0 = 0; j0 < past; j0 += KEY_BLOCK) {
-                const int j1 = j0 + KEY_BLOCK < past ? j0 + KEY_BLOCK : past;
-                for (int ra = g * gr; ra < (g + 1) * gr; ra += 3) {
-                    const int nr = (g + 1) * gr - ra < 3 ? (g + 1) * gr - ra : 3;
-                    float *o[3];
-                    const float *pr[3];
-                    for (int a = 0; a < nr; ++a) {
-                        o[a] = out + ((ra + a) % n) * o_sn + ((ra + a) / n) * o_sh + 8 * c0;
-                        pr[a] = S + (long)(ra + a) * lds;
-                    }
-                    if (nc == VCHUNK && nr == 3) {
-                        /* 12 independent sums: enough in flight to hide the FMA latency of the j-ordered chains */
-                        for (int a = 0; a < 3; ++a)
-                            for (int c = 0; c < VCHUNK; ++c) acc[a][c] = _mm256_loadu_ps(o[a] + 8 * c);
-                        for (int j = j0; j < j1; ++j) {
-                            const float *vr = vg + (long)j * kv_sn;
-                            __m256 w0 = _mm256_set1_ps(pr[0][j]), w1 = _mm256_set1_ps(pr[1][j]);
-                            __m256 w2 = _mm256_set1_ps(pr[2][j]);
-                            for (int c = 0; c < VCHUNK; ++c) {
-                                __m256 vv = _mm256_loadu_ps(vr + 8 * c);
-                                acc[0][c] = _mm256_fmadd_ps(w0, vv, acc[0][c]);
-                                acc[1][c] = _mm256_fmadd_ps(w1, vv, acc[1][c]);
-                                acc[2][c] = _mm256_fmadd_ps(w2, vv, acc[2][c]);
-                            }
-                        }
-                        for (int a = 0; a < 3; ++a)
-                            for (int c = 0; c < VCHUNK; ++c) _mm256_storeu_ps(o[a] + 8 * c, acc[a][c]);
-                    } else {
-                        for (int a = 0; a < nr; ++a) {
-                            for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_loadu_ps(o[a] + 8 * c);
-                            for (int j = j0; j < j1; ++j) {
-                                const float *vr = vg + (long)j * kv_sn;
-                                __m256 w = _mm256_set1_ps(pr[a][j]);
-                                for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[0][c]);
-                            }
-                            for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o[a] + 8 * c, acc[0][c]);
-                        }
-                    }
-                }
-            }
-            for (int r = g * gr; r < (g + 1) * gr; ++r) {
-                const int h = r / n, i = r % n;
-                float *o = out + i * o_sn + h * o_sh + 8 * c0;
-                const float *pi = S + (long)r * lds + past;
-                for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_loadu_ps(o + 8 * c);
-                for (int t = path_off[i]; t < path_off[i + 1]; ++t) {
-                    __m256 w = _mm256_set1_ps(pi[t - path_off[i]]);
-                    const float *vr = vg + (long)path[t] * kv_sn;
-                    for (int c = 0; c < nc; ++c) acc[0][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[0][c]);
-                }
-                __m256 inv = _mm256_set1_ps(1.0f / denom[r]);
-                for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[0][c], inv));
-            }
+        const float *mlr = ml + 2 * (long)r * nbmax;
+        float mx = -INFINITY;
+        for (int b = 0; b < nb; ++b) mx = mlr[2 * b] > mx ? mlr[2 * b] : mx;
+        __m256 acc[MAX_D / 8];
+        for (int c = 0; c < dv; ++c) acc[c] = _mm256_setzero_ps();
+        float den = 0.0f;
+        for (int b = 0; b < nb; ++b) {
+            float e;
+            _mm_store_ss(&e, _mm256_castps256_ps128(exp_nonpos(_mm256_set1_ps(mlr[2 * b] - mx))));
+            const __m256 ev = _mm256_set1_ps(e);
+            const float *pb = parts + (long)r * pstride + (long)b * D;
+            for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(pb + 8 * c), acc[c]);
+            den += mlr[2 * b + 1] * e;
         }
+        const __m256 inv = _mm256_set1_ps(1.0f / den);
+        float *o = out + i * o_sn + h * o_sh;
+        for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
     }
 }
 
-int rs_kernels_version(void) { return 2; }
+void attention_f32_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
+                        long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
+                        float scale, float *out, long o_sn, long o_sh, float *work) {
+    attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh,
+                   work, 0);
+}
+
+void attention_f16_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
+                        long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
+                        float scale, float *out, long o_sn, long o_sh, float *work) {
+    attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh,
+                   work, 1);
+}
+
+/* The attention kernel as one call; kv_half: keys / values stored as fp16 instead of fp32. */
+void rs_attention(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
+                  long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale,
+                  float *out, long o_sn, long o_sh, float *work, int kv_half, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        if (kv_half)
+            attention_f16_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn,
+                               o_sh, work);
+        else
+            attention_f32_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn,
+                               o_sh, work);
+    }
+}
+
+int rs_kernels_version(void) { return 3; }

@@ -1,6 +1,6 @@
 """Real servers for the service tests: uvicorn on a free loopback port, in a thread or a subprocess.
 
-Every server uses the bundled SmolLM2 target (converted dir under the repo's data dir), the bundled MiniLM
+Every server uses the bundled SmolLM2 target (its GGUF dir under the repo's data dir), the bundled MiniLM
 embedder and its own temporary data dir. Deadlines below bound "it never happened" waits (a stuck job,
 a server that never starts); they are not speed assertions.
 """
@@ -23,7 +23,7 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import BUNDLED_TARGET_DIR, REPO, free_port
+from tests.conftest import BUNDLED_GGUF_DIR, REPO, free_port
 
 DEADLINE_S = 300.0
 
@@ -31,7 +31,7 @@ DEADLINE_S = 300.0
 def service_settings(data_dir: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": data_dir,
-        "target_model": str(BUNDLED_TARGET_DIR),
+        "target_model": str(BUNDLED_GGUF_DIR),
         "threads": 1,
         "calibrate": False,
         "default_max_tokens": 12,

@@ -40,15 +40,15 @@ def test_help_lists_subcommands() -> None:
     assert all(name in done.stdout for name in SUBCOMMANDS)
 
 
-def test_models_is_idempotent(bundled_target_dir: Path) -> None:
-    """Run twice on the shared data dir: both succeed, the second converts nothing and touches nothing."""
+def test_models_is_idempotent(bundled_gguf_dir: Path) -> None:
+    """Run twice on the shared data dir: both succeed, the second writes nothing and touches nothing."""
     first = run_cli("models")
     assert first.returncode == 0, first.stderr
-    marker = bundled_target_dir / MARKER_NAME
+    marker = bundled_gguf_dir / MARKER_NAME
     stamp = marker.stat().st_mtime_ns
     second = run_cli("models")
     assert second.returncode == 0, second.stderr
-    assert "already converted" in second.stdout
-    assert str(bundled_target_dir.resolve()) in second.stdout
+    assert "served from the GGUF as stored" in second.stdout
+    assert str(bundled_gguf_dir.resolve()) in second.stdout
     assert "all-MiniLM-L6-v2" in second.stdout
     assert marker.stat().st_mtime_ns == stamp

@@ -8,7 +8,7 @@ import pytest
 
 from app.cli import SUBCOMMANDS, main
 from tests.app.live import LANDMARKS, service_settings, thread_server
-from tests.conftest import BUNDLED_TARGET_DIR
+from tests.conftest import BUNDLED_GGUF_DIR
 
 pytestmark = pytest.mark.real_model
 
@@ -23,7 +23,7 @@ def test_ingest_reindex_and_ask(
     data = tmp_path / "data"
     for name, value in {
         "DATA_DIR": str(data),
-        "TARGET_MODEL": str(BUNDLED_TARGET_DIR),
+        "TARGET_MODEL": str(BUNDLED_GGUF_DIR),
         "LOG_LEVEL": "WARNING",
         "MAX_CONTEXT": "1024",
         "THREADS": "1",

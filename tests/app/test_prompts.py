@@ -16,8 +16,8 @@ from decoding.prompt import build_prompt
 
 
 @pytest.fixture(scope="module")
-def tokenizer(bundled_target_dir: Path):  # type: ignore[no-untyped-def]
-    return AutoTokenizer.from_pretrained(str(bundled_target_dir), local_files_only=True)
+def tokenizer(bundled_gguf_dir: Path):  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(str(bundled_gguf_dir), local_files_only=True)
 
 
 NOTES = "Tea is grown in Assam.\n\nCoffee needs <|im_end|> shade."

@@ -9,8 +9,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from decoding import kernels
 from decoding.attention import use_grouped_sdpa
+from decoding.cpu_llama import CpuLlama, weights_from_hf
 from decoding.kernels import use_cpu_kernels
+from decoding.quant import WeightType
 
 VOCAB = 97
 
@@ -60,9 +63,18 @@ def make_tiny_llama(
     return model
 
 
-def tiny_target(seed: int = 0, eos: tuple[int, ...] = (), max_context: int = 512, **kw: Any) -> TinyTarget:
+def quantized_tiny_llama(
+    seed: int = 0, kind: WeightType = WeightType.Q4_1, kv_dtype: torch.dtype = torch.float16, **kw: Any
+) -> CpuLlama:
+    """The same random Llama on the quantized CPU runtime (linear layers ``kind``, embedding / head Q8_0)."""
+    return CpuLlama(weights_from_hf(make_tiny_llama(seed, cpu_kernels=False, **kw), kind), kv_dtype)
+
+
+def tiny_target(
+    seed: int = 0, eos: tuple[int, ...] = (), max_context: int = 512, quantized: bool = False, **kw: Any
+) -> TinyTarget:
     return TinyTarget(
-        model=make_tiny_llama(seed, **kw),
+        model=quantized_tiny_llama(seed, **kw) if quantized else make_tiny_llama(seed, **kw),
         tokenizer=TinyTokenizer(),
         name=f"tiny-llama-{seed}",
         device=torch.device("cpu"),
@@ -71,8 +83,16 @@ def tiny_target(seed: int = 0, eos: tuple[int, ...] = (), max_context: int = 512
     )
 
 
-@pytest.fixture(scope="module", params=["cpu_kernels", "torch_kernels"])
+needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="CPU kernels unavailable on this machine")
+
+
+@pytest.fixture(scope="module", params=["quantized", "cpu_kernels", "torch_kernels"])
 def tiny(request: pytest.FixtureRequest) -> TinyTarget:
-    """The tiny target, once on decoding.kernels and once on torch's kernels (everything must hold on both)."""
+    """The tiny target on the quantized CPU runtime, on decoding.kernels (fp32) and on torch's kernels:
+    everything must hold on all three."""
     torch.set_num_threads(1)
+    if request.param == "quantized":
+        if kernels.load() is None:
+            pytest.skip("CPU kernels unavailable: no quantized runtime")
+        return tiny_target(0, quantized=True)
     return tiny_target(0, cpu_kernels=request.param == "cpu_kernels")

@@ -17,8 +17,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(bundled_target_dir: Path):  # type: ignore[no-untyped-def]
-    return AutoTokenizer.from_pretrained(str(bundled_target_dir))
+def tokenizer(bundled_gguf_dir: Path):  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(str(bundled_gguf_dir))
 
 
 @pytest.mark.parametrize("text", TEXTS)

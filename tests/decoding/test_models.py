@@ -85,16 +85,17 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaForCa
 
 def test_load_local_dir_gives_eval_model_with_facts(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     path, original = tiny_dir
-    loaded = load_model(str(path), bundled_dir=None)
+    loaded = load_model(str(path), cpu_quant="none")
     assert isinstance(loaded, LoadedModel)
     assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
+    assert loaded.runtime == "torch:float32"
     assert not loaded.model.training
     assert loaded.eos_token_ids == (loaded.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
     assert loaded.max_context == 256
     assert loaded.vocab_size == len(loaded.tokenizer) == original.config.vocab_size
     assert loaded.name == path.name
     ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
-    plain = load_model(str(path), bundled_dir=None, cpu_kernels=False)
+    plain = load_model(str(path), cpu_quant="none", cpu_kernels=False)
     assert not kernels_active(plain.model)
     with torch.inference_mode():
         assert torch.equal(plain.model(ids).logits, original(ids).logits)
@@ -103,67 +104,118 @@ def test_load_local_dir_gives_eval_model_with_facts(tiny_dir: tuple[Path, LlamaF
             torch.testing.assert_close(loaded.model(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(kernels.load() is None, reason="no CPU kernels: no quantized runtime")
+@pytest.mark.parametrize(("quant", "kv", "weights"), [("auto", "auto", "q8_0"), ("q4_1", "float32", "q4_1")])
+def test_cpu_loads_quantize_an_hf_dir(tiny_dir: tuple[Path, LlamaForCausalLM], quant: str, kv: str,
+                                      weights: str) -> None:
+    """On a CPU an HF model is quantized at load (q8_0 by default) and served by the quantized runtime."""
+    path, original = tiny_dir
+    loaded = load_model(str(path), cpu_quant=quant, kv_dtype=kv)
+    kv_name = "float16" if kv == "auto" else kv
+    assert loaded.runtime == f"cpu-quantized:quantized:{weights}/kv-{kv_name}"
+    assert loaded.weight_bytes < sum(p.numel() * 4 for p in original.parameters()) / 3
+    assert loaded.eos_token_ids == (loaded.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    assert (loaded.max_context, loaded.vocab_size, loaded.name) == (256, original.config.vocab_size, path.name)
+    ids = torch.tensor([loaded.tokenizer("the quick dog jumps over the lazy dog").input_ids])
+    with torch.inference_mode():
+        got, want = loaded.model(ids).logits[0], original(ids).logits[0]
+    assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.98
+
+
+def test_unknown_quant_and_kv_settings_are_domain_errors(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
+    with pytest.raises(ModelLoadError, match="cpu_quant"):
+        load_model(str(tiny_dir[0]), cpu_quant="q2_k")
+    with pytest.raises(ModelLoadError, match="kv_dtype"):
+        load_model(str(tiny_dir[0]), kv_dtype="int4")
+
+
+def test_without_kernels_the_cpu_target_falls_back_to_torch(
+    tiny_dir: tuple[Path, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(kernels.ENV_DISABLE, "0")
+    kernels.reset_for_tests()
+    try:
+        with caplog.at_level("WARNING"):
+            loaded = load_model(str(tiny_dir[0]))
+        assert loaded.runtime == "torch:float32" and not kernels_active(loaded.model)
+        assert "quantized CPU runtime unavailable" in caplog.text
+    finally:
+        monkeypatch.delenv(kernels.ENV_DISABLE)
+        kernels.reset_for_tests()
+        kernels.load()
+
+
 def test_load_with_explicit_dtype_and_threads(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     before = torch.get_num_threads()
-    loaded = load_model(str(tiny_dir[0]), bundled_dir=None, device="cpu", dtype="bfloat16", threads=1)
+    loaded = load_model(str(tiny_dir[0]), device="cpu", dtype="bfloat16", threads=1)
     assert loaded.dtype == torch.bfloat16
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert torch.get_num_threads() == 1
     torch.set_num_threads(before)
 
 
-def test_bundled_spec_uses_bundled_dir(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
-    loaded = load_model("bundled", bundled_dir=tiny_dir[0])
-    assert loaded.name == f"bundled:{tiny_dir[0].name}"
+def test_bundled_spec_on_torch_uses_the_fp32_dir(tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path) -> None:
+    import shutil
+
+    fp32 = bundled.bundled_target_dir(tmp_path)
+    shutil.copytree(tiny_dir[0], fp32)
+    (fp32 / bundled.MARKER_NAME).write_text(json.dumps({"format": bundled.FORMAT_VERSION}))
+    (fp32 / "model.safetensors").touch(exist_ok=True)
+    loaded = load_model("bundled", models_dir=tmp_path, cpu_quant="none")
+    assert loaded.name == f"bundled:{bundled.TARGET_DIR_NAME}" and loaded.runtime == "torch:float32"
 
 
 @pytest.mark.parametrize(
-    ("spec", "bundled_dir", "message"),
+    ("spec", "models_dir", "quant", "message"),
     [
-        ("bundled", None, "no bundled_dir"),
-        ("bundled", Path("/nonexistent/smollm2"), "ragspec models"),
-        ("{tmp}", None, "no config.json"),
-        ("nobody/no-such-model-xyz", None, "cannot load model"),
+        ("bundled", None, "auto", "no models_dir"),
+        ("bundled", Path("/nonexistent/models"), "auto", "ragspec models"),
+        ("{tmp}", None, "auto", "no config.json"),
+        ("nobody/no-such-model-xyz", None, "none", "cannot load model"),
     ],
 )
-def test_load_errors_are_domain_errors(tmp_path: Path, spec: str, bundled_dir: Path | None, message: str) -> None:
+def test_load_errors_are_domain_errors(
+    tmp_path: Path, spec: str, models_dir: Path | None, quant: str, message: str
+) -> None:
+    if quant == "auto" and spec == "bundled" and models_dir is not None and kernels.load() is None:
+        pytest.skip("without the CPU kernels 'bundled' converts on demand")
     with pytest.raises(ModelLoadError, match=message):
-        load_model(spec.format(tmp=tmp_path), bundled_dir=bundled_dir, local_files_only=True)
+        load_model(spec.format(tmp=tmp_path), models_dir=models_dir, local_files_only=True, cpu_quant=quant)
 
 
 def test_bad_device_and_dtype(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     with pytest.raises(ModelLoadError, match="dtype"):
-        load_model(str(tiny_dir[0]), bundled_dir=None, dtype="float8")
+        load_model(str(tiny_dir[0]), dtype="float8")
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="CUDA"):
-            load_model(str(tiny_dir[0]), bundled_dir=None, device="cuda")
+            load_model(str(tiny_dir[0]), device="cuda")
 
 
 def test_same_vocab_passes_for_two_models_sharing_a_tokenizer(
     tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path
 ) -> None:
     save_tiny_model(tmp_path, seed=1)  # different weights, same (deterministically trained) tokenizer
-    target = load_model(str(tiny_dir[0]), bundled_dir=None)
-    drafter = load_model(str(tmp_path), bundled_dir=None)
+    target = load_model(str(tiny_dir[0]))
+    drafter = load_model(str(tmp_path))
     check_same_vocab(target, drafter)
     assert tokenizer_fingerprint(target.tokenizer) == tokenizer_fingerprint(drafter.tokenizer)
 
 
 def test_vocab_mismatch_on_different_tokenizer(tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path) -> None:
-    target = load_model(str(tiny_dir[0]), bundled_dir=None)
+    target = load_model(str(tiny_dir[0]))
     other = make_tokenizer(["zebra yak xylophone wombat vortex " * 3, "umbrella tundra sierra quokka"] * 4)
     save_tiny_model(tmp_path, other, vocab=target.vocab_size)  # same logits width, different mapping
-    drafter = load_model(str(tmp_path), bundled_dir=None)
+    drafter = load_model(str(tmp_path))
     with pytest.raises(VocabularyMismatch, match="tokenizers differ on"):
         check_same_vocab(target, drafter)
     assert tokenizer_fingerprint(target.tokenizer) != tokenizer_fingerprint(drafter.tokenizer)
 
 
 def test_vocab_mismatch_on_logits_width(tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path) -> None:
-    target = load_model(str(tiny_dir[0]), bundled_dir=None)
+    target = load_model(str(tiny_dir[0]))
     save_tiny_model(tmp_path, vocab=target.vocab_size + 8)
     with pytest.raises(VocabularyMismatch, match="logits"):
-        check_same_vocab(target, load_model(str(tmp_path), bundled_dir=None))
+        check_same_vocab(target, load_model(str(tmp_path)))
 
 
 def test_fingerprint_is_stable_and_sees_special_tokens(tmp_path: Path) -> None:
@@ -210,13 +262,24 @@ def test_move_into_place_replaces_stale_dir_and_keeps_finished_one(tmp_path: Pat
 
 @pytest.mark.real_model
 def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) -> None:
-    """Converts the real GGUF (about a minute): logits equality with the GGUF model is checked inside."""
-    assets = bundled.install_bundled(tmp_path)
+    """The GGUF dir in seconds; the fp32 conversion (about a minute) only when asked, verified inside
+    (logits equality with transformers' GGUF model), and equal to the GGUF's blocks dequantized."""
+    first = bundled.install_bundled(tmp_path)
+    assert not first.converted and not bundled.is_converted(first.target_dir)
+    assert bundled.has_gguf_dir(first.gguf_dir) and (first.gguf_dir / bundled.GGUF_LINK).resolve() == first.gguf_path
+    assert [p.name for p in tmp_path.iterdir()] == [bundled.GGUF_DIR_NAME]  # no temp dirs left
+    assert (first.embedder_dir / "config.json").is_file()
+    if kernels.load() is not None:
+        served = load_model("bundled", models_dir=tmp_path, threads=1)
+        assert served.runtime == "cpu-quantized:gguf:Q4_1+Q8_0/kv-float16"
+        assert served.eos_token_ids == (2,) and served.max_context == 8192 and served.vocab_size == 49152
+        assert served.weight_bytes < 100_000_000
+
+    assets = bundled.install_bundled(tmp_path, fp32=True)
     assert assets.converted and assets.target_dir == bundled.bundled_target_dir(tmp_path)
     assert bundled.is_converted(assets.target_dir)
-    assert (assets.embedder_dir / "config.json").is_file()
-    assert [p.name for p in tmp_path.iterdir()] == [bundled.TARGET_DIR_NAME]  # no temp dirs left
-    again = bundled.install_bundled(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([bundled.GGUF_DIR_NAME, bundled.TARGET_DIR_NAME])
+    again = bundled.install_bundled(tmp_path, fp32=True)
     assert not again.converted and again.convert_s == 0.0
 
     files = {p.name for p in assets.target_dir.iterdir()}
@@ -225,11 +288,19 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) ->
     assert config["tie_word_embeddings"] is True and config["eos_token_id"] == 2
     assert json.loads((assets.target_dir / "generation_config.json").read_text())["eos_token_id"] == 2
 
-    loaded = load_model("bundled", bundled_dir=assets.target_dir, threads=1)
+    loaded = load_model("bundled", models_dir=tmp_path, threads=1, cpu_quant="none")
     tok = loaded.tokenizer
     assert tok.eos_token == "<|im_end|>" and loaded.eos_token_ids == (2,)
     assert tok("Hello world").input_ids == tok("Hello world", add_special_tokens=False).input_ids  # no BOS
     assert tok.tokenize(" 2024") == ["Ġ", "2", "0", "2", "4"]  # smollm pre-tokenizer: single digits
     assert loaded.max_context == 8192 and loaded.vocab_size == 49152
     model: Any = loaded.model
+    from decoding.cpu_llama import weights_from_gguf
+
+    gguf = weights_from_gguf(assets.gguf_path)
+    layer = model.model.layers[7]
+    qkv = torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
+    assert torch.equal(gguf.layers[7].qkv.dequantize(), qkv)  # q / k rows un-permuted exactly
+    assert torch.equal(gguf.layers[7].down.dequantize(), layer.mlp.down_proj.weight)
+    assert torch.equal(gguf.embed.dequantize(), model.model.embed_tokens.weight)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied

@@ -105,9 +105,9 @@ def test_template_problems_are_domain_errors(tok: PreTrainedTokenizerFast) -> No
 
 
 @pytest.mark.real_model
-def test_bundled_tokenizer_layout(bundled_target_dir: Path) -> None:
+def test_bundled_tokenizer_layout(bundled_gguf_dir: Path) -> None:
     """SmolLM2's own tokenizer and chat template: stable prefix, same ids as whole-string tokenization."""
-    tok = AutoTokenizer.from_pretrained(bundled_target_dir)
+    tok = AutoTokenizer.from_pretrained(bundled_gguf_dir)
     document = "Section 4. Conveying Verbatim Copies.\n\nYou may convey verbatim copies of 12 programs."
     a = build_prompt(tok, system=SYSTEM, document=document, question="What may you convey?", prefix_key="k")
     b = build_prompt(tok, system=SYSTEM, document=document, question="Which section?",

@@ -1,4 +1,6 @@
-"""The engine on the real bundled SmolLM2: plain and speculative greedy equal HF's greedy generate."""
+"""The engine on the real bundled SmolLM2: on the quantized CPU runtime (what the service serves) speculative
+greedy equals autoregressive greedy and a cached prefix changes nothing; on the torch runtime both equal HF's
+greedy generate."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from decoding import kernels
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.engine import Engine, EngineConfig
 from decoding.generation import DoneEvent, GenerationConfig, TokenEvent
@@ -22,38 +25,55 @@ DOCUMENT = (
     "Steam locomotives ran the service until 1961, when diesel railcars replaced them. The railway closed to "
     "passengers in 1973 but reopened as a heritage line in 1995, run by volunteers of the Raven Valley Trust. "
 ) * 6
+N = 32
 
 
-@pytest.fixture(scope="module")
-def target(bundled_target_dir: Path) -> LoadedModel:
-    torch.set_num_threads(2)
-    return load_model("bundled", bundled_dir=bundled_target_dir)
-
-
-def test_engine_matches_hf_generate_and_speculation_is_lossless(target: LoadedModel) -> None:
-    prompt = build_prompt(
+def _prompt(target: LoadedModel):  # type: ignore[no-untyped-def]
+    return build_prompt(
         target.tokenizer,
         system="Answer using the document.",
         document=DOCUMENT,
         question="List the seven stations of the Raven Valley Railway in order.",
         prefix_key="raven",
     )
-    n = 32
-    with torch.inference_mode():
-        hf = target.model.generate(  # type: ignore[operator]  # transformers types generate loosely
-            torch.tensor([prompt.ids]), max_new_tokens=n, do_sample=False, eos_token_id=list(target.eos_token_ids)
-        )[0, len(prompt.ids) :].tolist()
-    hf = [t for t in hf if t not in target.eos_token_ids]
+
+
+def _three_runs(target: LoadedModel) -> list[DoneEvent]:
+    """Plain (fills the prefix cache), prompt lookup and plain again (both from the cached prefix)."""
     engine = Engine(target, prefix_cache=PrefixCache(1 << 30), config=EngineConfig(prompt_topk=4))
+    prompt = _prompt(target)
     outs = []
     for drafters in ([], [PromptLookupDrafter()], []):
-        events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=n), drafters))
+        events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=N), drafters))
         done = events[-1]
         assert isinstance(done, DoneEvent)
         assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == done.text
         outs.append(done)
-    assert outs[0].token_ids == hf
-    assert outs[1].token_ids == hf
     assert outs[1].stats.prefix_cache_hit and outs[2].stats.prefix_cache_hit
     assert outs[1].stats.accepted > 0  # the answer copies station names from the document
-    assert "Cole Bridge" in outs[0].text
+    return outs
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="CPU kernels unavailable: no quantized runtime")
+def test_quantized_runtime_speculation_is_lossless(bundled_gguf_dir: Path) -> None:
+    torch.set_num_threads(2)
+    target = load_model("bundled", models_dir=bundled_gguf_dir.parent)
+    assert target.runtime.startswith("cpu-quantized:gguf:")
+    plain, speculative, cached = _three_runs(target)
+    assert speculative.token_ids == plain.token_ids == cached.token_ids
+    assert "Cole Bridge" in plain.text
+
+
+def test_torch_runtime_matches_hf_generate_and_speculation_is_lossless(bundled_target_dir: Path) -> None:
+    torch.set_num_threads(2)
+    target = load_model("bundled", models_dir=bundled_target_dir.parent, cpu_quant="none")
+    prompt = _prompt(target)
+    with torch.inference_mode():
+        hf = target.model.generate(  # type: ignore[operator]  # transformers types generate loosely
+            torch.tensor([prompt.ids]), max_new_tokens=N, do_sample=False, eos_token_id=list(target.eos_token_ids)
+        )[0, len(prompt.ids) :].tolist()
+    hf = [t for t in hf if t not in target.eos_token_ids]
+    plain, speculative, _ = _three_runs(target)
+    assert plain.token_ids == hf
+    assert speculative.token_ids == hf
+    assert "Cole Bridge" in plain.text

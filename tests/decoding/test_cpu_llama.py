@@ -1,0 +1,354 @@
+"""The quantized CPU runtime: block formats, quantized kernels against dequantize-then-matmul references,
+bit-for-bit batch invariance, the lean forward against transformers, GGUF reading and the engine on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from decoding import kernels
+from decoding.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
+from decoding.kv_cache import SlotCache
+from decoding.quant import QuantMatrix, WeightType, quantize, stack_rows
+from decoding.tree import ROOT, DraftTree, tree_layout
+from tests.decoding.conftest import make_tiny_llama, needs_kernels, quantized_tiny_llama
+
+lib = kernels.load()
+KINDS = [WeightType.Q8_0, WeightType.Q4_1]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- block formats --------------------------------------------------------------------------------------
+
+
+def test_q8_0_block_layout_on_literal_values() -> None:
+    w = torch.arange(-16, 16, dtype=torch.float32).reshape(1, 32) / 4  # max |w| = 4 -> d = 4 / 127
+    qm = quantize(w, WeightType.Q8_0)
+    raw = qm.data.numpy()[0]
+    assert qm.row_bytes == 34
+    assert float(raw[:2].view(np.float16)[0]) == pytest.approx(4 / 127, rel=1e-3)
+    assert raw[2:].view(np.int8)[0] == -127 and raw[2:].view(np.int8)[16] == 0  # -4 -> -127, 0 -> 0
+    assert (qm.dequantize() - w).abs().max() <= 4 / 127 / 2 + 1e-3
+
+
+def test_q4_1_block_layout_on_literal_values() -> None:
+    w = torch.tensor([float(t % 16) for t in range(32)]).reshape(1, 32)  # 0..15 twice: exact in Q4_1
+    qm = quantize(w, WeightType.Q4_1)
+    raw = qm.data.numpy()[0]
+    assert qm.row_bytes == 20
+    assert float(raw[0:2].view(np.float16)[0]) == 1.0 and float(raw[2:4].view(np.float16)[0]) == 0.0
+    assert raw[4] == 0x00 and raw[5] == 0x11 and raw[19] == 0xFF  # byte t: weight t low, weight t + 16 high
+    assert torch.equal(qm.dequantize(), w)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantize_error_is_within_half_a_step(kind: WeightType) -> None:
+    w = torch.randn(40, 96, generator=_gen(1))
+    qm = quantize(w, kind)
+    blocks = w.view(40, 3, 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127 if kind == WeightType.Q8_0 else (
+        (blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True)) / 15
+    )
+    err = (qm.dequantize().view(40, 3, 32) - blocks).abs()
+    # half a step, plus what storing d (and m) in fp16 moves the far end of the block by
+    assert bool((err <= 0.57 * step + 1e-3 * blocks.abs().amax(-1, keepdim=True)).all())
+
+
+def test_bad_shapes_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize(torch.randn(4, 40), WeightType.Q8_0)
+    with pytest.raises(ValueError, match="uint8"):
+        QuantMatrix(WeightType.Q4_1, torch.zeros(2, 21, dtype=torch.uint8), 32)
+    with pytest.raises(ValueError, match="one weight type"):
+        stack_rows([quantize(torch.randn(2, 32), WeightType.Q8_0), quantize(torch.randn(2, 32), WeightType.Q4_1)])
+
+
+def test_gguf_row_unpermutation_matches_llama_cpp_permutation() -> None:
+    """llama.cpp's converter permutes q / k rows (w.reshape(h, 2, d/2, ...).swapaxes(1, 2)); we invert it."""
+    rows, heads = 24, 3
+    w = np.arange(rows)
+    permuted = w.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
+    assert permuted[_unpermute_rows(rows, heads)].tolist() == w.tolist()
+
+
+# ---- quantized linear ------------------------------------------------------------------------------------
+
+
+def _fake_quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' activation quantization (per row, per 32-block, q = round(x * (127 / amax))), dequantized."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(x.shape)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 96), (3, 576, 37), (4, 32, 5), (5, 128, 130), (17, 96, 64)])
+def test_qlinear_matches_dequantize_then_matmul(kind: WeightType, m: int, k: int, n: int) -> None:
+    g = _gen(m * 100 + n)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    bias, res = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    qm = quantize(w, kind)
+    assert lib is not None
+    want = (_fake_quantized_activations(x).double() @ qm.dequantize().double().T + bias.double() + res.double())
+    got = kernels.qlinear(lib, x, qm, bias, res)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    plain = kernels.qlinear(lib, x, qm)
+    torch.testing.assert_close(plain.double(), _fake_quantized_activations(x).double() @ qm.dequantize().double().T,
+                               rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_qlinear_rows_are_batch_invariant(kind: WeightType, nthreads: int, threads: None) -> None:
+    g = _gen(7)
+    x = torch.randn(19, 160, generator=g)
+    qm = quantize(torch.randn(67, 160, generator=g), kind)
+    assert lib is not None
+    torch.set_num_threads(nthreads)
+    whole = kernels.qlinear(lib, x, qm)
+    for i in range(19):
+        assert torch.equal(kernels.qlinear(lib, x[i : i + 1], qm), whole[i : i + 1])
+    perm = torch.randperm(19, generator=g)
+    assert torch.equal(kernels.qlinear(lib, x[perm], qm), whole[perm])
+    torch.set_num_threads(3 - nthreads)
+    assert torch.equal(kernels.qlinear(lib, x, qm), whole)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequant_rows_equals_reference(kind: WeightType) -> None:
+    qm = quantize(torch.randn(50, 64, generator=_gen(2)), kind)
+    rows = torch.tensor([49, 0, 7, 7])
+    assert lib is not None
+    assert torch.equal(kernels.dequant_rows(lib, qm, rows), qm.dequantize()[rows])
+
+
+# ---- the lean forward ------------------------------------------------------------------------------------
+
+
+def _reference_model(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, CpuLlama]:
+    """transformers' Llama on the dequantized weights, with every linear layer's input quantized as the
+    kernels quantize it: what CpuLlama computes, up to fp32 summation order."""
+    hf = make_tiny_llama(seed, cpu_kernels=False, layers=3)
+    weights = weights_from_hf(hf, kind)
+    ours = CpuLlama(weights, torch.float32)
+    inner = hf.model
+    with torch.no_grad():
+        inner.embed_tokens.weight.copy_(weights.embed.dequantize())
+        hf.lm_head.weight.copy_(weights.head.dequantize())
+        for layer, lw in zip(inner.layers, weights.layers, strict=True):
+            at, mlp = layer.self_attn, layer.mlp
+            qkv = lw.qkv.dequantize()
+            q, k = at.q_proj.out_features, at.k_proj.out_features
+            at.q_proj.weight.copy_(qkv[:q])
+            at.k_proj.weight.copy_(qkv[q : q + k])
+            at.v_proj.weight.copy_(qkv[q + k :])
+            at.o_proj.weight.copy_(lw.o.dequantize())
+            gu = lw.gate_up.dequantize()
+            mlp.gate_proj.weight.copy_(gu[: mlp.gate_proj.out_features])
+            mlp.up_proj.weight.copy_(gu[mlp.gate_proj.out_features :])
+            mlp.down_proj.weight.copy_(lw.down.dequantize())
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(lambda _m, args: (_fake_quantized_activations(args[0]),))
+    return hf, ours
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_matches_transformers_on_the_same_quantized_weights(kind: WeightType) -> None:
+    hf, ours = _reference_model(kind)
+    ids = torch.randint(0, 97, (1, 150), generator=_gen(4))  # > CHUNK_ROWS: a chunked causal forward
+    with torch.inference_mode():
+        want = hf(ids).logits[0]
+        got = ours(ids).logits[0]
+    assert got.shape == want.shape
+    # not bit-equal: a different fp32 summation order moves a few activations across a rounding boundary of
+    # their int8 quantization, which then propagates; everything else agrees to float rounding
+    diff, scale = (got - want).abs(), want.std()
+    assert diff.mean() < 2e-3 * scale and diff.max() < 5e-2 * scale
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.97
+
+
+def _tree_mask(layout_mask: torch.Tensor, past: int) -> torch.Tensor:
+    n = layout_mask.shape[0]
+    mask = torch.zeros(n, past + n)
+    mask[:, past:].masked_fill_(~layout_mask, torch.finfo(torch.float32).min)
+    return mask.view(1, 1, n, past + n)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype, nthreads: int, threads: None) -> None:
+    """A random draft tree verified in one forward gives every node the logits it gets decoded alone."""
+    torch.set_num_threads(nthreads)
+    model = quantized_tiny_llama(5, kv_dtype=kv_dtype)
+    g = _gen(6)
+    prompt = torch.randint(0, 97, (1, 40), generator=g)
+    tree = DraftTree()
+    for i in range(12):
+        tree.add(ROOT if i < 2 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
+    with torch.inference_mode():
+        cache = SlotCache(model.num_layers, 64)
+        model(prompt, past_key_values=cache)
+        base = cache.length
+        layout = tree_layout(11, tree, base, torch.device("cpu"))
+        tree_logits = model(
+            layout.input_ids, layout.position_ids, _tree_mask(layout.ancestor_mask, base), past_key_values=cache
+        ).logits[0]
+        for node in range(-1, len(tree)):
+            path = [node]
+            while path[-1] != ROOT:
+                path.append(tree.parents[path[-1]])
+            chain = [11] + [tree.tokens[i] for i in reversed(path[:-1])]
+            cache.truncate(base)
+            for tok in chain:  # decoded one token at a time
+                alone = model(torch.tensor([[tok]]), past_key_values=cache).logits[0, -1]
+            assert torch.equal(alone, tree_logits[node + 1]), f"node {node}"
+        torch.set_num_threads(3 - nthreads)
+        cache.truncate(base)
+        again = model(layout.input_ids, layout.position_ids, _tree_mask(layout.ancestor_mask, base),
+                      past_key_values=cache).logits[0]
+        assert torch.equal(again, tree_logits)
+
+
+@needs_kernels
+def test_prefix_chunking_does_not_change_anything() -> None:
+    """Prefill in one call, in pieces, or row by row: the same KV bits and the same last logits."""
+    model = quantized_tiny_llama(8)
+    ids = torch.randint(0, 97, (1, 300), generator=_gen(9))
+    results = []
+    with torch.inference_mode():
+        for pieces in ([300], [77, 150, 73], [1] * 20 + [280]):
+            cache = SlotCache(model.num_layers, 300)
+            start = 0
+            for size in pieces:
+                logits = model(ids[:, start : start + size], past_key_values=cache).logits[0, -1]
+                start += size
+            results.append((logits, cache.slot_layers[1].keys.clone()))
+    for logits, keys in results[1:]:
+        assert torch.equal(logits, results[0][0]) and torch.equal(keys, results[0][1])
+
+
+@needs_kernels
+def test_cache_of_another_dtype_and_bad_masks_are_refused() -> None:
+    model = quantized_tiny_llama(0)  # fp16 KV
+    cache = SlotCache(model.num_layers, 8)
+    cache.slot_layers[0].reserve(2, 16, torch.float32, 4)
+    with pytest.raises(ValueError, match="float32"), torch.inference_mode():
+        model(torch.tensor([[1, 2]]), past_key_values=cache)
+    hidden = torch.zeros(1, 1, 2, 4)
+    hidden[..., 0] = torch.finfo(torch.float32).min  # a masked prefix row: not a tree over a visible prefix
+    cache = SlotCache(model.num_layers, 8)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]), past_key_values=cache)
+        with pytest.raises(ValueError, match="tree mask"):
+            model(torch.tensor([[3, 4]]), attention_mask=hidden, past_key_values=cache)
+
+
+# ---- GGUF files ----------------------------------------------------------------------------------------
+
+
+def _write_gguf(path: Path, hf: torch.nn.Module) -> None:
+    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors."""
+    import gguf
+
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_eos_token_id(2)
+
+    def permute(t: torch.Tensor, heads: int) -> np.ndarray:
+        a = t.detach().numpy()
+        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    def put(name: str, a: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, a)
+        elif kind == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+
+    q8, q41, f32 = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.F32)
+    put("token_embd.weight", hf.model.embed_tokens.weight.detach().numpy(), q8)
+    for i, layer in enumerate(hf.model.layers):
+        at, mlp = layer.self_attn, layer.mlp
+        put(f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight.detach().numpy(), f32)
+        put(f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight.detach().numpy(), f32)
+        put(f"blk.{i}.attn_q.weight", permute(at.q_proj.weight, c.num_attention_heads), q41)
+        put(f"blk.{i}.attn_k.weight", permute(at.k_proj.weight, c.num_key_value_heads), q41)
+        put(f"blk.{i}.attn_v.weight", at.v_proj.weight.detach().numpy(), q41)
+        put(f"blk.{i}.attn_output.weight", at.o_proj.weight.detach().numpy(), q41)
+        put(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight.detach().numpy(), q41)
+        put(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight.detach().numpy(), gguf.GGMLQuantizationType.F16)
+        put(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight.detach().numpy(), q41)
+    put("output_norm.weight", hf.model.norm.weight.detach().numpy(), f32)
+    put("output.weight", hf.lm_head.weight.detach().numpy(), q8)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@needs_kernels
+def test_gguf_weights_are_read_as_stored_and_unpermuted(tmp_path: Path) -> None:
+    hf = make_tiny_llama(2, cpu_kernels=False)
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path, hf)
+    weights = weights_from_gguf(path)
+    assert weights.source == "gguf:F16+F32+Q4_1+Q8_0" or weights.source.startswith("gguf:")
+    c = weights.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_key_value_heads, c.vocab_size) == (2, 64, 2, 97)
+    assert not c.tie_word_embeddings
+    layer, lw = hf.model.layers[1], weights.layers[1]
+    assert lw.qkv.kind == WeightType.Q4_1 and lw.gate_up.kind == WeightType.Q8_0  # F16 up -> requantized
+    qkv = torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
+    step = (qkv.detach().view(-1, 2, 32).amax(-1) - qkv.detach().view(-1, 2, 32).amin(-1)).max() / 15
+    assert (lw.qkv.dequantize() - qkv).abs().max() <= step  # right rows in the right order
+    model = CpuLlama(weights, torch.float32)
+    ids = torch.randint(0, 97, (1, 20), generator=_gen(1))
+    with torch.inference_mode():
+        got = model(ids).logits[0, -1]
+        want = hf(ids).logits[0, -1]
+    assert int(got.argmax()) == int(want.argmax())
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.99
+
+
+def test_unsupported_architectures_say_why() -> None:
+    from transformers import LlamaConfig
+
+    from decoding.cpu_llama import check_supported
+    from decoding.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="SiLU"):
+        check_supported(LlamaConfig(hidden_act="gelu"))
+    with pytest.raises(ModelLoadError, match="shapes"):
+        check_supported(LlamaConfig(hidden_size=100, num_attention_heads=4, intermediate_size=64))
