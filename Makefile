@@ -35,12 +35,18 @@ unit: models
 
 test: models lint unit
 
-bench: models
-	$(PY) -m bench.retrieval --json bench/results/retrieval.json
-	$(PY) -m bench.decode --json bench/results/decode.json
+BENCH_STAMP := $(VENV)/.ragspec-bench-installed
 
-bench-quick: models
-	$(PY) -m bench.decode --quick --json bench/results/decode-quick.json
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench: models $(BENCH_STAMP)
+	$(PY) -m bench.retrieval --json bench/results/retrieval.json
+	$(PY) -m bench.decode --threads 2 --repeats 2 --max-new-tokens 64 --json bench/results/decode.json
+
+bench-quick: models $(BENCH_STAMP)
+	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -48,6 +48,17 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def rss_mb() -> float:
+    """This process's resident memory (MB), from /proc (0.0 where there is none)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 

@@ -1,6 +1,7 @@
-"""Decoding benchmark: long-document QA prompts (2K-8K tokens) on the target, greedy, methods side by side.
+"""Decoding benchmark: long-document QA prompts on the target, greedy, methods side by side, per context length.
 
     python -m bench.decode [--quick] [--json PATH] [--methods NAME ...] [--repeats N] [--threads N]
+                           [--contexts 3500 7500] [--kv-dtype auto|float16|float32] [--cpu-quant ...]
 
 Every method runs on the same prompts in one process with the same threads, interleaved per prompt
 (rep -> prompt -> method), after one warm-up run each. Figures, as the papers report them:
@@ -13,27 +14,38 @@ Every method runs on the same prompts in one process with the same threads, inte
 - ttft_repeat_ratio: TTFT of a first question over TTFT of the same question asked again on the same
   ~7K-token document, where the engine reuses the cached document prefix KV.
 
-Methods: ``autoregressive`` (our engine, no drafter), ``hf_generate`` (HF greedy), ``hf_prompt_lookup``
-(HF generate with prompt_lookup_num_tokens=10), and one entry per drafter set in ``DRAFTERS`` — adding a
-speculative method is one line there.
+Methods: ``autoregressive`` (our engine, no drafter), one entry per drafter set in ``DRAFTERS`` (adding a
+speculative method is one line there), and references whose output is not expected to equal ours (their
+agreement is reported, they are left out of ``all_lossless``): ``llama_cpp`` (llama.cpp's greedy decoding of
+the same GGUF file, same prompt token ids, same thread count; ``pip install -e .[bench]``) and
+``autoregressive_kv_fp32`` / ``_kv_fp16`` (our decoding with the other KV cache precision, same weights).
+On the torch runtime (``--cpu-quant none``) ``hf_generate`` and ``hf_prompt_lookup`` (HF generate, with
+prompt_lookup_num_tokens=10) are available too.
+
+Per context length (``--contexts``: documents cut to that many tokens; only documents that long take part)
+the JSON also reports cold prefill throughput (ours and llama.cpp's), the verify-cost curve (a forward over
+2 / 4 / 8 / 16 draft nodes relative to a plain step; llama.cpp evaluating as many tokens at once), and the
+resident memory of each served model.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from bench.common import REPO, DocQA, load_target, machine_info, median, qa_documents, write_json
+from bench.common import REPO, DocQA, load_target, machine_info, median, qa_documents, rss_mb, write_json
 from decoding.drafter import Drafter
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
@@ -51,11 +63,16 @@ from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
 from decoding.prompt import build_prompt
 
+if TYPE_CHECKING:
+    from decoding.cpu_llama import CpuLlama
+
 logger = logging.getLogger("bench.decode")
 
 SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
-QUICK_DOCS = ("apache-2.0",)  # ~2.2K tokens with the SmolLM2 tokenizer; two questions (a second session)
+QUICK_DOCS = {3500: ("mpl-2.0",), 7500: ("gpl-3.0",)}  # one document per context length in --quick
 TTFT_DOC = "gpl-3.0"  # ~7.6K tokens
+VERIFY_NODES = (0, 2, 4, 8, 16)  # draft nodes per verify forward in the cost curve (0: a plain step)
+REFERENCES = ("llama_cpp", "autoregressive_kv_fp32", "autoregressive_kv_fp16")  # not expected to equal ours
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,7 @@ class Case:
     document: str
     question: str
     prompt: Prompt
+    context: int = 0  # the context length class the document was cut to
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,8 @@ class Bench:
     engine: Engine
     max_new_tokens: int
     cases: Sequence[Case] = ()
+    llama: Any = None  # a llama_cpp.Llama on the same GGUF, when the bench extra is installed
+    other_kv: Engine | None = None  # our engine on the same weights with the other KV cache precision
 
 
 # Our speculative methods: name -> drafters for one case (fresh per run). One line per method.
@@ -227,18 +247,60 @@ def run_hf(bench: Bench, case: Case, **generate_kwargs: Any) -> Run:
     )
 
 
+def run_llama_cpp(bench: Bench, case: Case) -> Run:
+    """llama.cpp's own greedy decoding of the same prompt ids (it reuses its KV of a shared prompt prefix)."""
+    llm = bench.llama
+    if llm is None:
+        raise RuntimeError("llama_cpp needs llama-cpp-python (pip install -e .[bench]) and a GGUF target")
+    eos = set(bench.target.eos_token_ids)
+    tokens: list[int] = []
+    t0 = time.perf_counter()
+    first = end = t0
+    for tok in llm.generate(list(case.prompt.ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+        end = time.perf_counter()
+        if not tokens:
+            first = end
+        if tok in eos:
+            break
+        tokens.append(int(tok))
+        if len(tokens) >= bench.max_new_tokens:
+            break
+    return Run(
+        tokens=tokens,
+        ttft_s=first - t0,
+        decode_s=end - first,
+        total_s=end - t0,
+        decode_tokens=max(0, len(tokens) - 1),
+        forwards=max(0, len(tokens) - 1),
+        acceptance_length=1.0,
+    )
+
+
+def run_other_kv(bench: Bench, case: Case) -> Run:
+    assert bench.other_kv is not None
+    return run_engine(Bench(bench.target, bench.other_kv, bench.max_new_tokens), case, [])
+
+
 Method = Callable[[Bench, Case], Run]
 
 
-def all_methods() -> dict[str, Method]:
-    methods: dict[str, Method] = {
-        "autoregressive": lambda bench, case: run_engine(bench, case, []),
-        "hf_generate": lambda bench, case: run_hf(bench, case),
-        "hf_prompt_lookup": lambda bench, case: run_hf(bench, case, prompt_lookup_num_tokens=10),
-    }
+def all_methods(target: LoadedModel) -> dict[str, Method]:
+    methods: dict[str, Method] = {"autoregressive": lambda bench, case: run_engine(bench, case, [])}
+    if target.runtime.startswith("torch"):
+        methods["hf_generate"] = lambda bench, case: run_hf(bench, case)
+        methods["hf_prompt_lookup"] = lambda bench, case: run_hf(bench, case, prompt_lookup_num_tokens=10)
     for name, make in DRAFTERS.items():
         methods[name] = lambda bench, case, make=make: run_engine(bench, case, make(bench, case))  # type: ignore[misc]
+    methods["llama_cpp"] = run_llama_cpp
+    if target.runtime.startswith("cpu-quantized"):
+        other = "fp32" if target.runtime.endswith("float16") else "fp16"
+        methods[f"autoregressive_kv_{other}"] = run_other_kv
     return methods
+
+
+def default_methods(methods: dict[str, Method], has_llama: bool) -> list[str]:
+    """Everything but the other-KV reference (a separate question: ``--methods autoregressive_kv_...``)."""
+    return [m for m in methods if not m.startswith("autoregressive_kv") and (has_llama or m != "llama_cpp")]
 
 
 # ---- prompts ----------------------------------------------------------------------------------------
@@ -250,20 +312,25 @@ def make_cases(
     questions_per_doc: int,
     max_new: int,
     max_doc_tokens: int | None = None,
+    min_doc_tokens: int = 0,
 ) -> list[Case]:
-    """One case per (document, question); documents longer than the window (or the cap) are cut."""
+    """One case per (document, question); documents longer than the window (or the cap) are cut, documents
+    shorter than ``min_doc_tokens`` left out."""
     tok = target.tokenizer
     room = min(target.max_context - max_new - 256, max_doc_tokens or target.max_context)
     cases = []
     for doc in docs:
         text = doc.text
         ids = tok(text, add_special_tokens=False).input_ids
+        if len(ids) < min_doc_tokens:
+            continue
         if len(ids) > room:
             text = tok.decode(ids[:room])
             text = text[: text.rfind("\n\n")] if "\n\n" in text else text
+        tag = f"@{max_doc_tokens}" if max_doc_tokens else ""
         for i, question in enumerate(doc.questions[:questions_per_doc]):
-            prompt = build_prompt(tok, system=SYSTEM, document=text, question=question, prefix_key=doc.name)
-            cases.append(Case(f"{doc.name}/q{i + 1}", text, question, prompt))
+            prompt = build_prompt(tok, system=SYSTEM, document=text, question=question, prefix_key=doc.name + tag)
+            cases.append(Case(f"{doc.name}/q{i + 1}{tag}", text, question, prompt, max_doc_tokens or 0))
     return cases
 
 
@@ -324,6 +391,7 @@ def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str
         out[name] = {
             "lossless": all(m is None for m in mismatches),
             "first_mismatch": next((m for m in mismatches if m is not None), None),
+            "reference": name in REFERENCES,  # not expected to equal our output (other numerics)
             "new_tokens": len(reps[0].tokens),
             "decode_tokens_per_s": round(tps, 3),
             "speedup_vs_ar": round(tps / ar_tps, 4) if ar_tps else 0.0,
@@ -370,26 +438,169 @@ def measure_ttft_repeat(
     }
 
 
+def gguf_of(spec: str, data_dir: Path) -> Path | None:
+    """The GGUF file a target spec is served from (what llama.cpp gets), if any."""
+    from decoding.bundled import GGUF_LINK, bundled_gguf_dir
+
+    if spec == "bundled":
+        return bundled_gguf_dir(data_dir / "models") / GGUF_LINK
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    found = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+def open_llama(gguf: Path | None, threads: int) -> tuple[Any, float]:
+    """llama.cpp on ``gguf`` (full window, this many threads) and the resident MB it added; None if unavailable."""
+    if gguf is None:
+        return None, 0.0
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        logger.warning("llama-cpp-python not installed (pip install -e .[bench]): no llama_cpp method")
+        return None, 0.0
+    before = rss_mb()
+    llm = Llama(model_path=str(gguf), n_ctx=8192, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                verbose=False)
+    return llm, rss_mb() - before
+
+
+def measure_prefill(bench: Bench, case: Case, repeats: int) -> dict[str, Any]:
+    """Cold prefill throughput of the case's whole prompt: ours (no cached prefix) and llama.cpp's."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    n = len(case.prompt.ids)
+    for _ in range(repeats):
+        engine = Engine(bench.target, None, config=ENGINE_CONFIG)
+        done = next(e for e in engine.generate(case.prompt, GenerationConfig(max_new_tokens=1))
+                    if isinstance(e, DoneEvent))
+        ours.append(n / done.stats.prefill_s)
+        if bench.llama is not None:
+            bench.llama.reset()
+            t = time.perf_counter()
+            bench.llama.eval(list(case.prompt.ids))
+            theirs.append(n / (time.perf_counter() - t))
+            bench.llama.reset()
+    out: dict[str, Any] = {"prompt_tokens": n, "ours_tokens_per_s": round(median(ours), 1)}
+    if theirs:
+        out["llama_cpp_tokens_per_s"] = round(median(theirs), 1)
+        out["ours_vs_llama_cpp"] = round(median(ours) / median(theirs), 3)
+    return out
+
+
+def verify_curve(bench: Bench, context: int, repeats: int) -> dict[str, Any]:
+    """A forward over 2 / 4 / 8 / 16 draft nodes (3 / 5 / 9 / 17 rows) relative to a plain step, ours and
+    llama.cpp's (evaluating as many tokens at once) on a ``context``-token cache."""
+    base, costs = bench.engine.verify_costs(context, VERIFY_NODES, repeats)
+    step = costs[0]
+    out: dict[str, Any] = {
+        "context_tokens": base,
+        "step_ms": round(1000 * step, 2),
+        "ours_vs_step": {str(k): round(v / step, 3) for k, v in costs.items() if k},
+    }
+    llm = bench.llama
+    if llm is not None:
+        gen = torch.Generator().manual_seed(context)
+        vocab = bench.target.vocab_size
+        llm.reset()
+        llm.eval(torch.randint(0, vocab, (base,), generator=gen).tolist())
+        times: dict[int, list[float]] = {k: [] for k in VERIFY_NODES}
+        for _ in range(repeats):
+            for nodes in VERIFY_NODES:
+                llm.n_tokens = base  # eval drops the KV beyond n_tokens first
+                batch = torch.randint(0, vocab, (nodes + 1,), generator=gen).tolist()
+                t = time.perf_counter()
+                llm.eval(batch)
+                times[nodes].append(time.perf_counter() - t)
+        llm.reset()
+        theirs = {k: median(v) for k, v in times.items()}
+        out["llama_cpp_step_ms"] = round(1000 * theirs[0], 2)
+        out["llama_cpp_vs_step"] = {str(k): round(v / theirs[0], 3) for k, v in theirs.items() if k}
+        out["ours_step_vs_llama_cpp_step"] = round(step / theirs[0], 3)
+    return out
+
+
+def summarize(results: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Medians over prompts per method, and the two comparisons the CPU runtime is judged by."""
+    methods = {}
+    for name in names:
+        rows = [r["methods"][name] for r in results]
+        methods[name] = {
+            "tokens_per_second_median": round(median([row["decode_tokens_per_s"] for row in rows]), 3),
+            "speedup_vs_ar_median": round(median([row["speedup_vs_ar"] for row in rows]), 4),
+            "speedup_vs_ar_min": round(min(row["speedup_vs_ar"] for row in rows), 4),
+            "acceptance_length_median": round(median([row["acceptance_length"] for row in rows]), 4),
+            "ttft_s_median": round(median([row["ttft_s"] for row in rows]), 4),
+        }
+        if name in REFERENCES:
+            methods[name]["agreement_with_ar_median"] = round(median([
+                (row["first_mismatch"] if row["first_mismatch"] is not None else row["new_tokens"])
+                / max(1, row["new_tokens"]) for row in rows]), 4)
+    out: dict[str, Any] = {
+        "prompts": len(results),
+        "all_lossless": all(
+            row["lossless"] for r in results for name, row in r["methods"].items() if name not in REFERENCES
+        ),
+        "methods": methods,
+    }
+    if "llama_cpp" in names:
+        llama = [r["methods"]["llama_cpp"]["decode_tokens_per_s"] for r in results]
+        ours = [n for n in names if n not in REFERENCES and not n.startswith("hf_")]
+
+        def vs_llama(name: str) -> float:
+            tps = [r["methods"][name]["decode_tokens_per_s"] for r in results]
+            return round(median([a / b for a, b in zip(tps, llama, strict=True) if b > 0]), 4)
+
+        ratios = {name: vs_llama(name) for name in ours}
+        out["vs_llama_cpp"] = {
+            "autoregressive": ratios["autoregressive"],
+            "best_speculative": max((v for k, v in ratios.items() if k != "autoregressive"), default=0.0),
+            "best_speculative_method": max((k for k in ratios if k != "autoregressive"), key=ratios.__getitem__,
+                                           default=""),
+            "by_method": ratios,
+        }
+    return out
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.model, Path(args.data_dir))
-    methods = all_methods()
-    names = ["autoregressive", *[m for m in (args.methods or methods) if m != "autoregressive"]]
+    threads = torch.get_num_threads()
+    before = rss_mb()
+    target = load_target(args.model, Path(args.data_dir), cpu_quant=args.cpu_quant, kv_dtype=args.kv_dtype)
+    target_rss = rss_mb() - before
+    methods = all_methods(target)
+    llm, llama_rss = (None, 0.0)
+    if args.methods is None or "llama_cpp" in args.methods:
+        llm, llama_rss = open_llama(gguf_of(args.model, Path(args.data_dir)), threads)
+    names = ["autoregressive", *[m for m in (args.methods or default_methods(methods, llm is not None))
+                                 if m != "autoregressive"]]
     unknown = [m for m in names if m not in methods]
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {sorted(methods)}")
 
-    docs = qa_documents(QUICK_DOCS if args.quick else None)
-    cases = make_cases(target, docs, 2, args.max_new_tokens, args.max_doc_tokens)
+    cases: list[Case] = []
+    for context in args.contexts:
+        docs = qa_documents(QUICK_DOCS.get(context, QUICK_DOCS[3500]) if args.quick else None)
+        min_tokens = int(0.9 * context) if context > 4000 else 0  # the long class: documents that fill it
+        cases += make_cases(target, docs, 1 if args.quick else 2, args.max_new_tokens, context, min_tokens)
     # Our methods share the document prefix KV (as in the service); speedups compare decode throughput.
     engine = Engine(target, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
     engine.calibrate()
-    bench = Bench(target, engine, args.max_new_tokens, cases)
+    other_kv = None
+    if any(n.startswith("autoregressive_kv") for n in names):
+        from decoding.cpu_llama import CpuLlama
 
-    warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in docs[:1]], 1, 8)[0]
+        model: CpuLlama = target.model
+        kv = torch.float32 if model.kv_dtype == torch.float16 else torch.float16
+        twin = dataclasses.replace(target, model=CpuLlama(model.weights, kv))
+        other_kv = Engine(twin, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
+    bench = Bench(target, engine, args.max_new_tokens, cases, llm, other_kv)
+
+    warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in qa_documents()[:1]], 1, 8)[0]
     for name in names:
-        methods[name](Bench(target, engine, 8), warmup)
+        methods[name](dataclasses.replace(bench, max_new_tokens=8), warmup)
 
     runs: dict[str, dict[str, list[Run]]] = {c.name: {m: [] for m in names} for c in cases}
     for rep in range(args.repeats):
@@ -398,7 +609,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 run = methods[name](bench, case)
                 runs[case.name][name].append(run)
                 logger.info(
-                    "rep %d %s %-18s %5.1f tok/s  ttft %.2fs  accept %.2f  %d tokens",
+                    "rep %d %s %-22s %5.1f tok/s  ttft %.2fs  accept %.2f  %d tokens",
                     rep + 1,
                     case.name,
                     name,
@@ -414,6 +625,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         results.append(
             {
                 "name": case.name,
+                "context": case.context,
                 "question": case.question,
                 "prompt_tokens": len(case.prompt.ids),
                 "answer": target.tokenizer.decode(reference),
@@ -421,59 +633,64 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
 
+    contexts: dict[str, Any] = {}
+    for context in args.contexts:
+        subset = [r for r in results if r["context"] == context]
+        if not subset:
+            continue
+        longest = max((c for c in cases if c.context == context), key=lambda c: len(c.prompt.ids))
+        contexts[str(context)] = {
+            **summarize(subset, names),
+            "prefill": measure_prefill(bench, longest, 1 if args.quick else 2),
+            "verify_cost": verify_curve(bench, len(longest.prompt.ids), 3 if args.quick else 5),
+        }
+        logger.info("context %d: %s", context, contexts[str(context)].get("vs_llama_cpp"))
+
     [ttft_doc] = qa_documents([TTFT_DOC])
     ttft = measure_ttft_repeat(target, ttft_doc, 1 if args.quick else 2, None)  # always the whole ~7K-token document
 
-    per_method: dict[str, dict[str, float]] = {}
-    for name in names:
-        rows = [r["methods"][name] for r in results]
-        per_method[name] = {
-            key: round(median([row[key] for row in rows]), 4)
-            for key in (
-                "speedup_vs_ar",
-                "e2e_speedup_vs_ar",
-                "decode_tokens_per_s",
-                "ttft_s",
-                "acceptance_length",
-            )
-        }
+    overall = summarize(results, names)
     summary = {
-        "all_lossless": all(row["lossless"] for r in results for row in r["methods"].values()),
+        "all_lossless": overall["all_lossless"],
         "ttft_repeat_ratio": ttft["ratio"],
-        "methods": {
-            name: {
-                "speedup_vs_ar_median": round(
-                    median([r["methods"][name]["speedup_vs_ar"] for r in results]), 4
-                ),
-                "speedup_vs_ar_min": round(min(r["methods"][name]["speedup_vs_ar"] for r in results), 4),
-                "acceptance_length_median": round(
-                    median([r["methods"][name]["acceptance_length"] for r in results]), 4
-                ),
-            }
-            for name in names
-            if name != "autoregressive"
+        "methods": {k: v for k, v in overall["methods"].items() if k != "autoregressive"},
+        "contexts": {
+            c: {k: v for k, v in row.items() if k in ("prompts", "all_lossless", "vs_llama_cpp")}
+            | {"ar_tokens_per_second_median": row["methods"]["autoregressive"]["tokens_per_second_median"],
+               "verify_8_nodes_vs_step": row["verify_cost"]["ours_vs_step"].get("8"),
+               "prefill_ours_vs_llama_cpp": row["prefill"].get("ours_vs_llama_cpp")}
+            for c, row in contexts.items()
         },
     }
+    per_method = {name: overall["methods"][name] for name in names}
     sources = {name: source_shares(results, name) for name in names if name in DRAFTERS}
     return {
         "benchmark": "decode",
         "config": {
             "model": target.name,
+            "runtime": target.runtime,
             "device": str(target.device),
             "dtype": str(target.dtype).removeprefix("torch."),
             "quick": args.quick,
             "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens,
-            "max_doc_tokens": args.max_doc_tokens,
+            "contexts": args.contexts,
             "methods": names,
             "greedy": True,
             "system": SYSTEM,
+            "threads": threads,
             "verify_cost_s": {str(k): round(v, 5) for k, v in sorted(engine.policy.cost_s.items())},
             "verify_cost_context": engine.policy.cost_context,
             "verify_cost_slope_s_per_1k_tokens": {
                 str(k): round(1000 * v, 5) for k, v in sorted(engine.policy.cost_slope.items())
             },
-            "cpu_kernels": kernels_active(target.model),
+            "cpu_kernels": target.runtime.startswith("cpu-quantized") or kernels_active(target.model),
+            "llama_cpp": _llama_version() if llm is not None else None,
+        },
+        "memory": {
+            "served_weights_mb": round(target.weight_bytes / 1e6, 1),
+            "target_rss_mb": round(target_rss, 1),
+            "llama_cpp_rss_mb": round(llama_rss, 1) if llm is not None else None,
         },
         "noise": noise(runs),
         "sources": sources,
@@ -482,15 +699,23 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         },
         "machine": machine_info(),
         "cases": results,
+        "contexts": contexts,
         "ttft_repeat": ttft,
         "per_method": per_method,
         "summary": summary,
     }
 
 
+def _llama_version() -> str:
+    import llama_cpp
+
+    return str(getattr(llama_cpp, "__version__", "?"))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 prompts, 1 repetition, 48 new tokens (minutes)")
+    p.add_argument("--quick", action="store_true",
+                   help="1 prompt per context length, 1 repetition, 48 new tokens (minutes)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument(
         "--methods", nargs="+", default=None, help="subset of methods (autoregressive always runs)"
@@ -498,11 +723,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="repetitions per prompt (default 3; quick 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128; quick 48")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument(
-        "--max-doc-tokens", type=int, default=None, help="cut documents to this many tokens (smoke runs)"
-    )
-    p.add_argument("--model", default="bundled", help="target: 'bundled', a local HF dir or hub id")
-    p.add_argument("--data-dir", default=str(REPO / "data"), help="where the bundled model is converted")
+    p.add_argument("--contexts", type=int, nargs="+", default=[3500, 7500],
+                   help="context length classes: documents cut to this many tokens (default 3500 7500)")
+    p.add_argument("--model", default="bundled", help="target: 'bundled', a GGUF file, a local HF dir or hub id")
+    p.add_argument("--data-dir", default=str(REPO / "data"), help="where the bundled model lives")
+    p.add_argument("--cpu-quant", default="auto", help="CPU target weights: auto, q8_0, q4_1, none (torch fp32)")
+    p.add_argument("--kv-dtype", default="auto", help="KV cache of the quantized CPU runtime: auto, float16, float32")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 128)
@@ -522,9 +748,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for name, row in summary["methods"].items():
         sys.stdout.write(
-            f"{name:20s} speedup median {row['speedup_vs_ar_median']:.3f}  "
-            f"min {row['speedup_vs_ar_min']:.3f}  acceptance {row['acceptance_length_median']:.2f}\n"
+            f"{name:24s} {row['tokens_per_second_median']:6.1f} tok/s  speedup median "
+            f"{row['speedup_vs_ar_median']:.3f}  min {row['speedup_vs_ar_min']:.3f}  "
+            f"acceptance {row['acceptance_length_median']:.2f}\n"
         )
+    for context, row in summary["contexts"].items():
+        sys.stdout.write(f"context {context}: {json.dumps(row)}\n")
     return 0
 
 

