@@ -152,7 +152,7 @@ def _layer_struct(lw: LayerWeights) -> _Layer:
         _addr(lw.attn_norm), _addr(lw.ffn_norm),
         _addr(lw.qkv.data), _addr(lw.o.data), _addr(lw.gate_up.data), _addr(lw.down.data),
         int(lw.qkv.kind), int(lw.o.kind), int(lw.gate_up.kind), int(lw.down.kind),
-        lw.qkv.row_bytes, lw.o.row_bytes, lw.gate_up.row_bytes, lw.down.row_bytes, _addr(lw.qkv_bias),
+        lw.qkv.group_bytes, lw.o.group_bytes, lw.gate_up.group_bytes, lw.down.group_bytes, _addr(lw.qkv_bias),
     )  # fmt: skip
 
 
@@ -297,7 +297,7 @@ class CpuLlama:
         scratch = self._buffers().ensure(keep, 0, e, (h + 2 * g) * d, h * d, inter)
         self.lib.rs_head(
             _addr(x), n, keep, e, _addr(self.weights.norm), self.eps, _addr(head.data), int(head.kind),
-            head.row_bytes, self.vocab, _addr(logits), ctypes.byref(scratch), torch.get_num_threads(),
+            head.group_bytes, self.vocab, _addr(logits), ctypes.byref(scratch), torch.get_num_threads(),
         )  # fmt: skip
         return logits
 
@@ -353,8 +353,8 @@ def _gguf_matrix(tensor: Any, fallback: WeightType) -> QuantMatrix:
     cols = int(tensor.shape[0])  # ggml lists the row length first
     kind = _GGML_KINDS.get(tensor.tensor_type.name)
     if kind is not None:
-        data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(-1, tensor.data.shape[-1]))
-        return QuantMatrix(kind, data, cols)
+        return QuantMatrix.from_rows(kind, np.asarray(tensor.data, dtype=np.uint8).reshape(-1, tensor.data.shape[-1]),
+                                     cols)
     dense = quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1, cols)
     return quantize(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)), fallback)
 

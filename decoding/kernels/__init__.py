@@ -176,7 +176,7 @@ def qlinear(
     xq = torch.empty(m * k, dtype=torch.int8)
     scales = torch.empty(2, m * k // 32, dtype=torch.float32)
     lib.rs_qlinear(
-        _ptr(rows), m, k, _ptr(weight.data), int(weight.kind), weight.row_bytes, n, _ptr(bias), _ptr(res),
+        _ptr(rows), m, k, _ptr(weight.data), int(weight.kind), weight.group_bytes, n, _ptr(bias), _ptr(res),
         _ptr(y), _ptr(xq), _ptr(scales[0]), _ptr(scales[1]), torch.get_num_threads(),
     )  # fmt: skip
     return y.view(*x.shape[:-1], n)
@@ -187,7 +187,7 @@ def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> t
     idx = rows.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(idx.numel(), weight.cols, dtype=torch.float32)
     lib.rs_dequant_rows(
-        _ptr(weight.data), int(weight.kind), weight.row_bytes, weight.cols, _ptr(idx), idx.numel(), _ptr(out),
+        _ptr(weight.data), int(weight.kind), weight.group_bytes, weight.cols, _ptr(idx), idx.numel(), _ptr(out),
         torch.get_num_threads(),
     )  # fmt: skip
     return out

@@ -8,11 +8,15 @@
  * so a block's dot product is an exact integer sum (maddubs + madd), scaled once in fp32:
  *   Q8_0: d_w d_x sum(q_w q_x);   Q4_1: d_w d_x sum(q_w q_x) + m_w (d_x sum(q_x)).
  *
+ * The kernels read them repacked 8 rows interleaved (same bytes, see "Packed weights" below), so one
+ * integer instruction serves 8 output rows and the fp32 scale work happens once per 8 outputs.
+ *
  * Batch invariance, as for the fp32 kernels: an output element is computed by the same operations whatever
  * the number of rows, their order, the tile they land in or the thread: the activation row is quantized by
- * itself; integer block sums are exact; the fp32 accumulation runs over blocks in order in fixed lanes and
- * ends with one fixed horizontal sum. The weight block is unpacked once per tile and reused by every row of
- * the tile, so a verify over several rows costs far less than that many decode steps.
+ * itself; a block's integer sum is exact; each output's fp32 sum runs over the blocks in order
+ * (acc = fma(isum, d_w d_x, acc), plus m_w s_x for Q4_1) in its own lane. A group's weights are unpacked once
+ * per tile and reused by every activation row of it, so a verify over several rows costs far less than that
+ * many decode steps.
  *
  * Every kernel here is a "part": it contains orphaned `omp for` loops and runs inside a parallel region,
  * so the whole forward of a layer shares one region (rs_* entry points open one for a single call).
@@ -77,136 +81,124 @@ static void quantize_row(const float *x, int K, int8_t *q, float *d, float *s) {
 
 /* ---- quantized linear -------------------------------------------------------------------------------- */
 
-static inline __m256 block_dot(__m256i w_u8, __m256i x_s8) {
-    __m256i p = _mm256_maddubs_epi16(w_u8, x_s8); /* |16-bit pair sums| <= 2 * 255 * 127: no saturation */
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+/* Packed ("x8") weights: rows in groups of 8 (the last group padded with zero rows); per group and block of
+ * 32 weights one record, the GGUF bytes of the group's 8 blocks rearranged (no value changes):
+ *   Q4_1 (160 bytes): d[8] fp16, m[8] fp16, then 4 chunks of 32 bytes: chunk cc holds at bytes 4j..4j+3 row
+ *         j's GGUF bytes qs[4cc .. 4cc+4): low nibbles = weights 4cc+t, high nibbles = weights 16+4cc+t;
+ *   Q8_0 (272 bytes): d[8] fp16, then 8 chunks of 32 bytes: chunk c holds at bytes 4j..4j+3 row j's int8
+ *         weights 4c..4c+3.
+ * One maddubs of a chunk against 4 activations broadcast to every lane adds 4 products to each of the 8 rows'
+ * sums, so a block's 8 integer dot products end in 8 lanes and its scales apply to all 8 at once. */
+#define REC_Q41 160
+#define REC_Q80 272
+
+static inline __m256i bcast4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
 }
 
-static inline __m256i unpack_q4(const uint8_t *qs) {
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i low = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
-}
-
-/* One tile: MB activation rows x NB weight rows over all nb blocks; y = dot (+ bias) (+ residual). */
-#define Q41_TILE(MB, NB)                                                                                      \
-    static void q41_##MB##x##NB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w,  \
-                                long ldw, float *y, long ldy, const float *bias, const float *res, long ldr) { \
+/* For MB activation rows x one group of 8 weight rows: acc[i] lanes += (sum of block products) * d_w * d_x,
+   block by block in order; mins[i] lanes += m_w * s_x (Q4_1). Integer block sums are exact (Q4_1: |one
+   lane's int16 sum| <= 8 * 2 * 15 * 127 < 2^15; Q8_0: widened to int32 per chunk). */
+#define GROUP_KERNEL(MB)                                                                                      \
+    static void q41_group_##MB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w,   \
+                               __m256 *acc, __m256 *mins) {                                                   \
         const int nb = K / QK;                                                                                \
-        __m256 acc[MB][NB];                                                                                   \
-        float mins[MB][NB];                                                                                   \
-        for (int i = 0; i < MB; ++i)                                                                          \
-            for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps(), mins[i][j] = 0.0f;                  \
+        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                             \
         for (int b = 0; b < nb; ++b) {                                                                        \
-            __m256i wv[NB];                                                                                   \
-            float wd[NB], wm[NB];                                                                             \
-            for (int j = 0; j < NB; ++j) {                                                                    \
-                const uint8_t *blk = w + j * ldw + b * 20;                                                    \
-                wd[j] = h2f(*(const uint16_t *)blk);                                                          \
-                wm[j] = h2f(*(const uint16_t *)(blk + 2));                                                    \
-                wv[j] = unpack_q4(blk + 4);                                                                   \
-            }                                                                                                 \
-            for (int i = 0; i < MB; ++i) {                                                                    \
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (long)i * K + b * QK));          \
-                const float dx = xd[(long)i * nb + b], sx = xs[(long)i * nb + b];                             \
-                for (int j = 0; j < NB; ++j) {                                                                \
-                    acc[i][j] = _mm256_fmadd_ps(block_dot(wv[j], xv), _mm256_set1_ps(wd[j] * dx), acc[i][j]); \
-                    mins[i][j] += wm[j] * sx;                                                                 \
+            const uint8_t *rec = w + (long)b * REC_Q41;                                                       \
+            __m256i s16[MB];                                                                                  \
+            for (int i = 0; i < MB; ++i) s16[i] = _mm256_setzero_si256();                                     \
+            for (int cc = 0; cc < 4; ++cc) {                                                                  \
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * cc));                \
+                const __m256i lo = _mm256_and_si256(raw, low);                                                \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                          \
+                for (int i = 0; i < MB; ++i) {                                                                \
+                    const int8_t *xb = xq + (long)i * K + b * QK;                                             \
+                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * cc)));         \
+                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, bcast4(xb + 16 + 4 * cc)));    \
                 }                                                                                             \
             }                                                                                                 \
-        }                                                                                                     \
-        for (int i = 0; i < MB; ++i)                                                                          \
-            for (int j = 0; j < NB; ++j) {                                                                    \
-                float s = hsum8q(acc[i][j]) + mins[i][j];                                                     \
-                if (bias) s += bias[j];                                                                       \
-                if (res) s = res[i * ldr + j] + s;                                                            \
-                y[i * ldy + j] = s;                                                                           \
-            }                                                                                                 \
-    }
-
-#define Q80_TILE(MB, NB)                                                                                      \
-    static void q80_##MB##x##NB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w,  \
-                                long ldw, float *y, long ldy, const float *bias, const float *res, long ldr) { \
-        (void)xs;                                                                                             \
-        const int nb = K / QK;                                                                                \
-        __m256 acc[MB][NB];                                                                                   \
-        for (int i = 0; i < MB; ++i)                                                                          \
-            for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();                                     \
-        for (int b = 0; b < nb; ++b) {                                                                        \
-            __m256i wv[NB], wa[NB];                                                                           \
-            float wd[NB];                                                                                     \
-            for (int j = 0; j < NB; ++j) {                                                                    \
-                const uint8_t *blk = w + j * ldw + b * 34;                                                    \
-                wd[j] = h2f(*(const uint16_t *)blk);                                                          \
-                wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 2));                                       \
-                wa[j] = _mm256_sign_epi8(wv[j], wv[j]); /* |q_w| as u8 (-128 -> 128) */                       \
-            }                                                                                                 \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                        \
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));                  \
             for (int i = 0; i < MB; ++i) {                                                                    \
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (long)i * K + b * QK));          \
-                const float dx = xd[(long)i * nb + b];                                                        \
-                for (int j = 0; j < NB; ++j)                                                                  \
-                    acc[i][j] = _mm256_fmadd_ps(block_dot(wa[j], _mm256_sign_epi8(xv, wv[j])),                \
-                                                _mm256_set1_ps(wd[j] * dx), acc[i][j]);                       \
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));                      \
+                acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xd[(long)i * nb + b])), acc[i]); \
+                mins[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[(long)i * nb + b]), mins[i]);                 \
             }                                                                                                 \
         }                                                                                                     \
-        for (int i = 0; i < MB; ++i)                                                                          \
-            for (int j = 0; j < NB; ++j) {                                                                    \
-                float s = hsum8q(acc[i][j]);                                                                  \
-                if (bias) s += bias[j];                                                                       \
-                if (res) s = res[i * ldr + j] + s;                                                            \
-                y[i * ldy + j] = s;                                                                           \
+    }                                                                                                         \
+    static void q80_group_##MB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w,   \
+                               __m256 *acc, __m256 *mins) {                                                   \
+        (void)xs, (void)mins;                                                                                 \
+        const int nb = K / QK;                                                                                \
+        const __m256i ones = _mm256_set1_epi16(1);                                                            \
+        for (int b = 0; b < nb; ++b) {                                                                        \
+            const uint8_t *rec = w + (long)b * REC_Q80;                                                       \
+            __m256i s32[MB];                                                                                  \
+            for (int i = 0; i < MB; ++i) s32[i] = _mm256_setzero_si256();                                     \
+            for (int c = 0; c < 8; ++c) {                                                                     \
+                const __m256i wc = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * c));                  \
+                const __m256i aw = _mm256_sign_epi8(wc, wc); /* |q_w| as u8 (-128 -> 128) */                  \
+                for (int i = 0; i < MB; ++i) {                                                                \
+                    const __m256i xv = _mm256_sign_epi8(bcast4(xq + (long)i * K + b * QK + 4 * c), wc);       \
+                    s32[i] = _mm256_add_epi32(s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones)); \
+                }                                                                                             \
             }                                                                                                 \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                        \
+            for (int i = 0; i < MB; ++i)                                                                      \
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]),                                          \
+                                         _mm256_mul_ps(dw, _mm256_set1_ps(xd[(long)i * nb + b])), acc[i]);    \
+        }                                                                                                     \
     }
 
-Q41_TILE(1, 4)
-Q41_TILE(2, 4)
-Q41_TILE(3, 2)
-Q41_TILE(4, 2)
-Q41_TILE(1, 1)
-Q41_TILE(2, 1)
-Q41_TILE(3, 1)
-Q41_TILE(4, 1)
-Q80_TILE(1, 4)
-Q80_TILE(2, 2)
-Q80_TILE(3, 2)
-Q80_TILE(4, 2)
-Q80_TILE(1, 1)
-Q80_TILE(2, 1)
-Q80_TILE(3, 1)
-Q80_TILE(4, 1)
+GROUP_KERNEL(1)
+GROUP_KERNEL(2)
+GROUP_KERNEL(3)
+GROUP_KERNEL(4)
 
-typedef void (*tile_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, long, float *, long,
-                        const float *, const float *, long);
+typedef void (*group_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, __m256 *, __m256 *);
+static const group_fn Q41_GROUP[5] = {0, q41_group_1, q41_group_2, q41_group_3, q41_group_4};
+static const group_fn Q80_GROUP[5] = {0, q80_group_1, q80_group_2, q80_group_3, q80_group_4};
 
-/* tiles by rows (1..4): the wide one (NB of its name) and the one-weight-row tail */
-static const tile_fn Q41_WIDE[5] = {0, q41_1x4, q41_2x4, q41_3x2, q41_4x2};
-static const tile_fn Q41_ONE[5] = {0, q41_1x1, q41_2x1, q41_3x1, q41_4x1};
-static const int Q41_NB[5] = {0, 4, 4, 2, 2};
-static const tile_fn Q80_WIDE[5] = {0, q80_1x4, q80_2x2, q80_3x2, q80_4x2};
-static const tile_fn Q80_ONE[5] = {0, q80_1x1, q80_2x1, q80_3x1, q80_4x1};
-static const int Q80_NB[5] = {0, 4, 2, 2, 2};
-
-/* Weight rows [n0, n1) for every activation row: each weight tile is unpacked once per 4 activation rows. */
-static void qrows(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
-                  long ldw, int n0, int n1, float *y, long ldy, const float *bias, const float *res, long ldr) {
+/* Weight groups [g0, g1) for every activation row (tiles of 4 rows: the group's records stay in L1). */
+static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
+                    long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
+                    long ldr) {
     const int nb = K / QK;
-    for (int m = 0; m < M; m += 4) {
-        const int mb = M - m < 4 ? M - m : 4;
-        const tile_fn wide = wtype == W_Q4_1 ? Q41_WIDE[mb] : Q80_WIDE[mb];
-        const tile_fn one = wtype == W_Q4_1 ? Q41_ONE[mb] : Q80_ONE[mb];
-        const int NB = wtype == W_Q4_1 ? Q41_NB[mb] : Q80_NB[mb];
-        const int8_t *xqm = xq + (long)m * K;
-        const float *xdm = xd + (long)m * nb, *xsm = xs + (long)m * nb;
-        const float *rm = res ? res + (long)m * ldr : 0;
-        int n = n0;
-        for (; n + NB <= n1; n += NB)
-            wide(xqm, xdm, xsm, K, w + n * ldw, ldw, y + m * ldy + n, ldy, bias ? bias + n : 0, rm ? rm + n : 0, ldr);
-        for (; n < n1; ++n)
-            one(xqm, xdm, xsm, K, w + n * ldw, ldw, y + m * ldy + n, ldy, bias ? bias + n : 0, rm ? rm + n : 0, ldr);
+    for (int g = g0; g < g1; ++g) {
+        const int n0 = 8 * g, valid = N - n0 < 8 ? N - n0 : 8;
+        for (int m = 0; m < M; m += 4) {
+            const int mb = M - m < 4 ? M - m : 4;
+            __m256 acc[4], mins[4];
+            for (int i = 0; i < 4; ++i) acc[i] = mins[i] = _mm256_setzero_ps();
+            (wtype == W_Q4_1 ? Q41_GROUP : Q80_GROUP)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb,
+                                                          K, w + g * ldg, acc, mins);
+            for (int i = 0; i < mb; ++i) {
+                float out[8], extra[8];
+                __m256 v = _mm256_add_ps(acc[i], mins[i]);
+                if (bias) {
+                    for (int j = 0; j < 8; ++j) extra[j] = j < valid ? bias[n0 + j] : 0.0f;
+                    v = _mm256_add_ps(v, _mm256_loadu_ps(extra));
+                }
+                if (res) {
+                    for (int j = 0; j < 8; ++j) extra[j] = j < valid ? res[(long)(m + i) * ldr + n0 + j] : 0.0f;
+                    v = _mm256_add_ps(_mm256_loadu_ps(extra), v);
+                }
+                float *yr = y + (long)(m + i) * ldy + n0;
+                if (valid == 8) {
+                    _mm256_storeu_ps(yr, v);
+                } else {
+                    _mm256_storeu_ps(out, v);
+                    for (int j = 0; j < valid; ++j) yr[j] = out[j];
+                }
+            }
+        }
     }
 }
 
-#define ROWS_PER_TASK 32 /* weight rows per task; a multiple of every tile width */
+#define GROUPS_PER_TASK 4 /* 32 weight rows per task */
 
 /* Quantize x [M, K] into the scratch (xq: M*K int8, xd / xs: M*K/32 floats each). */
 void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd, float *xs) {
@@ -214,50 +206,55 @@ void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd
     for (int m = 0; m < M; ++m) quantize_row(x + m * ldx, K, xq + (long)m * K, xd + (long)m * (K / QK), xs + (long)m * (K / QK));
 }
 
-/* y[M, N] = xq @ w^T (+ bias) (+ res): activations already quantized by quantize_part. */
+/* y[M, N] = xq @ w^T (+ bias) (+ res): activations already quantized by quantize_part; w packed, ldg bytes
+   per group of 8 rows. */
 void qmatmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
-                  long ldw, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
-    const int tasks = (N + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+                  long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
+    const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
 #pragma omp for schedule(static)
     for (int t = 0; t < tasks; ++t) {
-        const int n0 = t * ROWS_PER_TASK, n1 = n0 + ROWS_PER_TASK < N ? n0 + ROWS_PER_TASK : N;
-        qrows(xq, xd, xs, M, K, w, wtype, ldw, n0, n1, y, ldy, bias, res, ldr);
+        const int g0 = t * GROUPS_PER_TASK, g1 = g0 + GROUPS_PER_TASK < groups ? g0 + GROUPS_PER_TASK : groups;
+        qgroups(xq, xd, xs, M, K, w, wtype, ldg, N, g0, g1, y, ldy, bias, res, ldr);
     }
 }
 
 /* y[M, N] = x[M, K] @ dequant(w)[N, K]^T (+ bias) (+ res, which may alias y): one call, its own threads. */
-void rs_qlinear(const float *x, int M, int K, const uint8_t *w, int wtype, long ldw, int N, const float *bias,
+void rs_qlinear(const float *x, int M, int K, const uint8_t *w, int wtype, long ldg, int N, const float *bias,
                 const float *res, float *y, int8_t *xq, float *xd, float *xs, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         quantize_part(x, K, M, K, xq, xd, xs);
-        qmatmul_part(xq, xd, xs, M, K, w, wtype, ldw, N, y, N, bias, res, N);
+        qmatmul_part(xq, xd, xs, M, K, w, wtype, ldg, N, y, N, bias, res, N);
     }
 }
 
-/* ---- dequantization (embedding rows, prefill tiles, references) ---------------------------------------- */
+/* ---- dequantization (embedding rows, references) -------------------------------------------------------- */
 
-static void dequant_row(const uint8_t *row, int wtype, int K, float *out) {
+static void dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
     for (int b = 0; b < K / QK; ++b) {
         if (wtype == W_Q4_1) {
-            const uint8_t *blk = row + b * 20;
-            const float d = h2f(*(const uint16_t *)blk), m = h2f(*(const uint16_t *)(blk + 2));
-            for (int t = 0; t < 16; ++t) {
-                out[b * QK + t] = d * (float)(blk[4 + t] & 0x0F) + m;
-                out[b * QK + t + 16] = d * (float)(blk[4 + t] >> 4) + m;
-            }
+            const uint8_t *rec = group + (long)b * REC_Q41;
+            const float d = h2f(((const uint16_t *)rec)[j]), m = h2f(((const uint16_t *)(rec + 16))[j]);
+            for (int cc = 0; cc < 4; ++cc)
+                for (int t = 0; t < 4; ++t) {
+                    const uint8_t byte = rec[32 + 32 * cc + 4 * j + t];
+                    out[b * QK + 4 * cc + t] = d * (float)(byte & 0x0F) + m;
+                    out[b * QK + 16 + 4 * cc + t] = d * (float)(byte >> 4) + m;
+                }
         } else {
-            const uint8_t *blk = row + b * 34;
-            const float d = h2f(*(const uint16_t *)blk);
-            for (int t = 0; t < QK; ++t) out[b * QK + t] = d * (float)((const int8_t *)(blk + 2))[t];
+            const uint8_t *rec = group + (long)b * REC_Q80;
+            const float d = h2f(((const uint16_t *)rec)[j]);
+            for (int c = 0; c < 8; ++c)
+                for (int t = 0; t < 4; ++t)
+                    out[b * QK + 4 * c + t] = d * (float)((const int8_t *)rec)[16 + 32 * c + 4 * j + t];
         }
     }
 }
 
-/* out[r, :] = dequant(w[rows[r], :]) for r < R. */
-void rs_dequant_rows(const uint8_t *w, int wtype, long ldw, int K, const int64_t *rows, int R, float *out, int threads) {
+/* out[r, :] = dequant(w[rows[r], :]) for r < R (w packed, ldg bytes per group of 8 rows). */
+void rs_dequant_rows(const uint8_t *w, int wtype, long ldg, int K, const int64_t *rows, int R, float *out, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && R > 64)
-    for (int r = 0; r < R; ++r) dequant_row(w + rows[r] * ldw, wtype, K, out + (long)r * K);
+    for (int r = 0; r < R; ++r) dequant_row(w + (rows[r] / 8) * ldg, wtype, K, (int)(rows[r] % 8), out + (long)r * K);
 }
 
 /* ---- norms, rotary embedding, activation ---------------------------------------------------------------- */

@@ -38,8 +38,8 @@ def threads() -> Iterator[None]:
 def test_q8_0_block_layout_on_literal_values() -> None:
     w = torch.arange(-16, 16, dtype=torch.float32).reshape(1, 32) / 4  # max |w| = 4 -> d = 4 / 127
     qm = quantize(w, WeightType.Q8_0)
-    raw = qm.data.numpy()[0]
-    assert qm.row_bytes == 34
+    raw = qm.row_data()[0]
+    assert raw.shape == (34,)
     assert float(raw[:2].view(np.float16)[0]) == pytest.approx(4 / 127, rel=1e-3)
     assert raw[2:].view(np.int8)[0] == -127 and raw[2:].view(np.int8)[16] == 0  # -4 -> -127, 0 -> 0
     assert (qm.dequantize() - w).abs().max() <= 4 / 127 / 2 + 1e-3
@@ -48,11 +48,22 @@ def test_q8_0_block_layout_on_literal_values() -> None:
 def test_q4_1_block_layout_on_literal_values() -> None:
     w = torch.tensor([float(t % 16) for t in range(32)]).reshape(1, 32)  # 0..15 twice: exact in Q4_1
     qm = quantize(w, WeightType.Q4_1)
-    raw = qm.data.numpy()[0]
-    assert qm.row_bytes == 20
+    raw = qm.row_data()[0]
+    assert raw.shape == (20,)
     assert float(raw[0:2].view(np.float16)[0]) == 1.0 and float(raw[2:4].view(np.float16)[0]) == 0.0
     assert raw[4] == 0x00 and raw[5] == 0x11 and raw[19] == 0xFF  # byte t: weight t low, weight t + 16 high
     assert torch.equal(qm.dequantize(), w)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 8, 13])
+def test_packing_rearranges_bytes_only(kind: WeightType, rows: int) -> None:
+    qm = quantize(torch.randn(rows, 96, generator=_gen(rows)), kind)
+    raw = qm.row_data()
+    assert qm.data.shape == ((rows + 7) // 8, 3 * (160 if kind == WeightType.Q4_1 else 272))
+    assert sorted(qm.data.numpy()[:, :].reshape(-1).tolist())[-raw.size:] == sorted(raw.reshape(-1).tolist())
+    first = qm.data.numpy()[0, :16].view(np.float16)  # the group's first block: its 8 scales side by side
+    assert first[0] == raw[0, :2].view(np.float16)[0] and (rows < 8 or first[7] == raw[7, :2].view(np.float16)[0])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -72,7 +83,7 @@ def test_bad_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize(torch.randn(4, 40), WeightType.Q8_0)
     with pytest.raises(ValueError, match="uint8"):
-        QuantMatrix(WeightType.Q4_1, torch.zeros(2, 21, dtype=torch.uint8), 32)
+        QuantMatrix.from_rows(WeightType.Q4_1, torch.zeros(2, 21, dtype=torch.uint8), 32)
     with pytest.raises(ValueError, match="one weight type"):
         stack_rows([quantize(torch.randn(2, 32), WeightType.Q8_0), quantize(torch.randn(2, 32), WeightType.Q4_1)])
 
