@@ -51,7 +51,7 @@ class Settings(BaseSettings):
         "auto", description="KV cache storage of the quantized CPU runtime (auto: float16)"
     )
     cpu_kernels: bool = Field(
-        True, description="fp32 torch CPU target (cpu_quant=none): small forwards on ragspec's AVX2 kernels (needs cc)"
+        True, description="ragspec's AVX2 kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"
     )
     max_context: int | None = Field(
         None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"

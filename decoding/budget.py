@@ -1,17 +1,16 @@
 """Draft budget policy: which drafted nodes to verify each step, from measured costs and learned acceptance.
 
-On a GPU verifying 64 tokens costs about as much as 1; on a CPU it does not (here, with the CPU kernels,
-a verify over 8 nodes costs ~1.4x a plain step and 16 nodes ~1.9x). So each step the engine asks the
-drafters for a generous candidate tree and keeps the prefix of it that maximises expected tokens per
-second:
+On a GPU verifying 64 tokens costs about as much as 1; on a CPU it does not (every extra row of a verify
+costs its own arithmetic in the linear layers and in attention over the whole cache; the README has the
+measured curve). So each step the engine asks the drafters for a generous candidate tree and keeps the
+prefix of it that maximises expected tokens per second:
 
     rate(N) = (1 + sum of the N most likely nodes' acceptance probabilities) / cost(N)
 
 - ``cost(N, L)``: seconds of a target forward over N + 1 tokens on an L-token cache. Calibrated at
   start-up for a set of sizes at two cache lengths: on a CPU attention makes the extra tokens of a verify
-  cost more the longer the document (measured on the bundled model, 8 nodes: ~1.3x a plain step at a
-  256-token cache, ~1.55x at 2K, ~1.75x at 3.5K), so one table for every request would over-draft long
-  documents and under-draft short ones. Per size: a base at the reference length plus a growth per cache
+  cost more the longer the document, so one table for every request would over-draft long documents and
+  under-draft short ones. Per size: a base at the reference length plus a growth per cache
   token (a line in the size, fitted over all sizes: attention's cost grows with the tokens forwarded);
   every step of exactly such a size refines the base (EMA, its timing moved to the reference length along
   the slope); other sizes interpolate.

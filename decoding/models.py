@@ -124,12 +124,12 @@ def _eos_ids(config: Any, generation_config: Any, tokenizer: Any) -> tuple[int, 
 _fallback_logged = False
 
 
-def _quantized_runtime(dev: torch.device, dt: torch.dtype, cpu_quant: str) -> bool:
+def _quantized_runtime(dev: torch.device, dt: torch.dtype, cpu_quant: str, cpu_kernels: bool) -> bool:
     """Whether this load runs on the quantized CPU runtime; logs once why not where it was expected."""
     global _fallback_logged
     if cpu_quant not in CPU_QUANT:
         raise ModelLoadError(f"unknown cpu_quant {cpu_quant!r}; use one of {', '.join(CPU_QUANT)}")
-    if dev.type != "cpu" or cpu_quant == "none" or dt != torch.float32:
+    if dev.type != "cpu" or cpu_quant == "none" or dt != torch.float32 or not cpu_kernels:
         return False
     if load_kernels() is None:
         if not _fallback_logged:
@@ -175,14 +175,15 @@ def load_model(
     On a CPU with fp32 activations the target runs on the quantized runtime (``decoding.cpu_llama``) unless
     ``cpu_quant`` is ``'none'``: a GGUF's Q8_0 / Q4_1 tensors as stored (other types requantized), an HF
     model quantized at load (``'auto'`` = ``'q8_0'``, or ``'q4_1'``). ``kv_dtype``: the quantized runtime's
-    KV cache storage (``'auto'`` = float16). Elsewhere transformers runs the model; ``cpu_kernels`` then puts
-    an fp32 CPU model's small forwards on ``decoding.kernels``. ``threads`` sets torch's intra-op threads.
+    KV cache storage (``'auto'`` = float16). Elsewhere transformers runs the model, an fp32 CPU model's small
+    forwards on ``decoding.kernels``; ``cpu_kernels=False`` uses none of ragspec's kernels (transformers
+    only). ``threads`` sets torch's intra-op threads.
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    quantized = _quantized_runtime(dev, dt, cpu_quant)
+    quantized = _quantized_runtime(dev, dt, cpu_quant, cpu_kernels)
     if kv_dtype not in KV_DTYPES:
         raise ModelLoadError(f"unknown kv_dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
     source, name = _resolve_source(spec, models_dir, quantized)

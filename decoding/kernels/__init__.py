@@ -1,18 +1,19 @@
-"""Batch-invariant CPU kernels for the target's small forwards (decode steps and draft-tree verification).
+"""Batch-invariant CPU kernels for the target's forwards (decode steps and draft-tree verification).
 
-``cpu_kernels.c`` (AVX2 + FMA, fp32, OpenMP) is compiled once with the system C compiler into a cache dir
-(``RAGSPEC_KERNEL_CACHE``, default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Where it cannot be
-used (no compiler, a CPU without AVX2, a GPU model, another dtype, ``RAGSPEC_CPU_KERNELS=0``) everything falls
-back to torch's own kernels: same results up to float rounding, slower verification.
+Two C files (AVX2 + FMA + F16C, OpenMP) compiled once with the system C compiler into a cache dir
+(``RAGSPEC_KERNEL_CACHE``, default ``~/.cache/ragspec/kernels``) and loaded with ctypes:
 
-What they buy (measured on the 2-core AVX2 dev box, 2 threads, SmolLM2-135M shapes, fp32): the 30 layers'
-GEMMs plus the LM head for M = 1 / 5 / 9 rows take ~41-46 / 50-60 / 58-69 ms instead of ~91 / 154-188 /
-180-195 ms with torch's BLAS calls, so a verify pass over a small draft tree costs little more than a plain
-decode step; attention over a 3.5K-token cache takes ~0.2 / 0.5-1.1 / 0.8-1.9 ms per layer for 1 / 5 / 9
-queries (the range is this shared machine's load).
+- ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.cpu_llama``): linear layers
+  on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
+  layer;
+- ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32 or fp16 KV), used by
+  both CPU paths, and fp32 small-batch linear layers for the torch fallback (``RAGSPEC_CPU_QUANT=none``).
+
+Where they cannot be used (no compiler, a CPU without AVX2, ``RAGSPEC_CPU_KERNELS=0``) the target runs on
+transformers with fp32 weights: same results up to rounding, slower.
 
 Exactness: each output element is computed by the same operation sequence whatever the batch shape (see
-the C file), so a token's logits inside a verify pass equal its logits in a plain decode step bit for bit.
+the C files), so a token's logits inside a verify pass equal its logits in a plain decode step bit for bit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-/* ragspec CPU kernels (AVX2 + FMA, fp32): small-batch linear layers and decode / tree-verify attention.
+/* ragspec CPU kernels (AVX2 + FMA + F16C): fp32 small-batch linear layers (the torch fallback path) and the
+ * decode / tree-verify attention both CPU paths use (fp32 or fp16 KV cache).
  *
  * Why: on a CPU the target's forward over a handful of tokens (a verify pass) is dominated by GEMMs with
  * M = 1..65 rows, where the BLAS kernels run far below the machine's FMA rate, and by attention over the
@@ -11,8 +12,10 @@
  * logits it gets when decoded alone, and speculative greedy output equals plain greedy output exactly.
  *   - linear: y[m, n] = fma-chain over k in 8-lane vectors, one fixed horizontal sum, scalar tail, + bias.
  *   - attention: a query attends to an explicit list of visible cache rows (the fully visible prefix, then
- *     its own path). Scores use the same dot routine; the softmax max, exp, sum and the weighted sum of values
- *     run over the visible keys in position order with lanes fixed by position.
+ *     its own path), taken in blocks of 64 logical positions; each block gives a partial (its max, sum of exp,
+ *     weighted values, all in key order with lanes fixed by position) and the partials combine in block order,
+ *     so the result depends only on the query's visible keys, never on where they are stored or who else is in
+ *     the forward.
  */
 #include <immintrin.h>
 #include <math.h>

@@ -363,3 +363,32 @@ def test_unsupported_architectures_say_why() -> None:
         check_supported(LlamaConfig(hidden_act="gelu"))
     with pytest.raises(ModelLoadError, match="shapes"):
         check_supported(LlamaConfig(hidden_size=100, num_attention_heads=4, intermediate_size=64))
+
+
+def test_bad_gguf_files_are_clear_errors(tmp_path: Path) -> None:
+    import gguf
+
+    from decoding.errors import ModelLoadError
+    from decoding.models import load_model
+
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(ModelLoadError, match="GGUF"):
+        weights_from_gguf(garbage)
+    other = tmp_path / "other" / "model.gguf"
+    other.parent.mkdir()
+    w = gguf.GGUFWriter(str(other), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="architecture 'gpt2'"):
+        weights_from_gguf(other)
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "a.gguf").write_bytes(b"x")
+    (two / "b.gguf").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="several GGUF files"):
+        load_model(str(two), local_files_only=True)
