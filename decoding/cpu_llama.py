@@ -212,10 +212,6 @@ class CpuLlama:
         self.layer_structs = [_layer_struct(lw) for lw in weights.layers]
         self._local = threading.local()
 
-    # transformers-like surface the engine and tests use
-    def eval(self) -> CpuLlama:
-        return self
-
     @property
     def num_layers(self) -> int:
         return len(self.weights.layers)
