@@ -240,6 +240,8 @@ class CpuLlama:
         if int(pos.max()) >= self.max_positions:
             raise ValueError(f"position {int(pos.max())} beyond the model's {self.max_positions}")
         keep = n if not logits_to_keep else min(int(logits_to_keep), n)
+        if n == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.weights.embed.rows:
+            raise ValueError(f"token ids must be in [0, {self.weights.embed.rows}), got {n} ids")
         x = kernels.dequant_rows(self.lib, self.weights.embed, ids)  # [n, E]
         self._reserve(cache, start + n)
         if attention_mask is not None:

@@ -266,6 +266,10 @@ def test_cache_of_another_dtype_and_bad_masks_are_refused() -> None:
     cache.slot_layers[0].reserve(2, 16, torch.float32, 4)
     with pytest.raises(ValueError, match="float32"), torch.inference_mode():
         model(torch.tensor([[1, 2]]), past_key_values=cache)
+    with pytest.raises(ValueError, match="token ids"), torch.inference_mode():
+        model(torch.tensor([[5, 97]]), past_key_values=SlotCache(model.num_layers, 8))  # 97 == vocab size
+    with pytest.raises(ValueError, match="token ids"), torch.inference_mode():
+        model(torch.tensor([[-1]]), past_key_values=SlotCache(model.num_layers, 8))
     hidden = torch.zeros(1, 1, 2, 4)
     hidden[..., 0] = torch.finfo(torch.float32).min  # a masked prefix row: not a tree over a visible prefix
     cache = SlotCache(model.num_layers, 8)
