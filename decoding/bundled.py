@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,15 +202,7 @@ def write_gguf_dir(gguf_path: Path, gguf_dir: Path) -> None:
         (tmp / GGUF_LINK).symlink_to(Path(gguf_path).resolve())
         marker = {"format": GGUF_FORMAT_VERSION, "source": gguf_path.name, "gguf": str(Path(gguf_path).resolve())}
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
-        if gguf_dir.exists():
-            stale = gguf_dir.parent / f".{gguf_dir.name}.stale-{uuid.uuid4().hex[:8]}"
-            gguf_dir.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            tmp.rename(gguf_dir)
-        except OSError:
-            if not has_gguf_dir(gguf_dir):
-                raise
+        _move_into_place(tmp, gguf_dir, finished=has_gguf_dir)
         logger.info("bundled GGUF dir ready: %s", gguf_dir)
     finally:
         if tmp.exists():
@@ -382,10 +375,12 @@ def convert_gguf(gguf_path: Path, target_dir: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _move_into_place(tmp: Path, target_dir: Path) -> None:
-    """Rename ``tmp`` to ``target_dir``; a stale (unmarked / old-format) target is moved aside first."""
+def _move_into_place(tmp: Path, target_dir: Path, finished: Callable[[Path], bool] | None = None) -> None:
+    """Rename ``tmp`` to ``target_dir``; a stale (unmarked / old-format) target is moved aside first.
+    ``finished`` (default ``is_converted``) tells a finished target from a stale one."""
+    done = finished or is_converted
     if target_dir.exists():
-        if is_converted(target_dir):  # another process finished first: keep theirs
+        if done(target_dir):  # another process finished first: keep theirs
             return
         stale = target_dir.parent / f".{target_dir.name}.stale-{uuid.uuid4().hex[:8]}"
         target_dir.rename(stale)
@@ -393,7 +388,7 @@ def _move_into_place(tmp: Path, target_dir: Path) -> None:
     try:
         tmp.rename(target_dir)
     except OSError:
-        if not is_converted(target_dir):  # lost a race to a finished conversion is fine; anything else not
+        if not done(target_dir):  # lost a race to a finished one is fine; anything else not
             raise
 
 

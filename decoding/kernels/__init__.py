@@ -36,6 +36,7 @@ from decoding.quant import QuantMatrix
 logger = logging.getLogger(__name__)
 
 SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"))
+HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
 ENV_DISABLE = "RAGSPEC_CPU_KERNELS"
@@ -53,7 +54,7 @@ def cache_dir() -> Path:
 
 
 def _library_path(compiler: str) -> Path:
-    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
     h.update(" ".join((compiler, *FLAGS, platform.machine())).encode())
     return cache_dir() / f"libragspec_cpu-{h.hexdigest()[:16]}.so"
 

@@ -21,20 +21,12 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "simd.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v);
-    __m128 hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    __m128 sh = _mm_movehl_ps(s, s);
-    s = _mm_add_ps(s, sh);
-    sh = _mm_shuffle_ps(s, s, 0x55);
-    s = _mm_add_ss(s, sh);
-    return _mm_cvtss_f32(s);
-}
 
 /* the one reduction every dot product ends with */
 static inline float finish_dot(__m256 acc, const float *x, const float *w, int k8, int K) {
@@ -113,28 +105,6 @@ void rs_linear_f32(const float *x, int M, int K, const float *w, int N, const fl
     }
 }
 
-/* exp for x <= 0 (softmax after subtracting the max); x below -87 gives 0. Elementwise, so a value's result
-   never depends on its lane. */
-static inline __m256 exp_nonpos(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, p);
-}
 
 /* In place: s[0..P) <- exp(s - max); returns the sum (lanes fixed by index, padded tail), the max in *mx_out. */
 static float softmax_numerators(float *s, int P, float *mx_out) {

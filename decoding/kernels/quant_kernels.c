@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "simd.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -35,16 +37,6 @@ enum { W_Q8_0 = 1, W_Q4_1 = 2 };
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-static inline float hsum8q(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v);
-    __m128 hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    __m128 sh = _mm_movehl_ps(s, s);
-    s = _mm_add_ps(s, sh);
-    sh = _mm_shuffle_ps(s, s, 0x55);
-    s = _mm_add_ss(s, sh);
-    return _mm_cvtss_f32(s);
-}
 
 /* ---- activations ------------------------------------------------------------------------------------- */
 
@@ -271,7 +263,7 @@ void rmsnorm_part(const float *x, long ldx, int M, int K, const float *weight, f
             __m256 v = _mm256_loadu_ps(xr + k);
             acc = _mm256_fmadd_ps(v, v, acc);
         }
-        float ss = hsum8q(acc);
+        float ss = hsum8(acc);
         for (; k < K; ++k) ss += xr[k] * xr[k];
         const float r = 1.0f / sqrtf(ss / (float)K + eps);
         for (k = 0; k < K; ++k) yr[k] = (xr[k] * r) * weight[k];
@@ -317,27 +309,6 @@ void rope_store_part(const float *qkv, int M, int H, int G, int D, const int64_t
     }
 }
 
-/* exp(x) for x <= 0, elementwise (x below -87 gives 0): the softmax kernel's polynomial. */
-static inline __m256 exp_neg(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, p);
-}
 
 /* a[m, t] = silu(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8). */
 void silu_mul_part(const float *gu, int M, int I, float *a) {
@@ -348,7 +319,7 @@ void silu_mul_part(const float *gu, int M, int I, float *a) {
         float *o = a + (long)m * I;
         for (int t = 0; t < I; t += 8) {
             __m256 x = _mm256_loadu_ps(g + t);
-            __m256 e = exp_neg(_mm256_or_ps(x, sign)); /* exp(-|x|) */
+            __m256 e = exp_nonpos(_mm256_or_ps(x, sign)); /* exp(-|x|) */
             __m256 pos = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
             __m256 num = _mm256_blendv_ps(e, one, pos); /* sigmoid = 1/(1+e) if x >= 0 else e/(1+e) */
             __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
