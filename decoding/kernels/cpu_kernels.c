@@ -141,20 +141,16 @@ static float softmax_numerators(float *s, int P, float *mx_out) {
 
 #define MAX_D 256
 
-/* Eight scores at once: r[t] = hsum8(a[t]) for t = 0..7, each by exactly hsum8's addition tree
-   ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), so a key scored in a block of eight gets the bits it gets
+/* Four scores at once: r[t] = hsum8(a[t]) for t = 0..3, each by exactly hsum8's addition tree
+   ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), so a key scored in a group of four gets the bits it gets
    scored alone. */
-static inline __m256 hsum8x8(const __m256 *a) {
+static inline __m128 hsum4x8(const __m256 *a) {
     __m256 b01 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
     __m256 b23 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
-    __m256 b45 = _mm256_add_ps(_mm256_permute2f128_ps(a[4], a[5], 0x20), _mm256_permute2f128_ps(a[4], a[5], 0x31));
-    __m256 b67 = _mm256_add_ps(_mm256_permute2f128_ps(a[6], a[7], 0x20), _mm256_permute2f128_ps(a[6], a[7], 0x31));
-    /* per 128-bit half: [x0 + x2, x1 + x3] of two keys */
+    /* half 0: [x0 + x2, x1 + x3] of keys 0 and 2; half 1: of keys 1 and 3 */
     __m256 c = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, 0x44), _mm256_shuffle_ps(b01, b23, 0xEE));
-    __m256 d = _mm256_add_ps(_mm256_shuffle_ps(b45, b67, 0x44), _mm256_shuffle_ps(b45, b67, 0xEE));
-    /* half 0 holds keys 0, 2, 4, 6; half 1 keys 1, 3, 5, 7 */
-    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(c, d, 0x88), _mm256_shuffle_ps(c, d, 0xDD));
-    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(c, c, 0x88), _mm256_shuffle_ps(c, c, 0xDD));
+    return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
 /* Cached keys / values are fp32 or fp16 (`half`): an fp16 row is widened to fp32 on load (exactly), so the
@@ -163,19 +159,8 @@ static inline __m256 hsum8x8(const __m256 *a) {
     (half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (idx)))) \
           : _mm256_loadu_ps((const float *)(base) + (idx)))
 
-/* s[t] = dot(q, k_row(j0 + t)) * scale for t = 0..7: lane sums over d in 8-lane chunks, then hsum8x8. */
-static inline __attribute__((always_inline)) void score8(const float *q, int dv, const void *k, long off, long ldk,
-                                                         float scale, float *s, const int half) {
-    __m256 acc[8];
-    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
-    for (int c = 0; c < dv; ++c) {
-        __m256 qc = _mm256_loadu_ps(q + 8 * c);
-        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qc, LOADKV(k, off + t * ldk + 8 * c), acc[t]);
-    }
-    _mm256_storeu_ps(s, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
-}
-
-/* One score by the same operations as a lane of score8. */
+/* One score: lane sums of q * k over d in 8-lane chunks (in chunk order), hsum8, times scale. Every score in
+   the kernel is computed by exactly these operations, alone or four keys at a time. */
 static inline __attribute__((always_inline)) float score1(const float *q, int dv, const void *k, long off,
                                                           float scale, const int half) {
     __m256 acc = _mm256_setzero_ps();
@@ -184,49 +169,81 @@ static inline __attribute__((always_inline)) float score1(const float *q, int dv
 }
 
 #define KEY_BLOCK 64 /* keys per block, by logical position (the row's visible keys in order: prefix, then path) */
+#define ROW_TILE 3   /* query rows that share each loaded key / value vector (a GQA group of 3 heads fits) */
 
-/* One query row against one block of cnt <= KEY_BLOCK keys / values (fp32, rows ldk / ldv apart):
-   p <- scores, then exp(score - block max); part[0..D) <- sum_j p_j v_j in key order; *m, *l <- block max and
-   sum of p. The same operations whatever storage the block came from, so a row's result depends only on its
-   visible keys. */
-static inline void row_block(const float *qi, int dv, const float *kb, long ldk, const float *vb, long ldv,
-                             int cnt, float scale, float *p, float *part, float *m, float *l) {
+/* RB <= ROW_TILE query rows q[r] against one block of cnt <= KEY_BLOCK keys / values (rows ldk / ldv apart):
+ *   scores s = q . k * scale; per row the block max m[r], l[r] = sum_j exp(s_j - m), and
+ *   part[r][0..D) = sum_j exp(s_j - m) v_j, summed over j in key order.
+ * Each key / value vector is loaded (and widened) once for all RB rows; per element the operations are those
+ * of one row alone (score1's chain and tree, the value sum in key order), so the result depends only on the
+ * row and its keys. pf_k / pf_v (optional): the next block's keys / values, prefetched while this one computes
+ * (pf_lines cache lines each), so streaming the cache overlaps the arithmetic. */
+static inline __attribute__((always_inline)) void rows_block(
+    const int RB, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt,
+    float scale, float *const *part, float *const *m, float *const *l, const int half, const char *pf_k,
+    const char *pf_v, int pf_lines) {
+    float p[ROW_TILE][KEY_BLOCK] __attribute__((aligned(32)));
     int j = 0;
-    for (; j + 8 <= cnt; j += 8) score8(qi, dv, kb, (long)j * ldk, ldk, scale, p + j, 0);
-    for (; j < cnt; ++j) p[j] = score1(qi, dv, kb, (long)j * ldk, scale, 0);
-    *l = softmax_numerators(p, cnt, m);
-    /* 64 dims (8 vectors) per pass, so the sums stay in registers; each element still sums over j in order */
+    for (; j + 4 <= cnt; j += 4) {
+        if (pf_k)
+            for (int t = (j / 4) * pf_lines / (KEY_BLOCK / 4); t < (j / 4 + 1) * pf_lines / (KEY_BLOCK / 4); ++t)
+                _mm_prefetch(pf_k + 64 * t, _MM_HINT_T0);
+        __m256 acc[ROW_TILE][4];
+        for (int r = 0; r < RB; ++r)
+            for (int t = 0; t < 4; ++t) acc[r][t] = _mm256_setzero_ps();
+        for (int c = 0; c < dv; ++c)
+            for (int t = 0; t < 4; ++t) {
+                const __m256 kv = LOADKV(kb, (long)(j + t) * ldk + 8 * c);
+                for (int r = 0; r < RB; ++r) acc[r][t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), kv, acc[r][t]);
+            }
+        for (int r = 0; r < RB; ++r) _mm_store_ps(p[r] + j, _mm_mul_ps(hsum4x8(acc[r]), _mm_set1_ps(scale)));
+    }
+    for (; j < cnt; ++j)
+        for (int r = 0; r < RB; ++r) p[r][j] = score1(q[r], dv, kb, (long)j * ldk, scale, half);
+    for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r]);
+    /* 4 dims chunks x RB rows of sums in registers per pass; each element still sums over j in key order */
     int c0 = 0;
-    for (; c0 + 8 <= dv; c0 += 8) {
-        __m256 acc[8];
-        for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (; c0 + 4 <= dv; c0 += 4) {
+        __m256 acc[ROW_TILE][4];
+        for (int r = 0; r < RB; ++r)
+            for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
         for (j = 0; j < cnt; ++j) {
-            const __m256 w = _mm256_set1_ps(p[j]);
-            const float *vr = vb + (long)j * ldv + 8 * c0;
-            for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+            if (pf_v && c0 == 0 && j % 2 == 0)
+                for (int t = (j / 2) * pf_lines / (KEY_BLOCK / 2); t < (j / 2 + 1) * pf_lines / (KEY_BLOCK / 2); ++t)
+                    _mm_prefetch(pf_v + 64 * t, _MM_HINT_T0);
+            __m256 w[ROW_TILE];
+            for (int r = 0; r < RB; ++r) w[r] = _mm256_broadcast_ss(p[r] + j);
+            for (int c = 0; c < 4; ++c) {
+                const __m256 vv = LOADKV(vb, (long)j * ldv + 8 * (c0 + c));
+                for (int r = 0; r < RB; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], vv, acc[r][c]);
+            }
         }
-        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(part + 8 * (c0 + c), acc[c]);
+        for (int r = 0; r < RB; ++r)
+            for (int c = 0; c < 4; ++c) _mm256_storeu_ps(part[r] + 8 * (c0 + c), acc[r][c]);
     }
     for (; c0 < dv; ++c0) {
-        __m256 acc = _mm256_setzero_ps();
-        for (j = 0; j < cnt; ++j)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + (long)j * ldv + 8 * c0), acc);
-        _mm256_storeu_ps(part + 8 * c0, acc);
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
+        for (j = 0; j < cnt; ++j) {
+            const __m256 vv = LOADKV(vb, (long)j * ldv + 8 * c0);
+            for (int r = 0; r < RB; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + j), vv, acc[r]);
+        }
+        for (int r = 0; r < RB; ++r) _mm256_storeu_ps(part[r] + 8 * c0, acc[r]);
     }
 }
 
-/* Copy (widening fp16) cache rows into a contiguous fp32 block [cnt, D]. rows == 0: rows r0..r0+cnt-1. */
-static inline __attribute__((always_inline)) void gather_block(const void *src, long base, long ld, int dv,
-                                                               int D, long r0, const long *rows, int cnt,
-                                                               float *dst, const int half) {
-    if (!rows && ld == D) { /* contiguous rows: one flat run */
-        const long e = (long)cnt * D, off = base + r0 * ld;
-        for (long t = 0; t < e; t += 8) _mm256_storeu_ps(dst + t, LOADKV(src, off + t));
-        return;
-    }
-    for (int j = 0; j < cnt; ++j) {
-        const long off = base + (rows ? rows[j] : r0 + j) * ld;
-        for (int c = 0; c < dv; ++c) _mm256_storeu_ps(dst + (long)j * D + 8 * c, LOADKV(src, off + 8 * c));
+/* rows_block over any number of rows, ROW_TILE at a time (the tile a row lands in changes nothing). */
+static inline __attribute__((always_inline)) void rows_blocks(
+    int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
+    float *const *part, float *const *m, float *const *l, const int half, const char *pf_k, const char *pf_v,
+    int pf_lines) {
+    for (int r = 0; r < R; r += ROW_TILE) {
+        const char *fk = r == 0 ? pf_k : 0, *fv = r == 0 ? pf_v : 0; /* prefetch once per block */
+        switch (R - r < ROW_TILE ? R - r : ROW_TILE) {
+        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, pf_lines); break;
+        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, pf_lines); break;
+        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, pf_lines);
+        }
     }
 }
 
@@ -236,14 +253,17 @@ static inline __attribute__((always_inline)) void gather_block(const void *src, 
  *   its visible keys in logical order, split into blocks of KEY_BLOCK logical positions.
  *   work: H * n * nb * (D + 2) floats (nb = blocks of the longest row), shared by the threads.
  * Two phases over all heads at once:
- *   1. the prefix blocks every row sees in full, by (key head, block): the block's keys / values are read once
- *      (widened once when fp16) for every query row of the key head; per row a partial (block max, sum of
- *      exp, weighted values);
- *   2. per query row: the blocks that reach into its own path (gathered by logical position), then the
- *      partials combined in block order: out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b).
+ *   1. the prefix blocks every row sees in full, by (key head, block): the block's keys / values are read from
+ *      the cache once for every query row of the key head (all H/G heads x n rows, ROW_TILE at a time); per
+ *      row a partial (block max, sum of exp, weighted values);
+ *   2. by (key head, query): the blocks that reach into the query's own path (gathered by logical position,
+ *      once for the key head's H/G query heads), then each row's partials combined in block order:
+ *      out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b).
  * Every row's result is a function of its visible keys alone (not of n, the tree, the task split or the
  * thread), so a tree node's attention equals its attention decoded alone, bit for bit.
  * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
+#define MAX_GROUP 64 /* query heads per key head */
+
 static inline __attribute__((always_inline)) void attention_part(
     const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
     long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale, float *out, long o_sn,
@@ -257,66 +277,86 @@ static inline __attribute__((always_inline)) void attention_part(
     const int group = H / G;
     const int dv = D / 8;
     const int full = past / KEY_BLOCK; /* prefix blocks every row sees whole */
-    const long pstride = (long)nbmax * D;  /* partials of row r: work + r * pstride + b * D */
+    const long pstride = (long)nbmax * D;  /* partials of row r = h * n + i: work + r * pstride + b * D */
     float *parts = work;
     float *ml = work + (long)H * n * pstride; /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
-    float kbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
-    float vbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
-    float p[KEY_BLOCK];
+    const long esz = half ? 2 : 4;
+    const int lines = (int)((KEY_BLOCK * D * esz + 63) / 64);
 #pragma omp for schedule(static)
     for (int task = 0; task < G * full; ++task) {
         const int g = task / full, b = task % full;
-        const long r0 = (long)b * KEY_BLOCK;
-        const float *kb, *vb;
-        long ld;
-        if (half) {
-            gather_block(k, g * kv_sh, kv_sn, dv, D, r0, 0, KEY_BLOCK, kbuf, 1);
-            gather_block(v, g * kv_sh, kv_sn, dv, D, r0, 0, KEY_BLOCK, vbuf, 1);
-            kb = kbuf, vb = vbuf, ld = D;
-        } else {
-            kb = (const float *)k + g * kv_sh + r0 * kv_sn, vb = (const float *)v + g * kv_sh + r0 * kv_sn, ld = kv_sn;
+        const long off = g * kv_sh + (long)b * KEY_BLOCK * kv_sn;
+        const char *kb = (const char *)k + esz * off, *vb = (const char *)v + esz * off;
+        const char *pf_k = 0, *pf_v = 0;
+        if (kv_sn == D && task + 1 < G * full) { /* contiguous blocks: prefetch the next task's */
+            const long noff = (task + 1) / full * kv_sh + (long)((task + 1) % full) * KEY_BLOCK * kv_sn;
+            pf_k = (const char *)k + esz * noff, pf_v = (const char *)v + esz * noff;
         }
-        for (int h = g * group; h < (g + 1) * group; ++h)
-            for (int i = 0; i < n; ++i) {
+        for (int r0 = 0; r0 < group * n; r0 += MAX_GROUP) {
+            const int R = group * n - r0 < MAX_GROUP ? group * n - r0 : MAX_GROUP;
+            const float *qs[MAX_GROUP];
+            float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
+            for (int t = 0; t < R; ++t) {
+                const int h = g * group + (r0 + t) / n, i = (r0 + t) % n;
                 const long r = (long)h * n + i;
-                float *mlr = ml + 2 * (r * nbmax + b);
-                row_block(q + h * q_sh + i * q_sn, dv, kb, ld, vb, ld, KEY_BLOCK, scale, p, parts + r * pstride + (long)b * D,
-                          mlr, mlr + 1);
+                qs[t] = q + h * q_sh + i * q_sn;
+                ps[t] = parts + r * pstride + (long)b * D;
+                ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
             }
+            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, half, r0 ? 0 : pf_k,
+                        r0 ? 0 : pf_v, lines);
+        }
     }
+    float kbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
+    float vbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
 #pragma omp for schedule(dynamic, 1)
-    for (int r = 0; r < H * n; ++r) {
-        const int h = r / n, i = r % n, g = h / group;
-        const float *qi = q + h * q_sh + i * q_sn;
+    for (int task = 0; task < G * n; ++task) {
+        const int g = task / n, i = task % n;
         const int plen = path_off[i + 1] - path_off[i];
         const int total = past + plen, nb = (total + KEY_BLOCK - 1) / KEY_BLOCK;
         for (int b = full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
             const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
-            long rows[KEY_BLOCK];
-            for (int t = 0; t < cnt; ++t)
-                rows[t] = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
-            gather_block(k, g * kv_sh, kv_sn, dv, D, 0, rows, cnt, kbuf, half);
-            gather_block(v, g * kv_sh, kv_sn, dv, D, 0, rows, cnt, vbuf, half);
-            float *mlr = ml + 2 * ((long)r * nbmax + b);
-            row_block(qi, dv, kbuf, D, vbuf, D, cnt, scale, p, parts + r * pstride + (long)b * D, mlr, mlr + 1);
+            for (int t = 0; t < cnt; ++t) {
+                const long row = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
+                const long src = g * kv_sh + row * kv_sn;
+                for (int c = 0; c < dv; ++c) {
+                    _mm256_storeu_ps(kbuf + (long)t * D + 8 * c, LOADKV(k, src + 8 * c));
+                    _mm256_storeu_ps(vbuf + (long)t * D + 8 * c, LOADKV(v, src + 8 * c));
+                }
+            }
+            for (int h0 = g * group; h0 < (g + 1) * group; h0 += MAX_GROUP) {
+                const int R = (g + 1) * group - h0 < MAX_GROUP ? (g + 1) * group - h0 : MAX_GROUP;
+                const float *qs[MAX_GROUP];
+                float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
+                for (int t = 0; t < R; ++t) {
+                    const long r = (long)(h0 + t) * n + i;
+                    qs[t] = q + (h0 + t) * q_sh + i * q_sn;
+                    ps[t] = parts + r * pstride + (long)b * D;
+                    ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
+                }
+                rows_blocks(R, qs, dv, kbuf, D, vbuf, D, cnt, scale, ps, ms, ls, 0, 0, 0, 0);
+            }
         }
-        const float *mlr = ml + 2 * (long)r * nbmax;
-        float mx = -INFINITY;
-        for (int b = 0; b < nb; ++b) mx = mlr[2 * b] > mx ? mlr[2 * b] : mx;
-        __m256 acc[MAX_D / 8];
-        for (int c = 0; c < dv; ++c) acc[c] = _mm256_setzero_ps();
-        float den = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-            float e;
-            _mm_store_ss(&e, _mm256_castps256_ps128(exp_nonpos(_mm256_set1_ps(mlr[2 * b] - mx))));
-            const __m256 ev = _mm256_set1_ps(e);
-            const float *pb = parts + (long)r * pstride + (long)b * D;
-            for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(pb + 8 * c), acc[c]);
-            den += mlr[2 * b + 1] * e;
+        for (int h = g * group; h < (g + 1) * group; ++h) {
+            const long r = (long)h * n + i;
+            const float *mlr = ml + 2 * r * nbmax;
+            float mx = -INFINITY;
+            for (int b = 0; b < nb; ++b) mx = mlr[2 * b] > mx ? mlr[2 * b] : mx;
+            __m256 acc[MAX_D / 8];
+            for (int c = 0; c < dv; ++c) acc[c] = _mm256_setzero_ps();
+            float den = 0.0f;
+            for (int b = 0; b < nb; ++b) {
+                float e;
+                _mm_store_ss(&e, _mm256_castps256_ps128(exp_nonpos(_mm256_set1_ps(mlr[2 * b] - mx))));
+                const __m256 ev = _mm256_set1_ps(e);
+                const float *pb = parts + r * pstride + (long)b * D;
+                for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(pb + 8 * c), acc[c]);
+                den += mlr[2 * b + 1] * e;
+            }
+            const __m256 inv = _mm256_set1_ps(1.0f / den);
+            float *o = out + i * o_sn + h * o_sh;
+            for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
         }
-        const __m256 inv = _mm256_set1_ps(1.0f / den);
-        float *o = out + i * o_sn + h * o_sh;
-        for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
     }
 }
 
