@@ -12,11 +12,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from starlette.requests import Request
 
+from app.drafting import uses_rag_drafter
 from app.errors import InvalidRequest, Overloaded
 from app.prompts import SYSTEM_PROMPT, document_texts
 from app.scheduler import JobHandle
@@ -34,7 +35,7 @@ from decoding.generation import (
 )
 from decoding.stats import GenerationStats
 from retrieval.errors import DocumentNotReady
-from retrieval.retriever import Hit
+from retrieval.retriever import Hit, join_hits, pack_hits
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def source_of(hit: Hit) -> Source:
 async def plan(services: Services, tenant: str, q: Question) -> Plan:
     """Everything up to the generation: raises the request's 4xx errors before any streaming starts."""
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
-    drafters = services.drafters.for_mode(q.mode, tenant)
+    drafters = services.drafters.for_mode(q.mode, tenant, q.sampling)
     _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
     doc_ids = list(dict.fromkeys(q.document_ids))  # repeated ids count once
     records = [services.store.get(doc_id, tenant) for doc_id in doc_ids]  # unknown / other tenant: 404
@@ -119,15 +120,22 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
 
     def build() -> tuple[Prompt, list[Source]]:
         sources: list[Source] = []
+        hits: list[Hit] = []
         if doc_ids:
             result = services.retriever.retrieve(q.question, doc_ids, tenant=tenant)
-            sources = [source_of(h) for h in result.hits]
+            hits = result.hits
+            sources = [source_of(h) for h in hits]
         docs = document_texts(services.store, records)
         prompt = services.prompts.fit(
             docs, q.question, q.history, max_tokens, services.retriever, tenant, system=q.system
         )
         if prompt.prefix_key is not None and doc_ids:
             services.prefixes.add(prompt.prefix_key, doc_ids)
+        if uses_rag_drafter(q.mode):  # RAPID reads the best retrieved chunks within its own budget
+            budget = min(services.settings.rapid_context_tokens, services.retriever.budget_cap)
+            context = join_hits(pack_hits(hits, budget, doc_ids))
+            draft = services.prompts.draft_prompt(context, q.question, q.history, system=q.system)
+            prompt = replace(prompt, draft_ids=draft)
         return prompt, sources
 
     prompt, sources = await asyncio.to_thread(build)

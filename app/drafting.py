@@ -1,5 +1,6 @@
-"""Which drafters a request gets, by mode. Modes whose drafter is not in this build answer 'not available
-yet' (a 4xx) rather than silently falling back to something else."""
+"""Which drafters a request gets, by mode (``decoding.drafters``' registry, shared with the benchmark). A mode
+whose drafter this process cannot build answers 'not available' (a 4xx) rather than silently falling back
+to something else."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from app.errors import NotAvailableYet
 from decoding.drafter import Drafter
-from decoding.drafters.prompt_lookup import PromptLookupDrafter
+from decoding.drafters import MODES, DraftingKit, DraftLM, ModeUnavailable, build_drafters
 from decoding.drafters.racer import (
     CrossSessionConfig,
     LogitsTable,
@@ -19,15 +23,14 @@ from decoding.drafters.racer import (
     SharedTier,
     open_shared_tier,
 )
+from decoding.generation import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-MODES = ("auto", "autoregressive", "racer", "rapid", "combined")
-NOT_BUILT = {
-    "rapid": "mode 'rapid' (the RAG drafter LM) is not available yet; use 'auto', 'racer' or "
-    "'autoregressive'",
-    "combined": "mode 'combined' (RAPID + RACER in one tree) is not available yet; use 'auto' or 'racer'",
-}
+
+def uses_rag_drafter(mode: str) -> bool:
+    """Whether ``mode`` runs the RAPID drafter (its prompt then needs the retrieved chunks)."""
+    return "rapid" in MODES.get(mode, ())
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,15 @@ class DraftingConfig:
     model_id: str
     tokenizer_hash: str
     vocab_size: int
+    draft_model: Any = None  # the RAG drafter's LM (the target's own by default); None: no RAPID modes
+    device: str = "cpu"
 
 
 class Drafters:
     """Process-wide drafting state (RACER's logits table and cross-session tier); per-request drafters."""
 
     def __init__(self, config: DraftingConfig) -> None:
+        self.config = config
         self.racer_config = RacerConfig()
         table = LogitsTable.open(
             config.racer_dir, config.model_id, config.vocab_size, k=self.racer_config.topk
@@ -64,15 +70,19 @@ class Drafters:
         """The target's top-k per prompt position that RACER's logits table learns from."""
         return self.racer_config.topk
 
-    def for_mode(self, mode: str, tenant: str) -> list[Drafter]:
+    def for_mode(self, mode: str, tenant: str, sampling: SamplingParams | None = None) -> list[Drafter]:
         """Fresh drafters for one request. The tenant keys the cross-session tier (never shared)."""
-        if mode == "autoregressive":
-            return []
-        if mode == "racer":
-            return [self.racer.drafter(tenant)]
-        if mode == "auto":
-            return [PromptLookupDrafter(), self.racer.drafter(tenant)]
-        raise NotAvailableYet(NOT_BUILT.get(mode, f"unknown mode {mode!r}"))
+        model, device = self.config.draft_model, torch.device(self.config.device)
+        kit = DraftingKit(
+            racer=self.racer,
+            tenant=tenant,
+            draft_lm=None if model is None else (lambda: DraftLM(model, device)),
+            sampling=sampling or SamplingParams(),
+        )
+        try:
+            return build_drafters(mode, kit)
+        except ModeUnavailable as exc:
+            raise NotAvailableYet(str(exc)) from exc
 
     def learn(self, tenant: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Feed an answer drafted without RACER to the tenant's cross-session tier (RACER's ``end`` does it

@@ -119,6 +119,13 @@ class PromptBuilder:
         rest = self._build(system, "", question, history, key)
         return Prompt(prefix_ids=cached, suffix_ids=rest.suffix_ids, prefix_key=key)
 
+    def draft_prompt(
+        self, context: str, question: str, history: Sequence[tuple[str, str]], system: str = SYSTEM_PROMPT
+    ) -> list[int]:
+        """The RAG drafter's prompt ids: the target's layout and template with ``context`` (the retrieved
+        chunks) as the document, the same question and history."""
+        return self._build(system, context, question, history, None).ids
+
     def warm_prompt(
         self, docs: Sequence[DocumentText], max_tokens: int, system: str = SYSTEM_PROMPT
     ) -> Prompt | None:

@@ -27,7 +27,7 @@ from app.sessions import SessionStore
 from app.settings import Settings
 from decoding.engine import Engine, EngineConfig
 from decoding.kv_cache import PrefixCache
-from decoding.models import LoadedModel, load_model, tokenizer_fingerprint
+from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
 from retrieval.embedding import Embedder, load_embedder
 from retrieval.retriever import Retriever
 from retrieval.store import DocumentStore
@@ -104,6 +104,26 @@ class Services:
         self.store.close()
 
 
+def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
+    """The RAPID drafter's LM: the target itself (same weights, its own KV cache per request) unless
+    ``RAGSPEC_DRAFTER_MODEL`` names another model, which must share the target's vocabulary."""
+    if settings.drafter_model in (settings.target_model, "target"):
+        return target
+    drafter = load_model(
+        settings.drafter_model,
+        models_dir=settings.models_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        threads=settings.threads,
+        local_files_only=True,
+        cpu_kernels=settings.cpu_kernels,
+        cpu_quant=settings.cpu_quant,
+        kv_dtype=settings.kv_dtype,
+    )
+    check_same_vocab(target, drafter)
+    return drafter
+
+
 def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
     """Load models, open the store (recovering from a crash) and start the worker threads."""
     t0 = time.perf_counter()
@@ -149,6 +169,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             model_id=target.name,
             tokenizer_hash=tokenizer_fingerprint(target.tokenizer),
             vocab_size=target.vocab_size,
+            draft_model=load_draft_model(settings, target).model,
+            device=str(target.device),
         )
     )
     prefix_cache = None

@@ -32,7 +32,13 @@ class Settings(BaseSettings):
     target_model: str = Field(
         BUNDLED, description="Target LLM: 'bundled' (SmolLM2-135M), a GGUF file, a local HF dir or hub id"
     )
-    drafter_model: str = Field(BUNDLED, description="RAPID drafter LM (same vocabulary as the target)")
+    drafter_model: str = Field(
+        "target", description="RAPID drafter LM: 'target' (the target's weights, its own KV cache) or a model "
+        "with the target's vocabulary ('bundled', a GGUF file, a local HF dir)"
+    )
+    rapid_context_tokens: int = Field(
+        1024, ge=64, description="Retrieved-chunk tokens in the RAPID drafter's prompt (capped by the RAG budget)"
+    )
     embedding_model: str = Field(BUNDLED, description="'bundled' (all-MiniLM-L6-v2), a local dir or hub id")
     embedding_kind: Literal["auto", "bge-m3", "flag"] = Field(
         "auto", description="bge-m3 (BGEM3FlagModel) or flag (FlagModel, mean pooling); auto picks by name"

@@ -220,6 +220,31 @@ class TreeSelector:
             return tree
         return tree.subset(sorted(keep))
 
+    def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None) -> int:
+        """How many tokens (0..gamma) a drafter that costs ``step_cost`` seconds per drafted token should chain
+        this step: the depth that maximises expected tokens per second, drafting time included,
+
+            rate(g) = (1 + sum over d <= g of P(first d tokens accepted)) / (g * step_cost + cost(g)),
+
+        against a plain step (g = 0). A kind never verified gets a short chain once (its prior alone would
+        rarely pay for an LM's forwards), and every ``explore_every`` steps a skipped drafter is re-probed
+        with one token, so an estimate that fell low is re-measured."""
+        cost = self.policy.cost
+        best_g, best_rate = 0, 1.0 / cost(0, context)
+        p = gain = 1.0
+        for g in range(1, gamma + 1):
+            p *= self.probability(f"{kind}@{min(g, 3)}")
+            gain += p
+            rate = gain / (g * step_cost + cost(g, context))
+            if rate > best_rate:
+                best_g, best_rate = g, rate
+        if best_g == 0:
+            if self.policy.acceptance.rate(f"{kind}@1")[1] == 0:
+                return min(gamma, 3)
+            if (self.step + 1) % self.policy.explore_every == 0:
+                return 1
+        return best_g
+
     def observe(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
         """Every node whose parent was accepted was tested: accepted or not, it teaches its kind's rate."""
         accepted = set(accepted_nodes)

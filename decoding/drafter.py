@@ -1,7 +1,13 @@
 """The ``Drafter`` protocol: anything that proposes a draft tree below the root each step.
 
 The engine never knows who drafted: it asks every drafter for a tree, merges them in the order given,
-verifies once, and reports the outcome back to every drafter through ``observe``.
+verifies once, and reports the outcome back to every drafter through ``observe``. ``BaseDrafter`` gives
+every hook a no-op default, so a drafter implements only what it uses (usually ``propose``).
+
+Drafting is free for table lookups (RACER, prompt lookup) but not for an LM drafter, whose every drafted
+token is a forward pass. Such a drafter reports its measured seconds per drafted token in ``step_cost_s``;
+the engine then decides each step how deep it may draft (``DraftRequest.max_depth``, 0: skip this step)
+from that cost, the verify-cost curve and the learned acceptance of its tokens (``decoding.budget``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class PromptInfo:
     prompt_ids: Sequence[int]
     prompt_topk: torch.Tensor | None = None
     prefix_len: int = 0  # tokens of the stable [system][document] prefix at the start of prompt_ids
+    draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt ([system][retrieved chunks][question])
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,14 @@ class DraftRequest:
 
     ``root`` is the token already decided by the target and not yet verified in the KV cache;
     ``generated`` holds every generated token so far, ``root`` last. ``budget`` is the most unique nodes
-    this drafter's tree may hold (excluding the root).
+    this drafter's tree may hold (excluding the root). ``max_depth`` bounds the depth of what a drafter with
+    a cost per token (``step_cost_s``) drafts this step (None: its own limit; 0: nothing).
     """
 
     root: int
     generated: Sequence[int]
     budget: int
+    max_depth: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,3 +92,26 @@ class Drafter(Protocol):
 
     def reset(self) -> None:
         """Drop all per-request state."""
+
+
+class BaseDrafter:
+    """A drafter with every hook a no-op and no cost per drafted token; subclasses override what they use."""
+
+    name = "base"
+    step_cost_s = 0.0  # measured seconds per drafted token (0: free, never rationed)
+    max_depth = 0  # the deepest chain a costed drafter offers (its gamma)
+
+    def begin(self, prompt: PromptInfo) -> None:
+        return None
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        return DraftTree()
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        return None
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None

@@ -263,7 +263,8 @@ class Engine:
         if text:
             yield TokenEvent(text, output[:])
         if not done and drafters:
-            info = PromptInfo(prompt_ids=prompt.ids, prompt_topk=prompt_topk, prefix_len=len(prompt.prefix_ids))
+            info = PromptInfo(prompt_ids=prompt.ids, prompt_topk=prompt_topk, prefix_len=len(prompt.prefix_ids),
+                              draft_ids=prompt.draft_ids)
             for d in drafters:
                 d.begin(info)
 
@@ -275,7 +276,10 @@ class Engine:
             if drafters:
                 budget = config.draft_budget if config.draft_budget is not None else self.policy.max_budget
                 budget = min(budget, max_new - len(output))
-            tree = self._draft(drafters, root, output, budget) if budget > 0 else DraftTree()
+            tree = DraftTree()
+            if budget > 0:
+                plan = selector if config.draft_budget is None else None
+                tree = self._draft(drafters, root, output, budget, plan, cache.length)
             if config.draft_budget is None:
                 tree = selector.select(tree, cache.length)  # the part worth verifying here (maybe nothing)
 
@@ -325,9 +329,26 @@ class Engine:
         stats.finish_reason = finish
         yield DoneEvent(text=stops.text, token_ids=output, finish_reason=finish, stats=stats)
 
-    def _draft(self, drafters: list[Drafter], root: int, output: list[int], budget: int) -> DraftTree:
-        request = DraftRequest(root=root, generated=output, budget=budget)
-        trees = [d.propose(request) for d in drafters]
+    def _draft(
+        self,
+        drafters: list[Drafter],
+        root: int,
+        output: list[int],
+        budget: int,
+        plan: TreeSelector | None,
+        context: int,
+    ) -> DraftTree:
+        """Every drafter's tree, merged. A drafter that pays per drafted token (an LM) is told how deep to go
+        (``plan``: from its measured cost, the verify-cost curve and its learned acceptance; None: its own
+        limit)."""
+        trees = []
+        for d in drafters:
+            depth = None
+            gamma = int(getattr(d, "max_depth", 0))
+            if plan is not None and gamma > 0:
+                step = float(getattr(d, "step_cost_s", 0.0)) or self.policy.cost(0, context)  # unmeasured: a step
+                depth = plan.plan_depth(d.name, step, gamma, context)
+            trees.append(d.propose(DraftRequest(root=root, generated=output, budget=budget, max_depth=depth)))
         return merge_trees(trees, budget)
 
     def _verify(

@@ -42,6 +42,7 @@ class Prompt:
     suffix_ids: Sequence[int]
     prefix_key: str | None = None
     context_truncated: bool = False  # set by the caller when the document was cut to fit the window
+    draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt: [system][retrieved chunks][question]
 
     @property
     def ids(self) -> list[int]:

@@ -104,10 +104,16 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
 
     Trees earlier in ``trees`` go first; a node whose path already exists costs nothing, so a later tree
     fills exactly the budget left after merging (not before). A node is dropped when its parent was.
-    When an equal path exists, the first node's q is kept (a sampled node stays sampled).
+
+    Only deterministic (point-mass) nodes are folded into an equal existing node. A *sampled* node (one with
+    its q) always stays a node of its own: recursive rejection sampling tests a sampled child against its q,
+    which is only right if whether the child is there never depends on the token it drew. Folding it into an
+    equal sibling would drop it exactly when it drew that token, so the children that remain would be drawn
+    from q conditioned on differing, not from q. (A point-mass duplicate may go: after its twin is tested
+    the residual either excludes that token or is sampled directly, the same distribution either way.)
     """
     merged = DraftTree()
-    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> first merged node with that token
     for tree in trees:
         mapping: list[int | None] = []
         for i, tok in enumerate(tree.tokens):
@@ -117,13 +123,13 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
                 mapping.append(None)
                 continue
             key = (mp, tok)
-            hit = index.get(key)
+            hit = None if tree.probs[i] is not None else index.get(key)
             if hit is None:
                 if len(merged) >= budget:
                     mapping.append(None)
                     continue
                 hit = merged.add(mp, tok, tree.sources[i], tree.probs[i], tree.kinds[i])
-                index[key] = hit
+                index.setdefault(key, hit)
             mapping.append(hit)
     return merged
 

@@ -1,0 +1,77 @@
+"""The drafter registry: every drafter by name, and the drafters each decoding mode runs.
+
+The service (``app``) and the benchmark (``bench``) both build a request's drafters here, so a mode the
+service ships is exactly a benchmark method. Adding a drafter is one module with a ``BaseDrafter`` subclass
+plus one line in ``DRAFTERS`` (and its name in the modes that use it).
+
+Order in a mode is merge priority (``decoding.tree.merge_trees``): earlier drafters' nodes are kept first when
+the step's budget is short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from decoding.drafter import Drafter
+from decoding.drafters.prompt_lookup import PromptLookupDrafter
+from decoding.drafters.racer import RacerFactory
+from decoding.drafters.rapid import DraftLM, RapidDrafter
+from decoding.errors import DecodingError
+from decoding.generation import SamplingParams
+
+
+class ModeUnavailable(DecodingError):  # noqa: N818  (what the caller is told)
+    """A decoding mode that does not exist, or whose drafters this process cannot build."""
+
+
+@dataclass(frozen=True)
+class DraftingKit:
+    """What the drafter factories may draw on for one request (parts a process lacks are None)."""
+
+    racer: RacerFactory | None = None  # RACER's process-wide state (logits table, cross-session tier)
+    tenant: str = ""  # keys RACER's cross-session tier
+    draft_lm: Callable[[], DraftLM] | None = None  # a fresh KV cache on the RAG drafter's LM
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+def _racer(kit: DraftingKit) -> Drafter:
+    if kit.racer is None:
+        raise ModeUnavailable("RACER is not set up in this process")
+    return kit.racer.drafter(kit.tenant)
+
+
+def _rapid(kit: DraftingKit) -> Drafter:
+    if kit.draft_lm is None:
+        raise ModeUnavailable("the RAG drafter LM (RAPID) is not loaded in this process")
+    return RapidDrafter(kit.draft_lm(), kit.sampling)
+
+
+DRAFTERS: dict[str, Callable[[DraftingKit], Drafter]] = {
+    "prompt_lookup": lambda kit: PromptLookupDrafter(),
+    "racer": _racer,
+    "rapid": _rapid,
+}
+
+MODES: dict[str, tuple[str, ...]] = {
+    "autoregressive": (),
+    "racer": ("racer",),
+    "rapid": ("rapid",),
+    "combined": ("rapid", "racer", "prompt_lookup"),
+    "auto": ("prompt_lookup", "racer"),  # the benchmark's best on the CPU runtime (README, decode table)
+}
+
+
+def build_drafters(mode: str, kit: DraftingKit) -> list[Drafter]:
+    """Fresh drafters for one request in ``mode``; ``ModeUnavailable`` when the mode is unknown or a drafter
+    it needs cannot be built here."""
+    names = MODES.get(mode)
+    if names is None:
+        raise ModeUnavailable(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    try:
+        return [DRAFTERS[name](kit) for name in names]
+    except ModeUnavailable as exc:
+        raise ModeUnavailable(f"mode {mode!r} is not available: {exc}") from exc
+
+
+__all__ = ["DRAFTERS", "MODES", "DraftLM", "DraftingKit", "ModeUnavailable", "RapidDrafter", "build_drafters"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
+from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo
 from decoding.tree import DraftTree
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(BaseDrafter):
     name = "prompt_lookup"
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 16, branches: int = 1) -> None:
@@ -71,9 +71,3 @@ class PromptLookupDrafter:
                 if len(seen) >= self.branches or len(tree) >= budget:
                     return tree
         return tree
-
-    def observe(self, outcome: VerifyOutcome) -> None:
-        return None
-
-    def end(self, output_ids: Sequence[int]) -> None:
-        return None

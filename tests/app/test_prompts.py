@@ -66,3 +66,16 @@ def test_conversation_from_messages() -> None:
     assert history == [] and question == "One.\n\nTwo?"
     with pytest.raises(InvalidRequest):
         conversation([msg("user", "Hi"), msg("assistant", "Hello")])
+
+
+def test_draft_prompt_is_the_target_layout_over_the_retrieved_chunks(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """RAPID's drafter reads [system][retrieved chunks][history][question] through the same template."""
+    builder = PromptBuilder(tokenizer, "smollm2", max_context=4096)
+    history = [("Where is tea grown?", "In Assam.")]
+    draft = builder.draft_prompt("Coffee needs shade.", "What about coffee?", history)
+    same = build_prompt(tokenizer, system=SYSTEM_PROMPT, document="Coffee needs shade.", question="What about coffee?",
+                        history=history, prefix_key=None)
+    target = builder.fit(DOCS, "What about coffee?", history, 32, None, None)
+    assert draft == same.ids
+    assert draft[-len(target.suffix_ids):] == list(target.suffix_ids)  # same question and history tokens
+    assert len(draft) < len(target.ids)

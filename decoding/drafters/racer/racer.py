@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
+from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.racer.automaton import NgramAutomaton
 from decoding.drafters.racer.context_table import ContextTable
 from decoding.drafters.racer.cross_session import CrossSessionCache, SharedTier
@@ -70,7 +70,7 @@ class RacerConfig:
         NgramAutomaton(self.max_ngram, self.max_nodes)  # validates the bound
 
 
-class RacerDrafter:
+class RacerDrafter(BaseDrafter):
     """RACER as a ``Drafter``: one instance per request (cheap); the table and caches are shared."""
 
     name = "racer"

@@ -1,0 +1,193 @@
+"""RAPID's RAG drafter: an LM that reads only the retrieved chunks drafts the long-context target's next tokens.
+
+The drafter LM (the target's own weights by default, or any model with the target's vocabulary) prefills its
+own prompt, ``[system][retrieved chunks][question]`` with the target's chat template (``PromptInfo.draft_ids``),
+once per request, into its own KV cache. Each step it
+
+1. catches up with the output: its cache keeps the longest prefix of what it has fed that still agrees with
+   the generated tokens (drafted tokens the target rejected are cut off), then the missing tokens, root last,
+   go through in one forward;
+2. drafts a chain of up to ``max_depth`` tokens (gamma), one forward each, stopping early once its own
+   probability of its token falls below ``threshold`` (0.1 in the paper);
+3. adds its next ``branches`` most likely tokens at the first ``branch_depth`` positions as point-mass
+   siblings, so a near miss at the top of the chain still gets a chance.
+
+Greedy requests draft the argmax (point masses: the verifier compares tokens). Sampling requests draw each
+chain token from the drafter's own distribution under the request's temperature / top-k / top-p and keep that
+distribution q on the node, so recursive rejection sampling stays exact. Every forward is timed: the drafter
+reports its seconds per drafted token (``step_cost_s``), and the engine rations its depth by that cost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo
+from decoding.generation import SamplingParams
+from decoding.kv_cache import SlotCache
+from decoding.tree import ROOT, DraftTree
+from decoding.verify import target_probs
+
+PREFILL_CHUNK = 1024  # tokens per prefill forward (bounds attention memory on the torch path)
+
+
+class DraftLM:
+    """A causal LM with its own KV cache: forwards tokens and returns the last position's logits.
+
+    ``model`` answers the transformers causal-LM call (``decoding.cpu_llama.CpuLlama`` does too).
+    """
+
+    def __init__(self, model: Any, device: torch.device | str = "cpu") -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.num_layers = int(model.config.num_hidden_layers)
+        self.window = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.cache = SlotCache(self.num_layers, 256)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def start(self, capacity: int) -> None:
+        self.cache = SlotCache(self.num_layers, max(capacity, 16))
+
+    def truncate(self, length: int) -> None:
+        self.cache.truncate(length)
+
+    def feed(self, ids: Sequence[int]) -> torch.Tensor:
+        """Run ``ids`` after the cached rows; the logits ``[vocab]`` after the last one (float32, CPU)."""
+        last: torch.Tensor | None = None
+        for i in range(0, len(ids), PREFILL_CHUNK):
+            part = list(ids[i : i + PREFILL_CHUNK])
+            start = self.cache.length
+            pos = torch.arange(start, start + len(part), device=self.device)
+            out = self.model(
+                input_ids=torch.tensor([part], dtype=torch.long, device=self.device),
+                position_ids=pos.unsqueeze(0),
+                past_key_values=self.cache,
+                cache_position=pos,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            last = out.logits[0, -1]
+        assert last is not None, "nothing to feed"
+        return last.detach().float().cpu()
+
+
+class RapidDrafter(BaseDrafter):
+    """The RAG drafter (``rapid``): a chain from an LM over the retrieved context, plus near-miss branches."""
+
+    name = "rapid"
+
+    def __init__(
+        self,
+        lm: DraftLM,
+        sampling: SamplingParams | None = None,
+        *,
+        gamma: int = 10,
+        threshold: float = 0.1,
+        branches: int = 1,
+        branch_depth: int = 2,
+        cost_ema: float = 0.3,
+    ) -> None:
+        if gamma < 1:
+            raise ValueError("gamma must be >= 1")
+        if not 0.0 <= threshold < 1.0:
+            raise ValueError("threshold must be in [0, 1)")
+        self.lm = lm
+        self.sampling = sampling or SamplingParams()
+        self.max_depth = gamma
+        self.threshold = threshold
+        self.branches = branches
+        self.branch_depth = branch_depth
+        self.cost_ema = cost_ema
+        self.step_cost_s = 0.0  # measured per request: the first chain sets it
+        self.prefill_s = 0.0
+        self.forwards = 0
+        self._generator: torch.Generator | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self._prompt_len = 0
+        self._fed: list[int] = []  # generated (and drafted) tokens whose KV follows the prompt in the cache
+        self.active = False  # False: the prompt did not fit the drafter's window; nothing is drafted
+
+    def begin(self, prompt: PromptInfo) -> None:
+        self.reset()
+        ids = list(prompt.draft_ids if prompt.draft_ids is not None else prompt.prompt_ids)
+        if len(ids) + 2 * self.max_depth >= self.lm.window:
+            return
+        self.active = True
+        t = time.perf_counter()
+        self.lm.start(len(ids) + 512)
+        if ids:
+            self.lm.feed(ids)
+        self.prefill_s = time.perf_counter() - t
+        self._prompt_len = self.lm.length
+        if not self.sampling.greedy:
+            self._generator = torch.Generator()
+            seed = self.sampling.seed if self.sampling.seed is not None else time.time_ns() % (2**63)
+            self._generator.manual_seed(int(seed) ^ 0x5EED)
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        depth = min(self.max_depth, request.budget)
+        if request.max_depth is not None:
+            depth = min(depth, request.max_depth)
+        depth = min(depth, self.lm.window - self._prompt_len - len(request.generated) - 1)
+        tree = DraftTree()
+        if not self.active or depth <= 0 or not request.generated:
+            return tree
+        t = time.perf_counter()
+        forwards = 0
+        logits = self._catch_up(list(request.generated))
+        forwards += 1
+        parent = ROOT
+        for d in range(depth):
+            q = self._distribution(logits)
+            tok = int(q.argmax()) if self.sampling.greedy else int(torch.multinomial(q, 1, generator=self._generator))
+            if float(q[tok]) < self.threshold:
+                break
+            node = tree.add(parent, tok, self.name, prob=None if self.sampling.greedy else q, kind=self.name)
+            if d < self.branch_depth and self.branches > 0 and len(tree) < request.budget:
+                self._add_branches(tree, parent, q, tok, request.budget)
+            parent = node
+            if d + 1 >= depth or len(tree) >= request.budget:
+                break
+            logits = self.lm.feed([tok])
+            self._fed.append(tok)
+            forwards += 1
+        self._time(time.perf_counter() - t, forwards)
+        return tree
+
+    def _catch_up(self, generated: list[int]) -> torch.Tensor:
+        """Cut the cache back to what still agrees with the output, feed the rest (root last)."""
+        keep = 0
+        limit = min(len(self._fed), len(generated) - 1)  # the root is fed again: its logits are needed
+        while keep < limit and self._fed[keep] == generated[keep]:
+            keep += 1
+        self.lm.truncate(self._prompt_len + keep)
+        self._fed = generated[:]
+        return self.lm.feed(generated[keep:])
+
+    def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.sampling.greedy:
+            return torch.softmax(logits, dim=-1)
+        return target_probs(logits, self.sampling)
+
+    def _add_branches(self, tree: DraftTree, parent: int, q: torch.Tensor, chosen: int, budget: int) -> None:
+        """The next most likely tokens as point-mass siblings of the chain's node (deterministic drafts)."""
+        alts = [a for a in torch.topk(q, min(self.branches + 1, q.numel())).indices.tolist() if a != chosen]
+        for alt in alts[: self.branches]:
+            if len(tree) >= budget or float(q[alt]) < self.threshold:
+                return
+            tree.add(parent, int(alt), self.name, kind=f"{self.name}/alt")
+
+    def _time(self, seconds: float, forwards: int) -> None:
+        per = seconds / max(1, forwards)
+        self.forwards += forwards
+        old = self.step_cost_s
+        self.step_cost_s = per if old == 0.0 else (1 - self.cost_ema) * old + self.cost_ema * per
