@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from app.drafting import uses_rag_drafter
+from app.drafting import needs_draft_prompt, needs_draft_rows
 from app.errors import InvalidRequest, Overloaded
 from app.prompts import SYSTEM_PROMPT, document_texts
 from app.scheduler import JobHandle
@@ -131,11 +131,15 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
         )
         if prompt.prefix_key is not None and doc_ids:
             services.prefixes.add(prompt.prefix_key, doc_ids)
-        if uses_rag_drafter(q.mode):  # RAPID reads the best retrieved chunks within its own budget
-            budget = min(services.settings.rapid_context_tokens, services.retriever.budget_cap)
-            context = join_hits(pack_hits(hits, budget, doc_ids))
-            draft = services.prompts.draft_prompt(context, q.question, q.history, system=q.system)
+        # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows
+        # of the target's cache
+        budget = min(services.settings.rapid_context_tokens, services.retriever.budget_cap)
+        rag = pack_hits(hits, budget, doc_ids)
+        if needs_draft_prompt(q.mode):
+            draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)
             prompt = replace(prompt, draft_ids=draft)
+        if needs_draft_rows(q.mode) and not prompt.context_truncated:
+            prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
         return prompt, sources
 
     prompt, sources = await asyncio.to_thread(build)

@@ -28,9 +28,14 @@ from decoding.generation import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-def uses_rag_drafter(mode: str) -> bool:
-    """Whether ``mode`` runs the RAPID drafter (its prompt then needs the retrieved chunks)."""
+def needs_draft_prompt(mode: str) -> bool:
+    """Whether ``mode`` runs the RAPID drafter LM (it prefills its own prompt over the retrieved chunks)."""
     return "rapid" in MODES.get(mode, ())
+
+
+def needs_draft_rows(mode: str) -> bool:
+    """Whether ``mode`` runs the KV-subset drafter (it reads the retrieved chunks' rows of the target's cache)."""
+    return "rapid_kv" in MODES.get(mode, ())
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class DraftingConfig:
     tokenizer_hash: str
     vocab_size: int
     draft_model: Any = None  # the RAG drafter's LM (the target's own by default); None: no RAPID modes
+    target_model: Any = None  # the target (RAPID-KV drafts with it over its own cache)
     device: str = "cpu"
 
 
@@ -77,6 +83,7 @@ class Drafters:
             racer=self.racer,
             tenant=tenant,
             draft_lm=None if model is None else (lambda: DraftLM(model, device)),
+            target_model=self.config.target_model,
             sampling=sampling or SamplingParams(),
         )
         try:

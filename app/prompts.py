@@ -26,8 +26,8 @@ from typing import Any
 
 from app.errors import ContextTooLong
 from decoding.generation import Prompt
-from decoding.prompt import build_prompt
-from retrieval.retriever import Retriever
+from decoding.prompt import build_prompt, context_rows
+from retrieval.retriever import Hit, Retriever
 from retrieval.store import DocumentRecord, DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,24 @@ class PromptBuilder:
         """The RAG drafter's prompt ids: the target's layout and template with ``context`` (the retrieved
         chunks) as the document, the same question and history."""
         return self._build(system, context, question, history, None).ids
+
+    def draft_rows(
+        self, prompt: Prompt, docs: Sequence[DocumentText], hits: Sequence[Hit]
+    ) -> list[tuple[int, int]]:
+        """The rows of ``prompt`` (over the whole ``docs``) that RAPID's KV drafter reads: the system part, the
+        tokens of ``hits`` (retrieved chunks) and the question part."""
+        spans, offset = [], 0
+        starts: dict[str, int] = {}
+        for d in docs:
+            if len(docs) > 1:
+                offset += len(f"Document: {d.title}\n\n")
+            starts[d.id] = offset
+            offset += len(d.text) + len(DOCUMENT_SEPARATOR)
+        for h in hits:
+            if h.document_id in starts:
+                spans.append((starts[h.document_id] + h.start, starts[h.document_id] + h.end))
+        with self._lock:
+            return context_rows(self.tokenizer, prompt, join_documents(docs), spans)
 
     def warm_prompt(
         self, docs: Sequence[DocumentText], max_tokens: int, system: str = SYSTEM_PROMPT

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
-AskMode = Literal["auto", "autoregressive", "racer", "rapid", "combined"]
+AskMode = Literal["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined"]
 
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 

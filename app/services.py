@@ -170,6 +170,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             tokenizer_hash=tokenizer_fingerprint(target.tokenizer),
             vocab_size=target.vocab_size,
             draft_model=load_draft_model(settings, target).model,
+            target_model=target.model,
             device=str(target.device),
         )
     )

@@ -47,6 +47,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from bench.common import REPO, DocQA, load_target, machine_info, median, qa_documents, rss_mb, write_json
 from decoding.drafter import Drafter
+from decoding.drafters import DraftingKit, DraftLM, build_drafters
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
     AutomatonCache,
@@ -61,7 +62,9 @@ from decoding.generation import DoneEvent, GenerationConfig, Prompt
 from decoding.kernels import kernels_active
 from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
-from decoding.prompt import build_prompt
+from decoding.prompt import build_prompt, context_rows
+from retrieval.chunking import Chunk, chunk_text
+from retrieval.retriever import Hit, default_threshold, join_hits, pack_hits
 
 if TYPE_CHECKING:
     from decoding.cpu_llama import CpuLlama
@@ -80,8 +83,12 @@ class Case:
     name: str
     document: str
     question: str
-    prompt: Prompt
+    prompt: Prompt  # draft_ids: the RAG drafter's prompt at the default budget
     context: int = 0  # the context length class the document was cut to
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # RAG drafter prompt per retrieved budget
+
+    def with_draft(self, budget: int) -> Case:
+        return dataclasses.replace(self, prompt=dataclasses.replace(self.prompt, draft_ids=self.drafts[budget]))
 
 
 @dataclass(frozen=True)
@@ -148,11 +155,30 @@ def racer_cross_session(bench: Bench, case: Case) -> list[Drafter]:
     return [factory.drafter("bench")]
 
 
+def mode(name: str) -> DrafterFactory:
+    """A service mode from the drafter registry, with RACER's per-request knowledge as in ``racer_single``."""
+
+    def make(bench: Bench, case: Case) -> list[Drafter]:
+        table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
+        kit = DraftingKit(racer=RacerFactory(RACER, table, None, automata=AUTOMATA),
+                          draft_lm=lambda: DraftLM(bench.target.model, bench.target.device),
+                          target_model=bench.target.model)
+        return build_drafters(name, kit)
+
+    return make
+
+
 DRAFTERS: dict[str, DrafterFactory] = {
     "prompt_lookup": lambda bench, case: [PromptLookupDrafter()],
     "racer": racer_single,
     "racer_cross_session": racer_cross_session,
+    "rapid": mode("rapid"),
+    "rapid_kv": mode("rapid_kv"),
+    "combined": mode("combined"),
+    "auto": mode("auto"),
 }
+RAPID_SWEEP = (512, 2048)  # other RAG drafter budgets, as methods rapid@512, rapid@2048
+RAPID_BUDGET = 1024  # retrieved tokens in the RAG drafter's prompt (the service's RAGSPEC_RAPID_CONTEXT_TOKENS)
 # The engine as the service configures it: RACER's logits table learns from the prompt's top-k.
 ENGINE_CONFIG = EngineConfig(prompt_topk=RACER.topk)
 
@@ -291,6 +317,9 @@ def all_methods(target: LoadedModel) -> dict[str, Method]:
         methods["hf_prompt_lookup"] = lambda bench, case: run_hf(bench, case, prompt_lookup_num_tokens=10)
     for name, make in DRAFTERS.items():
         methods[name] = lambda bench, case, make=make: run_engine(bench, case, make(bench, case))  # type: ignore[misc]
+    for budget in RAPID_SWEEP:
+        methods[f"rapid@{budget}"] = lambda bench, case, b=budget: run_engine(  # type: ignore[misc]
+            bench, case.with_draft(b), mode("rapid")(bench, case))
     methods["llama_cpp"] = run_llama_cpp
     if target.runtime.startswith("cpu-quantized"):
         other = "fp32" if target.runtime.endswith("float16") else "fp16"
@@ -306,6 +335,34 @@ def default_methods(methods: dict[str, Method], has_llama: bool) -> list[str]:
 # ---- prompts ----------------------------------------------------------------------------------------
 
 
+class RagContext:
+    """The RAG drafter's context for a question, as the service picks it: the document in 512-token chunks,
+    ranked by the bundled embedder (threshold and top-k of the service's defaults), the best that fit the
+    budget, in document order."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from retrieval.embedding import load_embedder
+
+        self.tokenizer = tokenizer
+        self.embedder = load_embedder("bundled", device="cpu")
+        self.threshold = default_threshold(self.embedder.name)
+        self._chunks: dict[str, tuple[list[Chunk], np.ndarray]] = {}
+
+    def text(self, document: str, question: str, budget: int, top_k: int = 16) -> str:
+        return join_hits(self.hits(document, question, budget, top_k))
+
+    def hits(self, document: str, question: str, budget: int, top_k: int = 16) -> list[Hit]:
+        if document not in self._chunks:
+            chunks = chunk_text(document, self.tokenizer, 512)
+            self._chunks[document] = (chunks, self.embedder.encode([c.text for c in chunks]))
+        chunks, vectors = self._chunks[document]
+        scores = vectors @ self.embedder.encode_query(question)
+        best = [i for i in np.argsort(-scores)[:top_k] if scores[i] >= self.threshold]
+        hits = [Hit("doc", chunks[i].id, chunks[i].text, float(scores[i]), chunks[i].start, chunks[i].end, None,
+                    chunks[i].n_tokens) for i in best]
+        return pack_hits(hits, budget)
+
+
 def make_cases(
     target: LoadedModel,
     docs: Sequence[DocQA],
@@ -313,9 +370,10 @@ def make_cases(
     max_new: int,
     max_doc_tokens: int | None = None,
     min_doc_tokens: int = 0,
+    rag: RagContext | None = None,
 ) -> list[Case]:
     """One case per (document, question); documents longer than the window (or the cap) are cut, documents
-    shorter than ``min_doc_tokens`` left out."""
+    shorter than ``min_doc_tokens`` left out. With ``rag``, each case carries the RAG drafter's prompts."""
     tok = target.tokenizer
     room = min(target.max_context - max_new - 256, max_doc_tokens or target.max_context)
     cases = []
@@ -330,7 +388,17 @@ def make_cases(
         tag = f"@{max_doc_tokens}" if max_doc_tokens else ""
         for i, question in enumerate(doc.questions[:questions_per_doc]):
             prompt = build_prompt(tok, system=SYSTEM, document=text, question=question, prefix_key=doc.name + tag)
-            cases.append(Case(f"{doc.name}/q{i + 1}{tag}", text, question, prompt, max_doc_tokens or 0))
+            drafts = {}
+            for budget in (RAPID_BUDGET, *RAPID_SWEEP) if rag is not None else ():
+                context = rag.text(text, question, budget)  # type: ignore[union-attr]
+                drafts[budget] = build_prompt(tok, system=SYSTEM, document=context, question=question,
+                                              prefix_key=None).ids
+            rows = None
+            if rag is not None:
+                spans = [(h.start, h.end) for h in rag.hits(text, question, RAPID_BUDGET)]
+                rows = context_rows(tok, prompt, text, spans)
+            prompt = dataclasses.replace(prompt, draft_ids=drafts.get(RAPID_BUDGET), draft_rows=rows)
+            cases.append(Case(f"{doc.name}/q{i + 1}{tag}", text, question, prompt, max_doc_tokens or 0, drafts))
     return cases
 
 
@@ -581,10 +649,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown methods {unknown}; known: {sorted(methods)}")
 
     cases: list[Case] = []
+    rag = RagContext(target.tokenizer) if any(n.startswith(("rapid", "combined", "auto")) for n in names) else None
     for context in args.contexts:
         docs = qa_documents(QUICK_DOCS.get(context, QUICK_DOCS[3500]) if args.quick else None)
         min_tokens = int(0.9 * context) if context > 4000 else 0  # the long class: documents that fill it
-        cases += make_cases(target, docs, 1 if args.quick else 2, args.max_new_tokens, context, min_tokens)
+        cases += make_cases(target, docs, 1 if args.quick else 2, args.max_new_tokens, context, min_tokens, rag)
     # Our methods share the document prefix KV (as in the service); speedups compare decode throughput.
     engine = Engine(target, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
     engine.calibrate()
@@ -598,7 +667,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         other_kv = Engine(twin, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
     bench = Bench(target, engine, args.max_new_tokens, cases, llm, other_kv)
 
-    warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in qa_documents()[:1]], 1, 8)[0]
+    warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in qa_documents()[:1]], 1, 8,
+                        rag=rag)[0]
     for name in names:
         methods[name](dataclasses.replace(bench, max_new_tokens=8), warmup)
 
@@ -663,7 +733,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     per_method = {name: overall["methods"][name] for name in names}
-    sources = {name: source_shares(results, name) for name in names if name in DRAFTERS}
+    sources = {name: source_shares(results, name) for name in names if name in DRAFTERS or "@" in name}
     return {
         "benchmark": "decode",
         "config": {

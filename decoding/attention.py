@@ -34,9 +34,11 @@ _memo = threading.local()
 
 
 def _visibility(mask: torch.Tensor | None, n: int, length: int) -> Visibility | None:
-    """Which cache rows each of the ``n`` new queries sees: all of ``[0, past)``, then its own rows.
+    """Which cache rows each of the ``n`` new queries sees: all of ``[0, past)``, then its own rows (its
+    tree path, or any subset of the cached rows when part of the prefix is hidden: e.g. a drafter reading only
+    the retrieved chunks' rows). ``past`` is the longest prefix every query sees whole.
 
-    None when the mask is not of that shape (a hidden prefix row, an additive bias): the caller falls back.
+    None when the mask is not 0 / -inf (an additive bias): the caller falls back.
     """
     past = length - n
     if mask is None:
@@ -54,7 +56,8 @@ def _visibility(mask: torch.Tensor | None, n: int, length: int) -> Visibility | 
         if not bool((visible | (full <= torch.finfo(full.dtype).min / 2)).all()):
             return None  # a real additive bias: not what the kernel computes
     if past and not bool(visible[:, :past].all()):
-        return None
+        hidden = (~visible[:, :past].all(dim=0)).nonzero()
+        past = int(hidden[0]) if len(hidden) else past
     block = visible[:, past:]
     counts = block.sum(dim=1)
     off = torch.zeros(n + 1, dtype=torch.int32)

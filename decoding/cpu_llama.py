@@ -249,7 +249,7 @@ class CpuLlama:
                 raise ValueError(f"a tree forward takes at most {kernels.MAX_ROWS} rows, got {n}")
             vis = _visibility(attention_mask, n, start + n)
             if vis is None:
-                raise ValueError("CpuLlama takes a causal forward or a tree mask over a fully visible prefix")
+                raise ValueError("CpuLlama takes a causal forward or a 0 / -inf visibility mask, not a bias")
             self._layers(x, pos, cache, start, vis)
         else:
             for c0 in range(0, n, CHUNK_ROWS):

@@ -264,7 +264,7 @@ class Engine:
             yield TokenEvent(text, output[:])
         if not done and drafters:
             info = PromptInfo(prompt_ids=prompt.ids, prompt_topk=prompt_topk, prefix_len=len(prompt.prefix_ids),
-                              draft_ids=prompt.draft_ids)
+                              draft_ids=prompt.draft_ids, draft_rows=prompt.draft_rows, target_cache=cache)
             for d in drafters:
                 d.begin(info)
 

@@ -43,6 +43,7 @@ class Prompt:
     prefix_key: str | None = None
     context_truncated: bool = False  # set by the caller when the document was cut to fit the window
     draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt: [system][retrieved chunks][question]
+    draft_rows: Sequence[tuple[int, int]] | None = None  # the rows of this prompt the KV drafter reads
 
     @property
     def ids(self) -> list[int]:

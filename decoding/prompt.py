@@ -18,6 +18,7 @@ the last one of the prefix, so the prefix ends exactly where the document text e
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -99,3 +100,31 @@ def build_prompt(
         out += _encode(tokenizer, head[len(template):] + text, plain=True)
     suffix += _encode(tokenizer, rest, plain=False)
     return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key)
+
+
+def context_rows(
+    tokenizer: Any, prompt: Prompt, document: str, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Rows of ``prompt`` (built over ``document``) that a drafter reading only ``spans`` of the document sees:
+    everything before the document (template, system text), the tokens of each character span ``[start, end)``,
+    and everything after the document (history, question). Sorted, merged ``[start, end)`` row ranges.
+
+    The document is the last piece of ``prompt.prefix_ids``, so its tokens end there; their character offsets
+    come from tokenizing the document alone (a template's leading whitespace may shift the first token by
+    one: harmless for a drafter, whose drafts are verified anyway)."""
+    enc = tokenizer(document, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    starts = [a for a, _ in enc["offset_mapping"]]
+    ends = [b for _, b in enc["offset_mapping"]]
+    doc_start = max(0, len(prompt.prefix_ids) - len(starts))
+    ranges = [(0, doc_start)]
+    for a, b in spans:  # the tokens overlapping [a, b) (a token may carry the space before a word)
+        lo, hi = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b)
+        ranges.append((doc_start + lo, doc_start + hi))
+    ranges.append((len(prompt.prefix_ids), len(prompt.prefix_ids) + len(prompt.suffix_ids)))
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged

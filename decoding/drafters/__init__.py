@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from decoding.drafter import Drafter
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import RacerFactory
-from decoding.drafters.rapid import DraftLM, RapidDrafter
+from decoding.drafters.rapid import DraftLM, RapidDrafter, RapidKVDrafter
 from decoding.errors import DecodingError
 from decoding.generation import SamplingParams
 
@@ -32,6 +33,7 @@ class DraftingKit:
     racer: RacerFactory | None = None  # RACER's process-wide state (logits table, cross-session tier)
     tenant: str = ""  # keys RACER's cross-session tier
     draft_lm: Callable[[], DraftLM] | None = None  # a fresh KV cache on the RAG drafter's LM
+    target_model: Any = None  # the target itself (the KV-subset drafter drafts with it over its own cache)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
@@ -47,17 +49,25 @@ def _rapid(kit: DraftingKit) -> Drafter:
     return RapidDrafter(kit.draft_lm(), kit.sampling)
 
 
+def _rapid_kv(kit: DraftingKit) -> Drafter:
+    if kit.target_model is None:
+        raise ModeUnavailable("the target model is not given to the KV-subset drafter (RAPID-KV)")
+    return RapidKVDrafter(kit.target_model, kit.sampling)
+
+
 DRAFTERS: dict[str, Callable[[DraftingKit], Drafter]] = {
     "prompt_lookup": lambda kit: PromptLookupDrafter(),
     "racer": _racer,
     "rapid": _rapid,
+    "rapid_kv": _rapid_kv,
 }
 
 MODES: dict[str, tuple[str, ...]] = {
     "autoregressive": (),
     "racer": ("racer",),
     "rapid": ("rapid",),
-    "combined": ("rapid", "racer", "prompt_lookup"),
+    "rapid_kv": ("rapid_kv",),
+    "combined": ("rapid_kv", "racer", "prompt_lookup"),
     "auto": ("prompt_lookup", "racer"),  # the benchmark's best on the CPU runtime (README, decode table)
 }
 
@@ -74,4 +84,7 @@ def build_drafters(mode: str, kit: DraftingKit) -> list[Drafter]:
         raise ModeUnavailable(f"mode {mode!r} is not available: {exc}") from exc
 
 
-__all__ = ["DRAFTERS", "MODES", "DraftLM", "DraftingKit", "ModeUnavailable", "RapidDrafter", "build_drafters"]
+__all__ = [
+    "DRAFTERS", "MODES", "DraftLM", "DraftingKit", "ModeUnavailable", "RapidDrafter", "RapidKVDrafter",
+    "build_drafters",
+]  # fmt: skip

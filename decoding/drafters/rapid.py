@@ -128,6 +128,10 @@ class RapidDrafter(BaseDrafter):
             self.lm.feed(ids)
         self.prefill_s = time.perf_counter() - t
         self._prompt_len = self.lm.length
+        self._seed()
+
+    def _seed(self) -> None:
+        """A sampling request's drafts come from their own generator (seeded from the request's seed)."""
         if not self.sampling.greedy:
             self._generator = torch.Generator()
             seed = self.sampling.seed if self.sampling.seed is not None else time.time_ns() % (2**63)
@@ -142,26 +146,41 @@ class RapidDrafter(BaseDrafter):
         if not self.active or depth <= 0 or not request.generated:
             return tree
         t = time.perf_counter()
-        forwards = 0
-        logits = self._catch_up(list(request.generated))
-        forwards += 1
-        parent = ROOT
-        for d in range(depth):
-            q = self._distribution(logits)
-            tok = int(q.argmax()) if self.sampling.greedy else int(torch.multinomial(q, 1, generator=self._generator))
-            if float(q[tok]) < self.threshold:
-                break
-            node = tree.add(parent, tok, self.name, prob=None if self.sampling.greedy else q, kind=self.name)
-            if d < self.branch_depth and self.branches > 0 and len(tree) < request.budget:
-                self._add_branches(tree, parent, q, tok, request.budget)
-            parent = node
-            if d + 1 >= depth or len(tree) >= request.budget:
-                break
-            logits = self.lm.feed([tok])
-            self._fed.append(tok)
-            forwards += 1
+        forwards = 1
+        logits = self._first(list(request.generated))
+        try:
+            parent = ROOT
+            for d in range(depth):
+                q = self._distribution(logits)
+                tok = self._pick(q)
+                if float(q[tok]) < self.threshold:
+                    break
+                node = tree.add(parent, tok, self.name, prob=None if self.sampling.greedy else q, kind=self.name)
+                if d < self.branch_depth and self.branches > 0 and len(tree) < request.budget:
+                    self._add_branches(tree, parent, q, tok, request.budget)
+                parent = node
+                if d + 1 >= depth or len(tree) >= request.budget:
+                    break
+                logits = self._next(tok)
+                forwards += 1
+        finally:
+            self._done()
         self._time(time.perf_counter() - t, forwards)
         return tree
+
+    # The three steps of a chain; RapidKVDrafter reads the target's own KV instead.
+
+    def _first(self, generated: list[int]) -> torch.Tensor:
+        """The logits after the root: the drafter's cache brought in step with the output."""
+        return self._catch_up(generated)
+
+    def _next(self, token: int) -> torch.Tensor:
+        """The logits after the drafted ``token``."""
+        self._fed.append(token)
+        return self.lm.feed([token])
+
+    def _done(self) -> None:
+        """After the chain (its own cache is rolled back lazily, at the next catch-up)."""
 
     def _catch_up(self, generated: list[int]) -> torch.Tensor:
         """Cut the cache back to what still agrees with the output, feed the rest (root last)."""
@@ -172,6 +191,9 @@ class RapidDrafter(BaseDrafter):
         self.lm.truncate(self._prompt_len + keep)
         self._fed = generated[:]
         return self.lm.feed(generated[keep:])
+
+    def _pick(self, q: torch.Tensor) -> int:
+        return int(q.argmax()) if self.sampling.greedy else int(torch.multinomial(q, 1, generator=self._generator))
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
         if self.sampling.greedy:
@@ -191,3 +213,65 @@ class RapidDrafter(BaseDrafter):
         self.forwards += forwards
         old = self.step_cost_s
         self.step_cost_s = per if old == 0.0 else (1 - self.cost_ema) * old + self.cost_ema * per
+
+
+class RapidKVDrafter(RapidDrafter):
+    """``rapid_kv``: the target drafts with its own weights while attending only to its already-cached KV rows
+    of the system prompt, the retrieved chunks, the question (``PromptInfo.draft_rows``) and the generated
+    tokens. No drafter prefill and no second cache: the chunk rows were computed with the whole document as
+    their left context, positions are the true ones. The drafted tokens' rows are written after the target's
+    cached rows and cut off again after the chain (the verify pass writes its own there)."""
+
+    name = "rapid_kv"
+
+    def __init__(self, model: Any, sampling: SamplingParams | None = None, **kw: Any) -> None:
+        super().__init__(DraftLM(model), sampling, **kw)
+        self.model = model
+        self._cache: SlotCache | None = None
+        self._seen = torch.zeros(0, dtype=torch.bool)  # prompt rows the drafter reads
+        self._dtype: torch.dtype = getattr(model, "dtype", torch.float32)
+
+    def begin(self, prompt: PromptInfo) -> None:
+        self.reset()
+        self.prefill_s = 0.0
+        if prompt.target_cache is None or prompt.draft_rows is None:
+            return
+        n = len(prompt.prompt_ids)
+        seen = torch.zeros(n, dtype=torch.bool)
+        for a, b in prompt.draft_rows:
+            seen[max(0, a) : min(n, b)] = True
+        self._cache, self._seen, self.active = prompt.target_cache, seen, True
+        self._prompt_len = n
+        self._seed()
+
+    def _first(self, generated: list[int]) -> torch.Tensor:
+        assert self._cache is not None
+        self._base = self._cache.length  # prompt + accepted output; the root is not cached yet
+        return self._forward(generated[-1])
+
+    def _next(self, token: int) -> torch.Tensor:
+        return self._forward(token)
+
+    def _done(self) -> None:
+        if self._cache is not None:
+            self._cache.truncate(self._base)
+
+    def _forward(self, token: int) -> torch.Tensor:
+        """One token after the rows cached so far, seeing the prompt subset and every row after the prompt."""
+        assert self._cache is not None
+        length = self._cache.length
+        visible = torch.ones(length + 1, dtype=torch.bool)
+        visible[: len(self._seen)] = self._seen
+        mask = torch.zeros(1, 1, 1, length + 1, dtype=self._dtype, device=self.lm.device)
+        mask[0, 0, 0].masked_fill_(~visible.to(self.lm.device), torch.finfo(self._dtype).min)
+        pos = torch.tensor([length], device=self.lm.device)
+        out = self.model(
+            input_ids=torch.tensor([[token]], dtype=torch.long, device=self.lm.device),
+            position_ids=pos.unsqueeze(0),
+            attention_mask=mask,
+            past_key_values=self._cache,
+            cache_position=pos,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[0, -1].detach().float().cpu()

@@ -192,7 +192,7 @@ def test_speculative_modes_answer_like_autoregressive(client: httpx.Client, doc:
     RAG drafter (rapid, combined) reads the retrieved chunks and its nodes are counted under its own name."""
     question = "How tall is the Eiffel Tower and when was it completed?"
     answers = {}
-    for mode in ("autoregressive", "auto", "racer", "rapid", "combined"):
+    for mode in ("autoregressive", "auto", "racer", "rapid", "rapid_kv", "combined"):
         response = ask(client, question=question, document_ids=[doc], mode=mode, max_tokens=24)
         assert response.status_code == 200, response.text
         answers[mode] = response.json()["answer"]
@@ -200,8 +200,8 @@ def test_speculative_modes_answer_like_autoregressive(client: httpx.Client, doc:
         assert stats["mode"] == mode
         if mode != "autoregressive":
             assert stats["drafted"] > 0
-        if mode == "rapid":  # its first use is always tried (later, the policy skips it where it does not pay)
-            assert set(stats["drafted_by_source"]) == {"rapid"}
+        if mode in ("rapid", "rapid_kv"):  # a first use is always tried (then the policy skips it if it won't pay)
+            assert set(stats["drafted_by_source"]) == {mode}
         assert set(stats["accepted_by_source"]) <= set(stats["drafted_by_source"])
     assert len(set(answers.values())) == 1, answers
 

@@ -13,6 +13,7 @@ from app.prompts import SYSTEM_PROMPT, DocumentText, PromptBuilder
 from app.routes.openai import conversation
 from app.schemas import ChatMessage
 from decoding.prompt import build_prompt
+from retrieval.retriever import Hit
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,21 @@ def test_draft_prompt_is_the_target_layout_over_the_retrieved_chunks(tokenizer) 
     assert draft == same.ids
     assert draft[-len(target.suffix_ids):] == list(target.suffix_ids)  # same question and history tokens
     assert len(draft) < len(target.ids)
+
+
+def test_draft_rows_cover_the_retrieved_spans_and_the_prompt_around_the_document(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """RAPID-KV reads the target's cached rows of the system part, the retrieved chunks and the question."""
+    text = "Tea is grown in Assam. " * 20 + "Coffee needs shade and rain. " + "Cocoa grows near the equator. " * 20
+    docs = [DocumentText("d1", "Notes", 200, lambda: text)]
+    builder = PromptBuilder(tokenizer, "smollm2", max_context=4096)
+    prompt = builder.fit(docs, "What does coffee need?", [], 32, None, None)
+    start = text.index("Coffee")
+    hit = Hit("d1", 3, "Coffee needs shade and rain. ", 0.9, start, start + 29, None, 7)
+    rows = builder.draft_rows(prompt, docs, [hit])
+    assert rows[0][0] == 0 and rows[-1][1] == len(prompt.ids)
+    assert len(rows) == 3  # system part, the chunk, the question part
+    chunk = tokenizer.decode(prompt.ids[rows[1][0] : rows[1][1]])
+    assert "Coffee needs shade and rain" in chunk and "Tea" not in chunk and "Cocoa" not in chunk
+    assert tokenizer.decode(prompt.ids[rows[0][1] - 3 : rows[0][1]]).strip() != "Tea is grown"  # before the text
+    assert "What does coffee need?" in tokenizer.decode(prompt.ids[rows[2][0] : rows[2][1]])
+    assert sum(b - a for a, b in rows) < len(prompt.ids) // 3

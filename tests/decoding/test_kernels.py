@@ -105,6 +105,28 @@ def test_attention_matches_sdpa_on_trees(heads: int, groups: int, d: int, past: 
 
 
 @needs_kernels
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_attention_over_a_subset_of_the_cached_rows(half: bool) -> None:
+    """Queries that see only some cached rows (a drafter reading the retrieved chunks' KV), plus a chain."""
+    g = _gen(3)
+    heads, groups, d, past, n = 9, 3, 64, 700, 3
+    k, v = torch.randn(1, groups, past + n, d, generator=g), torch.randn(1, groups, past + n, d, generator=g)
+    if half:
+        k, v = k.half(), v.half()
+    q = torch.randn(1, heads, n, d, generator=g)
+    keep = torch.zeros(past, dtype=torch.bool)
+    for a, b in ((0, 70), (200, 330), (512, 600), (690, 700)):  # system, two chunks, question
+        keep[a:b] = True
+    visible = torch.cat([keep.expand(n, past), torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
+    mask = torch.zeros(1, 1, n, past + n).masked_fill_(~visible, float("-inf"))
+    vis = _visibility(mask, n, past + n)
+    assert vis is not None and vis[0] == 70 and lib is not None
+    got = kernels.attention(lib, q, k, v, *vis, scale=d**-0.5)
+    want = _reference_attention(q, k.float(), v.float(), visible)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
 @pytest.mark.parametrize("threads", [1, 2])
 def test_attention_is_batch_invariant_across_tree_and_chain(threads: int) -> None:
     """A query's output inside a tree equals, bit for bit, the output it gets decoded alone on the same keys
@@ -154,8 +176,15 @@ def test_visibility_parsing() -> None:
     vis = _visibility(mask, 2, 6)
     assert vis is not None and vis[0] == 4 and vis[1].tolist() == [4, 4, 5] and vis[2].tolist() == [0, 1, 3]
     hidden_prefix = mask.clone()
-    hidden_prefix[0, 0, 1, 0] = neg
-    assert _visibility(hidden_prefix, 2, 6) is None
+    hidden_prefix[0, 0, 1, 0] = neg  # query 1 does not see row 0: no prefix is seen whole, rows listed
+    vis = _visibility(hidden_prefix, 2, 6)
+    assert vis is not None and vis[0] == 0
+    assert vis[1].tolist() == [0, 1, 2, 3, 4, 1, 2, 3, 4, 5] and vis[2].tolist() == [0, 5, 10]
+    hidden_prefix[0, 0, :, 2] = neg  # row 2 hidden from both: the whole prefix is [0, 2)
+    vis = _visibility(hidden_prefix, 2, 6)
+    assert vis is not None and vis[0] == 0 and vis[1].tolist() == [0, 1, 3, 4, 1, 3, 4, 5]
+    mask[0, 0, :, 3] = neg
+    assert _visibility(mask, 2, 6)[0] == 3  # type: ignore[index]
     bias = mask.clone()
     bias[0, 0, 0, 1] = -3.0  # an additive bias is not a visibility mask: fall back
     assert _visibility(bias, 2, 6) is None

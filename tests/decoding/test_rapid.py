@@ -3,6 +3,7 @@ accepted output, the modes of the registry, and exact sampling with LM-drafted (
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
@@ -11,7 +12,7 @@ import torch
 
 from decoding import engine as engine_module
 from decoding.drafter import DraftRequest, PromptInfo
-from decoding.drafters import DraftingKit, DraftLM, ModeUnavailable, RapidDrafter, build_drafters
+from decoding.drafters import DraftingKit, DraftLM, ModeUnavailable, RapidDrafter, RapidKVDrafter, build_drafters
 from decoding.drafters.racer import LogitsTable, RacerConfig, RacerFactory
 from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
@@ -61,6 +62,32 @@ def test_rapid_with_another_drafter_model_is_exact(tiny: TinyTarget, reference: 
     assert done.stats.drafted > 0
 
 
+ROWS = [(0, 3), (6, 9), (10, 13)]  # "system", one retrieved chunk, the question part of PROMPT (13 tokens)
+
+
+@pytest.mark.parametrize("budget", [5, None], ids=["budget5", "policy"])
+def test_rapid_kv_over_a_subset_of_the_target_cache_is_exact(
+    tiny: TinyTarget, reference: list[int], budget: int | None
+) -> None:
+    drafter = RapidKVDrafter(tiny.model, threshold=0.0)
+    done = run(Engine(tiny), dataclasses.replace(_prompt(None), draft_rows=ROWS), N, [drafter], budget)
+    assert done.token_ids == reference  # the drafted rows written past the target's were cut off again
+    assert done.stats.drafted_by_source.get("rapid_kv", 0) > 0
+
+
+def test_rapid_kv_over_every_row_is_the_target_itself(tiny: TinyTarget, reference: list[int]) -> None:
+    drafter = RapidKVDrafter(tiny.model, threshold=0.0, branches=0)
+    prompt = dataclasses.replace(_prompt(None), draft_rows=[(0, len(PROMPT.ids))])
+    done = run(Engine(tiny), prompt, N, [drafter], 6)
+    assert done.token_ids == reference
+    assert done.stats.accepted >= 0.9 * done.stats.drafted > 0
+
+
+def test_rapid_kv_without_rows_drafts_nothing(tiny: TinyTarget, reference: list[int]) -> None:
+    done = run(Engine(tiny), _prompt(None), 8, [RapidKVDrafter(tiny.model, threshold=0.0)], 5)
+    assert done.token_ids == reference[:8] and done.stats.drafted == 0
+
+
 class RecordingRapid(RapidDrafter):
     def __init__(self, lm: DraftLM, **kw: object) -> None:
         super().__init__(lm, **kw)  # type: ignore[arg-type]
@@ -107,10 +134,12 @@ def test_threshold_stops_the_chain_and_policy_depth_is_obeyed(tiny: TinyTarget) 
 
 def test_modes_from_the_registry(tiny: TinyTarget, reference: list[int]) -> None:
     table = LogitsTable(VOCAB, k=RacerConfig().topk, model_id="tiny")
-    kit = DraftingKit(racer=RacerFactory(RacerConfig(), table), draft_lm=lambda: DraftLM(tiny.model))
+    kit = DraftingKit(racer=RacerFactory(RacerConfig(), table), draft_lm=lambda: DraftLM(tiny.model),
+                      target_model=tiny.model)
     assert build_drafters("autoregressive", kit) == []
-    assert [d.name for d in build_drafters("combined", kit)] == ["rapid", "racer", "prompt_lookup"]
-    done = run(Engine(tiny), _prompt(DRAFT_IDS), N, build_drafters("combined", kit), None)
+    assert [d.name for d in build_drafters("combined", kit)] == ["rapid_kv", "racer", "prompt_lookup"]
+    prompt = dataclasses.replace(_prompt(DRAFT_IDS), draft_rows=ROWS)
+    done = run(Engine(tiny), prompt, N, build_drafters("combined", kit), None)
     assert done.token_ids == reference
     with pytest.raises(ModeUnavailable, match="RAG drafter"):
         build_drafters("rapid", DraftingKit())
