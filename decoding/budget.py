@@ -121,11 +121,17 @@ class BudgetPolicy:
     def cost(self, nodes: int, context: int | None = None) -> float:
         """Seconds for a verify forward of ``nodes`` nodes on a ``context``-token cache (None: the reference
         length); interpolated between measured sizes."""
-        base = _interpolate(self.cost_s, nodes, extrapolate=True)
-        if context is None or self.cost_context is None or not self.cost_slope:
-            return base
-        shift = _interpolate(self.cost_slope, nodes, extrapolate=False) * (context - self.cost_context)
-        return max(0.2 * base, base + shift)
+        return self.costs(nodes, context, first=nodes)[0]
+
+    def costs(self, most: int, context: int | None = None, first: int = 0) -> list[float]:
+        """``[cost(n, context) for n in first..most]``, the tables read once (the selector asks every step)."""
+        base, slope = self.cost_s, self.cost_slope
+        far = 0 if context is None or self.cost_context is None or not slope else context - self.cost_context
+        out = []
+        for n in range(first, most + 1):
+            b = _interpolate(base, n, extrapolate=True)
+            out.append(max(0.2 * b, b + _interpolate(slope, n, extrapolate=False) * far) if far else b)
+        return out
 
 
 def _interpolate(table: dict[int, float], nodes: int, extrapolate: bool) -> float:
@@ -201,12 +207,13 @@ class TreeSelector:
             return tree
         p = self.node_probabilities(tree)
         order = sorted(range(len(tree)), key=lambda i: (-p[i], i))  # a parent never ranks below its child
-        cost = self.policy.cost
-        best_n, best_rate = 0, 1.0 / cost(0, context)
+        order = order[: self.policy.max_budget]
+        cost = self.policy.costs(len(order), context)
+        best_n, best_rate = 0, 1.0 / cost[0]
         gain = 1.0
-        for n, i in enumerate(order[: self.policy.max_budget], start=1):
+        for n, i in enumerate(order, start=1):
             gain += p[i]
-            rate = gain / cost(n, context)
+            rate = gain / cost[n]
             if rate > best_rate:
                 best_n, best_rate = n, rate
         if best_n == 0 and self.step % self.policy.explore_every == 0:

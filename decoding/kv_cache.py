@@ -77,7 +77,6 @@ class SlotLayer(CacheLayerMixin):
     def advance(self, n: int) -> None:
         """``n`` rows after ``length`` were written into the buffers directly: make them live."""
         self.length += n
-        self._publish()
 
     def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Copy a prefix ``[1, h, n, d]`` into rows 0..n-1."""
@@ -89,12 +88,24 @@ class SlotLayer(CacheLayerMixin):
         self._kbuf[:, :, :n].copy_(keys)
         self._vbuf[:, :, :n].copy_(values)
         self.length = n
-        self._publish()
 
-    def _publish(self) -> None:
-        assert self._kbuf is not None and self._vbuf is not None
-        self.keys = self._kbuf[:, :, : self.length]
-        self.values = self._vbuf[:, :, : self.length]
+    # ``keys`` / ``values`` (what transformers reads) are views made when read: a step of the quantized runtime
+    # never reads them, and making two views per layer per step cost ~1 ms of Python.
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        return None if self._kbuf is None else self._kbuf[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        """The buffers are the truth (transformers' base class assigns None at construction)."""
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        return None if self._vbuf is None else self._vbuf[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        """See ``keys``."""
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict[str, Any] | None = None
@@ -107,7 +118,6 @@ class SlotLayer(CacheLayerMixin):
         self._kbuf[:, :, self.length : self.length + n].copy_(key_states)
         self._vbuf[:, :, self.length : self.length + n].copy_(value_states)
         self.length += n
-        self._publish()
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
@@ -121,12 +131,9 @@ class SlotLayer(CacheLayerMixin):
         self._kbuf[:, :, base : base + m].copy_(k)
         self._vbuf[:, :, base : base + m].copy_(v)
         self.length = base + m
-        self._publish()
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
-        if self.is_initialized:
-            self._publish()
 
     def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
         return self.length + cache_position.shape[0], 0
