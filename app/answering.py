@@ -25,6 +25,7 @@ from app.schemas import AskStats, Source, Usage
 from app.services import Services
 from app.sessions import Turn
 from decoding.drafter import Drafter
+from decoding.drafters import MODES
 from decoding.generation import (
     DoneEvent,
     GenerationConfig,
@@ -216,7 +217,7 @@ async def finish(services: Services, p: Plan) -> None:
     done = p.done
     if done is None or done.finish_reason == "cancelled":
         return
-    if p.question.mode == "autoregressive":  # RACER's drafter feeds the tier itself in the other modes
+    if "racer" not in MODES[p.question.mode]:  # RACER's drafter feeds the tier itself where it runs
         await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
     if p.question.session_id is not None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(p.question.question, done.text))

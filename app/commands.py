@@ -15,8 +15,9 @@ import mimetypes
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from app.schemas import AskMode
 from app.settings import BUNDLED, Settings
 
 logger = logging.getLogger(__name__)
@@ -248,7 +249,7 @@ def add_ask(sub: SubParsers) -> None:
     p.add_argument("--api-key", default=None, help="Bearer key (server with keys / tenant in process)")
     p.add_argument("--stream", action="store_true", help="print the answer as it is generated")
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--mode", default="auto", choices=["auto", "autoregressive", "racer", "rapid", "combined"])
+    p.add_argument("--mode", default="auto", choices=get_args(AskMode))
     p.add_argument("--session", default=None, help="session id to continue (HTTP only)")
     p.add_argument("--json", action="store_true", help="print the whole JSON response")
     p.set_defaults(handler=_ask)

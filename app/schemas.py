@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
 AskMode = Literal["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined"]
+RAG_MODES = ("rapid", "rapid_kv", "combined")  # modes with the RAG drafter (eta applies to its drafts)
 
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 
@@ -66,6 +67,20 @@ class AskRequest(BaseModel):
     stream: bool = False
     session_id: str | None = Field(None, pattern=ID_PATTERN)
     mode: AskMode = "auto"
+    eta: float = Field(
+        0.0, ge=0.0, le=50.0,
+        description="RAPID knowledge transfer, NOT lossless: > 0 lets the RAG drafter's distribution shift the "
+        "target's, so the answer no longer follows the target's distribution (5-20 for a same-size drafter). "
+        "Needs temperature > 0, no seed, and a mode with the RAG drafter (rapid, rapid_kv, combined).",
+    )
+
+    @model_validator(mode="after")
+    def _eta_needs_rag_sampling(self) -> AskRequest:
+        if self.eta > 0 and (self.temperature <= 0 or self.seed is not None or self.mode not in RAG_MODES):
+            raise ValueError(
+                "eta (knowledge transfer) needs temperature > 0, no seed, and mode rapid, rapid_kv or combined"
+            )
+        return self
 
 
 class Source(BaseModel):

@@ -371,7 +371,7 @@ class Engine:
         probs = target_probs(logits, sampling)
         if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
             return verify_coupled(tree, probs, noise, position), logits
-        return verify_sampling(tree, probs, generator), logits
+        return verify_sampling(tree, probs, generator, sampling.eta), logits
 
     def _pick(
         self,

@@ -10,12 +10,17 @@ from decoding.stats import GenerationStats
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. top_k 0 = off. A seed makes sampling reproducible."""
+    """temperature 0 = greedy. top_k 0 = off. A seed makes sampling reproducible.
+
+    ``eta`` > 0 turns on RAPID's knowledge transfer, which is NOT lossless: a sampled LM draft is tested
+    against the target's distribution shifted towards the drafter's (``decoding.verify.transfer``), so the
+    answer no longer follows the target's distribution. 0 (the default) is exact speculative sampling."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    eta: float = 0.0
 
     @property
     def greedy(self) -> bool:

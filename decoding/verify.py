@@ -81,12 +81,22 @@ def _uniform(generator: torch.Generator | None) -> float:
     return float(torch.rand((), generator=generator).item())
 
 
+def transfer(p: torch.Tensor, q: torch.Tensor, eta: float, floor: float = 0.1) -> torch.Tensor:
+    """RAPID's knowledge transfer: p_hat = softmax(log p + eta (q - p)), the shift applied only where the
+    drafter is fairly sure (q >= floor * max q). Not lossless: p_hat is not the target's distribution."""
+    shift = torch.where(q >= floor * q.max(), eta * (q - p), torch.zeros_like(p))
+    return torch.softmax(torch.log(p) + shift, dim=-1)
+
+
 def verify_sampling(
-    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None, eta: float = 0.0
 ) -> Verdict:
     """Multi-draft recursive rejection sampling over a tree (lossless for any drafts).
 
     ``probs``: ``[n + 1, vocab]`` target distributions p (already tempered / truncated) for every row.
+    ``eta`` > 0 (opt-in, NOT lossless): a sampled child x ~ q is accepted with min(1, p_hat(x) / q(x)),
+    p_hat = ``transfer(p, q, eta)``, and a rejection leaves norm(max(p - p_hat, p - q, 0)); the bonus token
+    still comes from plain p.
     """
     kids = tree.children()
     row, accepted = 0, list[int]()
@@ -101,6 +111,14 @@ def verify_sampling(
                     moved = True
                 else:
                     p[x] = 0.0
+            elif eta > 0.0:
+                qd = q.to(p.dtype)
+                p_hat = transfer(p, qd, eta)
+                qx = float(qd[x])
+                if qx > 0 and _uniform(generator) < min(1.0, float(p_hat[x]) / qx):
+                    moved = True
+                else:
+                    p = torch.clamp(torch.maximum(p - p_hat, p - qd), min=0.0)
             else:
                 qx = float(q[x])
                 if qx > 0 and _uniform(generator) < min(1.0, float(p[x]) / qx):

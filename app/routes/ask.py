@@ -42,7 +42,7 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
         question=body.question,
         document_ids=body.document_ids,
         max_tokens=body.max_tokens,
-        sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed),
+        sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed, eta=body.eta),
         mode=body.mode,
         history=history,
         session_id=session_id,

@@ -68,7 +68,7 @@ MODES: dict[str, tuple[str, ...]] = {
     "rapid": ("rapid",),
     "rapid_kv": ("rapid_kv",),
     "combined": ("rapid_kv", "racer", "prompt_lookup"),
-    "auto": ("prompt_lookup", "racer"),  # the benchmark's best on the CPU runtime (README, decode table)
+    "auto": ("prompt_lookup",),  # the benchmark's best speculative mode on the CPU runtime (README, decode)
 }
 
 

@@ -220,6 +220,17 @@ def test_sampling_with_a_seed_is_reproducible(client: httpx.Client, doc: str) ->
     assert first["answer"] == second["answer"] and first["answer"]
 
 
+def test_knowledge_transfer_is_an_explicit_sampling_opt_in(client: httpx.Client, doc: str) -> None:
+    """eta (not lossless) needs sampling without a seed and a mode with the RAG drafter; else 422."""
+    base = {"question": "Where is the Colosseum?", "document_ids": [doc], "max_tokens": 6}
+    sampled = {"eta": 10, "temperature": 0.7}
+    for bad in ({"eta": 10}, {**sampled, "seed": 3}, {**sampled, "mode": "auto"}):
+        response = ask(client, **base, **bad)
+        assert response.status_code == 422 and "eta" in response.text
+    response = ask(client, **base, eta=10, temperature=0.7, mode="rapid_kv")
+    assert response.status_code == 200 and response.json()["answer"]
+
+
 def test_unknown_mode_is_refused(client: httpx.Client, doc: str) -> None:
     response = ask(client, question="Where is the Colosseum?", document_ids=[doc], mode="fastest")
     assert response.status_code == 422

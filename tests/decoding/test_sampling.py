@@ -13,7 +13,7 @@ from decoding.coupled import SeededNoise
 from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
 from decoding.tree import ROOT, DraftTree, merge_trees
-from decoding.verify import target_probs, verify_sampling
+from decoding.verify import target_probs, transfer, verify_sampling
 from tests.decoding.conftest import TinyTarget, tiny_target
 
 TV_TOLERANCE = 0.03  # with 20k draws the TV of an exact sampler stays well below this (expected ~0.01)
@@ -216,3 +216,41 @@ def test_merged_sampled_node_equal_to_a_point_mass_stays_exact() -> None:
     # expected TV: ~0.005 for an exact sampler at this many draws, ~0.03 for the folded rule
     assert tv(_first_tokens(merged, p, q, trials, 7), target, trials) < 0.012
     assert tv(_first_tokens(folded, p, q, trials, 7), target, trials) > 0.024
+
+
+def test_eta_zero_is_plain_speculative_sampling() -> None:
+    """Knowledge transfer off (eta = 0) is exactly the lossless verifier: same verdicts from the same draws."""
+    vocab = 7
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        q = torch.softmax(torch.randn(vocab, generator=gen) * 2, dim=-1)
+        tree = DraftTree()
+        a = tree.add(ROOT, int(torch.multinomial(q, 1, generator=gen)), "rapid", q)
+        tree.add(a, int(torch.multinomial(q, 1, generator=gen)), "rapid", q)
+        tree.add(ROOT, trial % vocab, "racer")
+        probs = torch.softmax(torch.randn(len(tree) + 1, vocab, generator=gen) * 2, dim=-1)
+        plain = verify_sampling(tree, probs, torch.Generator().manual_seed(trial))
+        off = verify_sampling(tree, probs, torch.Generator().manual_seed(trial), eta=0.0)
+        assert plain == off
+    p = torch.softmax(torch.randn(vocab, generator=gen), dim=-1)
+    assert torch.allclose(transfer(p, q, 0.0), p)
+
+
+def test_eta_moves_the_output_towards_the_drafter() -> None:
+    """eta > 0 is not lossless: one step's output distribution leaves p, more so as eta grows, and the
+    engine-level rule (``verify_sampling``) matches the analytic one the eta benchmark reports."""
+    from bench.eta import one_step_output
+
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    q = torch.tensor([[0.1, 0.2, 0.6, 0.1]])
+    tvs = [0.5 * float((one_step_output(p, q, eta) - p).abs().sum()) for eta in (0.0, 5.0, 10.0, 20.0)]
+    assert tvs[0] < 1e-6 and 0.0 < tvs[1] < tvs[2] < tvs[3]
+    gen = torch.Generator().manual_seed(0)
+    trials, counts = 20000, Counter[int]()
+    for _ in range(trials):
+        tree = DraftTree()
+        tree.add(ROOT, int(torch.multinomial(q[0], 1, generator=gen)), "rapid", q[0])
+        verdict = verify_sampling(tree, torch.stack([p[0], p[0]]), gen, eta=10.0)
+        counts[tree.tokens[verdict.accepted_nodes[0]] if verdict.accepted_nodes else verdict.bonus] += 1
+    out = one_step_output(p, q, 10.0)[0]
+    assert tv(counts, {i: float(out[i]) for i in range(4)}, trials) < 0.012

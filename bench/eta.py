@@ -1,0 +1,107 @@
+"""How far RAPID's knowledge transfer (eta) moves the answer's distribution from the target's.
+
+    python -m bench.eta [--cases N] [--json PATH]
+
+On long-document QA prompts (as in ``bench.decode``): the target's greedy answer is teacher-forced through
+the target (whole document) and through the RAG drafter (same weights, the retrieved chunks only, as the
+service builds its prompt). At every answer position, with p the target's next-token distribution and q the
+drafter's (temperature 1), one speculative step drafting x ~ q emits a token distributed as
+
+    out = q a + (1 - sum_x q(x) a(x)) r,   a = min(1, p_hat / q),   r = norm(max(p - p_hat, p - q, 0)),
+
+p_hat = ``decoding.verify.transfer(p, q, eta)``. The total variation TV(out, p) is 0 at eta = 0 (exact
+speculative sampling) and measures how much eta > 0 changes the output: its mean over positions is reported
+per eta, with the drafter's own TV(q, p) for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import REPO, load_target, machine_info, qa_documents, write_json
+from bench.decode import RagContext, make_cases
+from decoding.engine import Engine
+from decoding.generation import DoneEvent, GenerationConfig
+from decoding.kv_cache import SlotCache
+from decoding.verify import transfer
+
+logger = logging.getLogger("bench.eta")
+ETAS = (0.0, 5.0, 10.0, 20.0)
+
+
+def one_step_output(p: torch.Tensor, q: torch.Tensor, eta: float) -> torch.Tensor:
+    """The emitted token's distribution after one drafted token x ~ q under the eta rule (rows: positions)."""
+    p_hat = torch.stack([transfer(pi, qi, eta) for pi, qi in zip(p, q, strict=True)]) if eta else p
+    a = torch.where(q > 0, torch.clamp(p_hat / q, max=1.0), torch.zeros_like(q))
+    accepted = q * a
+    residual = torch.clamp(torch.maximum(p - p_hat, p - q), min=0.0)
+    residual = residual / residual.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    return accepted + (1.0 - accepted.sum(dim=-1, keepdim=True)) * residual
+
+
+def next_token_probs(model: Any, context: list[int], answer: list[int]) -> torch.Tensor:
+    """softmax of the model's logits at every answer position (teacher forcing), ``[len(answer), vocab]``."""
+    cache = SlotCache(int(model.config.num_hidden_layers), len(context) + len(answer) + 8)
+    with torch.inference_mode():
+        for i in range(0, len(context) - 1, 512):
+            model(input_ids=torch.tensor([context[i : min(i + 512, len(context) - 1)]]), past_key_values=cache)
+        rows = [context[-1], *answer[:-1]]
+        logits = model(input_ids=torch.tensor([rows]), past_key_values=cache).logits[0]
+    return torch.softmax(logits.float(), dim=-1)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    target = load_target("bundled", Path(args.data_dir))
+    rag = RagContext(target.tokenizer)
+    cases = make_cases(target, qa_documents(), 1, args.max_new_tokens, 3500, rag=rag)[: args.cases]
+    engine = Engine(target)
+    tv: dict[float, list[float]] = {eta: [] for eta in ETAS}
+    drafter_tv: list[float] = []
+    for case in cases:
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens)
+        done = next(e for e in engine.generate(case.prompt, config) if isinstance(e, DoneEvent))
+        answer = list(done.token_ids)
+        assert case.prompt.draft_ids is not None
+        p = next_token_probs(target.model, case.prompt.ids, answer)
+        q = next_token_probs(target.model, list(case.prompt.draft_ids), answer)
+        drafter_tv += (0.5 * (q - p).abs().sum(dim=-1)).tolist()
+        for eta in ETAS:
+            out = one_step_output(p, q, eta)
+            tv[eta] += (0.5 * (out - p).abs().sum(dim=-1)).tolist()
+        logger.info("%s: %d positions, TV at eta 10: %.3f", case.name, len(answer),
+                    statistics.mean(tv[10.0][-len(answer):]))
+    return {
+        "benchmark": "eta",
+        "config": {"cases": [c.name for c in cases], "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+                   "drafter": "target weights over the 1024-token RAG context"},
+        "machine": machine_info(),
+        "positions": len(drafter_tv),
+        "drafter_tv_mean": round(statistics.mean(drafter_tv), 4),
+        "tv_mean_by_eta": {str(int(eta)): round(statistics.mean(v), 4) for eta, v in tv.items()},
+        "tv_median_by_eta": {str(int(eta)): round(statistics.median(v), 4) for eta, v in tv.items()},
+    }
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--data-dir", default=str(REPO / "data"))
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "eta.json")
+    args = p.parse_args()
+    result = run(args)
+    write_json(args.json, result)
+    print({k: result[k] for k in ("positions", "drafter_tv_mean", "tv_mean_by_eta")})
+
+
+if __name__ == "__main__":
+    main()
