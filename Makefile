@@ -44,7 +44,8 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 bench: models $(BENCH_STAMP)
 	$(PY) -m bench.retrieval --json bench/results/retrieval.json
 	$(PY) -m bench.decode --threads 2 --repeats 2 --max-new-tokens 64 --json bench/results/decode.json \
-		--methods prompt_lookup racer racer_cross_session llama_cpp autoregressive_kv_fp32
+		--methods prompt_lookup racer racer_cross_session rapid rapid@512 rapid@2048 rapid_kv combined auto llama_cpp
+	$(PY) -m bench.eta --json bench/results/eta.json
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json

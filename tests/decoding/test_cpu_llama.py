@@ -270,13 +270,16 @@ def test_cache_of_another_dtype_and_bad_masks_are_refused() -> None:
         model(torch.tensor([[5, 97]]), past_key_values=SlotCache(model.num_layers, 8))  # 97 == vocab size
     with pytest.raises(ValueError, match="token ids"), torch.inference_mode():
         model(torch.tensor([[-1]]), past_key_values=SlotCache(model.num_layers, 8))
-    hidden = torch.zeros(1, 1, 2, 4)
-    hidden[..., 0] = torch.finfo(torch.float32).min  # a masked prefix row: not a tree over a visible prefix
+    bias = torch.zeros(1, 1, 2, 4)
+    bias[..., 0] = -2.5  # an additive bias, not a visibility mask
     cache = SlotCache(model.num_layers, 8)
     with torch.inference_mode():
         model(torch.tensor([[1, 2]]), past_key_values=cache)
-        with pytest.raises(ValueError, match="tree mask"):
-            model(torch.tensor([[3, 4]]), attention_mask=hidden, past_key_values=cache)
+        with pytest.raises(ValueError, match="bias"):
+            model(torch.tensor([[3, 4]]), attention_mask=bias, past_key_values=cache)
+        hidden = torch.zeros(1, 1, 2, 4)
+        hidden[..., 0] = torch.finfo(torch.float32).min  # a hidden prefix row (a KV-subset drafter): taken
+        assert model(torch.tensor([[3, 4]]), attention_mask=hidden, past_key_values=cache).logits.shape[1] == 2
 
 
 # ---- GGUF files ----------------------------------------------------------------------------------------

@@ -147,7 +147,9 @@ def test_modes_from_the_registry(tiny: TinyTarget, reference: list[int]) -> None
         build_drafters("fastest", kit)
 
 
-def forgetful_verify(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+def forgetful_verify(
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None, eta: float = 0.0
+) -> Verdict:
     """The lossy rule: a rejected draft is followed by a sample from the untouched p, not from the residual
     max(p - q, 0), so drafted tokens come out too often."""
     kids = tree.children()

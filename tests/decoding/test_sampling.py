@@ -244,7 +244,7 @@ def test_eta_moves_the_output_towards_the_drafter() -> None:
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     q = torch.tensor([[0.1, 0.2, 0.6, 0.1]])
     tvs = [0.5 * float((one_step_output(p, q, eta) - p).abs().sum()) for eta in (0.0, 5.0, 10.0, 20.0)]
-    assert tvs[0] < 1e-6 and 0.0 < tvs[1] < tvs[2] < tvs[3]
+    assert tvs[0] < 1e-6 and 0.1 < tvs[1] <= tvs[2] <= tvs[3] + 1e-6
     gen = torch.Generator().manual_seed(0)
     trials, counts = 20000, Counter[int]()
     for _ in range(trials):
