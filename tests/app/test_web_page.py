@@ -484,3 +484,15 @@ def test_sse_parser_handles_any_chunking() -> None:
     ]
     for events in json.loads(run.stdout):
         assert events == expected
+
+
+def test_mode_choices_are_the_api_modes() -> None:
+    """The page offers exactly the modes /v1/ask takes (each one is served: none answers 'not available')."""
+    import re
+    from typing import get_args
+
+    from app.schemas import AskMode
+
+    html = (STATIC / "index.html").read_text()
+    select = html[html.index('<select id="mode"') : html.index("</select>", html.index('<select id="mode"'))]
+    assert re.findall(r'<option value="([a-z_]+)"', select) == list(get_args(AskMode))
