@@ -1,6 +1,7 @@
-"""How far RAPID's knowledge transfer (eta) moves the answer's distribution from the target's.
+"""How far RAPID's knowledge transfer (eta) moves the answer's distribution from the target's, and what it
+does to answer quality.
 
-    python -m bench.eta [--cases N] [--json PATH]
+    python -m bench.eta [--cases N] [--quality-questions N] [--json PATH]
 
 On long-document QA prompts (as in ``bench.decode``): the target's greedy answer is teacher-forced through
 the target (whole document) and through the RAG drafter (same weights, the retrieved chunks only, as the
@@ -12,12 +13,18 @@ drafter's (temperature 1), one speculative step drafting x ~ q emits a token dis
 p_hat = ``decoding.verify.transfer(p, q, eta)``. The total variation TV(out, p) is 0 at eta = 0 (exact
 speculative sampling) and measures how much eta > 0 changes the output: its mean over positions is reported
 per eta, with the drafter's own TV(q, p) for scale.
+
+Quality: sampled answers (temperature 0.7, ``rapid_kv``, a fixed budget of 6 draft nodes so that every step
+drafts and eta acts) to the QA set's questions at eta = 0 and 10; an answer "contains the gold answer" when it
+holds at least half of the gold passage's content words (words of 4+ letters outside a short stop list: the
+QA set's gold answers are passages quoted from the document, not short spans).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -25,10 +32,12 @@ from typing import Any
 import torch
 
 from bench.common import REPO, load_target, machine_info, qa_documents, write_json
+from bench.datasets import load_qa
 from bench.decode import RagContext, make_cases
+from decoding.drafters import DraftingKit, build_drafters
 from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig
-from decoding.kv_cache import SlotCache
+from decoding.generation import DoneEvent, GenerationConfig, SamplingParams
+from decoding.kv_cache import PrefixCache, SlotCache
 from decoding.verify import transfer
 
 logger = logging.getLogger("bench.eta")
@@ -56,6 +65,40 @@ def next_token_probs(model: Any, context: list[int], answer: list[int]) -> torch
     return torch.softmax(logits.float(), dim=-1)
 
 
+STOP = frozenset((
+    "that", "this", "with", "from", "your", "have", "which", "will", "when", "what", "such", "than", "them", "they",
+    "their", "there", "these", "those", "also", "into", "other", "only", "each", "must", "shall", "does", "make",
+))  # fmt: skip
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 4 and w not in STOP}
+
+
+def contains_gold(answer: str, gold: str, share: float = 0.5) -> bool:
+    want = content_words(gold)
+    return bool(want) and len(want & content_words(answer)) >= share * len(want)
+
+
+def quality(target: Any, cases: list[Any], gold: dict[str, str], samples: int, max_new: int) -> dict[str, Any]:
+    """Share of sampled answers containing the gold answer, per eta (same questions, same drafter)."""
+    engine = Engine(target, PrefixCache(byte_budget=4 << 30))
+    rates = {}
+    for eta in (0.0, 10.0):
+        sampling = SamplingParams(temperature=0.7, eta=eta)
+        config = GenerationConfig(max_new_tokens=max_new, sampling=sampling, draft_budget=6)
+        hits = total = 0
+        for case in cases:
+            for _ in range(samples):
+                drafters = build_drafters("rapid_kv", DraftingKit(target_model=target.model, sampling=sampling))
+                done = next(e for e in engine.generate(case.prompt, config, drafters) if isinstance(e, DoneEvent))
+                hits += contains_gold(done.text, gold[case.question])
+                total += 1
+        rates[str(int(eta))] = {"answers": total, "containing_gold": hits, "rate": round(hits / total, 4)}
+        logger.info("eta %g: %d / %d answers contain the gold answer", eta, hits, total)
+    return rates
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     target = load_target("bundled", Path(args.data_dir))
@@ -77,7 +120,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tv[eta] += (0.5 * (out - p).abs().sum(dim=-1)).tolist()
         logger.info("%s: %d positions, TV at eta 10: %.3f", case.name, len(answer),
                     statistics.mean(tv[10.0][-len(answer):]))
+    gold = {q.question: q.answer_passage for d in load_qa() for q in d.questions}
+    asked = make_cases(target, qa_documents(), args.quality_questions, 64, 3500, rag=rag)
     return {
+        "quality": quality(target, asked, gold, args.samples, 64),
         "benchmark": "eta",
         "config": {"cases": [c.name for c in cases], "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
                    "drafter": "target weights over the 1024-token RAG context"},
@@ -93,6 +139,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=6)
+    p.add_argument("--quality-questions", type=int, default=3, help="questions per QA document for quality")
+    p.add_argument("--samples", type=int, default=2, help="sampled answers per question and eta")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data-dir", default=str(REPO / "data"))
@@ -100,7 +148,7 @@ def main() -> None:
     args = p.parse_args()
     result = run(args)
     write_json(args.json, result)
-    print({k: result[k] for k in ("positions", "drafter_tv_mean", "tv_mean_by_eta")})
+    print({k: result[k] for k in ("positions", "drafter_tv_mean", "tv_mean_by_eta", "quality")})
 
 
 if __name__ == "__main__":

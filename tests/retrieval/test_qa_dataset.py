@@ -26,3 +26,12 @@ def test_locate_ignores_wrapping_and_quote_style() -> None:
     assert text[slice(*locate(text, "Debian's rules"))] == "Debian’s rules"
     with pytest.raises(ValueError, match="0 times"):
         locate(text, "not there")
+
+
+def test_an_answer_contains_the_gold_passage_when_it_holds_half_its_content_words() -> None:
+    from bench.eta import contains_gold
+
+    gold = "for at least three years and valid for as long as you offer spare parts or customer support"
+    assert contains_gold("You must keep the offer for three years, as long as you offer spare parts.", gold)
+    assert not contains_gold("You must keep the offer valid.", gold)
+    assert not contains_gold("anything", "a an of to")  # a gold passage without content words matches nothing
