@@ -18,6 +18,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from decoding.drafters.racer.cross_session import redact_url
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -71,7 +73,7 @@ class RedisLink:
             self._mark_down(exc)
             raise RedisUnavailable(str(exc)) from exc
         if not self._up:
-            logger.info("redis is reachable at %s", self.url)
+            logger.info("redis is reachable at %s", redact_url(self.url))
         self._up = True
         return result
 

@@ -67,7 +67,9 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        cut = before >= params.top_p
+        cut[..., 0] = False  # the most likely token always stays (a top_p that rounds to 0 keeps just it)
+        sorted_p = sorted_p.masked_fill(cut, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

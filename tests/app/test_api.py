@@ -231,6 +231,15 @@ def test_knowledge_transfer_is_an_explicit_sampling_opt_in(client: httpx.Client,
     assert response.status_code == 200 and response.json()["answer"]
 
 
+def test_a_top_p_that_rounds_to_zero_answers_with_the_top_token(client: httpx.Client, doc: str) -> None:
+    base = {"question": "Where is the Colosseum?", "document_ids": [doc], "max_tokens": 6, "temperature": 1.0}
+    greedy = ask(client, question=base["question"], document_ids=[doc], max_tokens=6).json()["answer"]
+    for extra in ({}, {"seed": 5}):
+        response = ask(client, **base, top_p=1e-46, **extra)
+        assert response.status_code == 200, response.text
+        assert response.json()["answer"] == greedy  # only the most likely token is left at every step
+
+
 def test_unknown_mode_is_refused(client: httpx.Client, doc: str) -> None:
     response = ask(client, question="Where is the Colosseum?", document_ids=[doc], mode="fastest")
     assert response.status_code == 422

@@ -3,7 +3,9 @@ completes, readiness says degraded, conversations go on in process, and all reco
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Iterator
 
 import httpx
@@ -11,6 +13,7 @@ import pytest
 import redis
 from httpx_sse import connect_sse
 
+from app.redis_link import RedisLink
 from tests.app.live import (
     LANDMARKS,
     ThreadServer,
@@ -108,3 +111,14 @@ def test_redis_killed_mid_stream(client: httpx.Client, doc: str, redis_server: R
     wait_for(lambda: client.get("/readyz").json()["status"] == "ready", "readiness after Redis is back")
     ask(client, doc, "Where is the Great Wall?", session="after")
     assert session_turns(redis_server, "after") == 1  # written to Redis again
+
+
+def test_the_redis_password_never_reaches_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    link = RedisLink("redis://ragspec:s3cret-pw@127.0.0.1:1/0")
+
+    async def answered(client: object) -> int:
+        return 1
+
+    with caplog.at_level(logging.INFO):
+        assert asyncio.run(link.run(answered)) == 1
+    assert "reachable" in caplog.text and "s3cret-pw" not in caplog.text and "//***@127.0.0.1" in caplog.text

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from decoding.coupled import SeededNoise
+from decoding.coupled import SeededNoise, sample_coupled
 from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
 from decoding.tree import ROOT, DraftTree, merge_trees
@@ -254,3 +254,12 @@ def test_eta_moves_the_output_towards_the_drafter() -> None:
         counts[tree.tokens[verdict.accepted_nodes[0]] if verdict.accepted_nodes else verdict.bonus] += 1
     out = one_step_output(p, q, 10.0)[0]
     assert tv(counts, {i: float(out[i]) for i in range(4)}, trials) < 0.012
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_top_token() -> None:
+    """top_p = 1e-46 is 0 in float32: every token would be cut and NaN reach the sampler; the top one stays."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0]])
+    probs = target_probs(logits, SamplingParams(temperature=1.0, top_p=1e-46))
+    assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    noise = SeededNoise(3, 4)
+    assert sample_coupled(probs[0], noise, 0) == 1

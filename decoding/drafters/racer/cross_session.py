@@ -530,7 +530,7 @@ class RedisSharedTier(SharedTier):
             self._failed(exc)
             return
         if self._down:
-            logger.info("cross-session cache: Redis reachable again at %s", _redact(self.config.redis_url))
+            logger.info("cross-session cache: Redis reachable again at %s", redact_url(self.config.redis_url))
             self._down = False
             self._backoff = self.config.retry_initial_s
 
@@ -541,7 +541,7 @@ class RedisSharedTier(SharedTier):
             logger.warning(
                 "cross-session cache: Redis at %s unavailable (%s); drafting from the local tiers, "
                 "retrying in %.1fs",
-                _redact(self.config.redis_url), exc, self._backoff,
+                redact_url(self.config.redis_url), exc, self._backoff,
             )
         else:
             logger.debug("cross-session cache: Redis still unavailable (%s)", exc)
@@ -645,7 +645,8 @@ class RedisSharedTier(SharedTier):
                     "mirrored": len(self._mirror), **self.counters}
 
 
-def _redact(url: str | None) -> str:
+def redact_url(url: str | None) -> str:
+    """A connection URL fit for a log line: the user and password replaced by ***."""
     return re.sub(r"//[^@/]*@", "//***@", url or "")
 
 
