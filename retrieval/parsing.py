@@ -103,9 +103,11 @@ def decode_text(data: bytes, charset: str | None = None) -> str:
         raise UnreadableDocument("the file contains NUL bytes: binary data, not text")
     elif charset:
         try:
-            codecs.lookup(charset)
+            info = codecs.lookup(charset)
         except LookupError:
             raise UnreadableDocument(f"unknown charset {charset!r}") from None
+        if not getattr(info, "_is_text_encoding", True):  # rot13, base64, zlib_codec...: transforms, not charsets
+            raise UnreadableDocument(f"charset {charset!r} is not a text encoding")
         text = _decode(data, charset)
     else:
         try:

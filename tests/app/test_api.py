@@ -114,6 +114,13 @@ def _pdf_bytes(pages: list[str]) -> bytes:
     return bytes(pdf.output())
 
 
+@pytest.mark.parametrize("charset", ["rot13", "base64", "zlib_codec"])
+def test_upload_with_a_transform_codec_as_charset_is_refused(client: httpx.Client, charset: str) -> None:
+    response = client.post("/v1/documents", files={"file": ("a.txt", b"hello there", f"text/plain; charset={charset}")})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "unreadable_document" and "text encoding" in response.text
+
+
 @pytest.mark.parametrize(
     ("name", "media", "payload", "needle"),
     [

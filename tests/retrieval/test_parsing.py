@@ -108,6 +108,9 @@ def test_legacy_encoding_fallback_for_mostly_ascii_text() -> None:
         (b"this is not a pdf", "a.pdf", "application/pdf", UnreadableDocument, "%PDF"),
         (b"%PDF-1.7\n" + b"garbage " * 50, "a.pdf", None, UnreadableDocument, "PDF"),
         (b"hello", "a.txt", "text/plain; charset=no-such-charset", UnreadableDocument, "charset"),
+        (b"hello", "a.txt", "text/plain; charset=rot13", UnreadableDocument, "not a text encoding"),
+        (b"aGVsbG8=", "a.txt", "text/plain; charset=base64", UnreadableDocument, "not a text encoding"),
+        (b"x\x9c", "a.txt", "text/plain; charset=zlib_codec", UnreadableDocument, "not a text encoding"),
         (b"<div>" * 3000 + b"deep" + b"</div>" * 3000, "deep.html", None, UnreadableDocument, "nested"),
     ],
 )
