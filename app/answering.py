@@ -134,8 +134,9 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
             services.prefixes.add(prompt.prefix_key, doc_ids)
         # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows
         # of the target's cache
-        budget = min(services.settings.rapid_context_tokens, services.retriever.budget_cap)
-        rag = pack_hits(hits, budget, doc_ids)
+        if needs_draft_prompt(q.mode) or needs_draft_rows(q.mode):
+            budget = min(services.settings.rapid_context_tokens, services.retriever.budget_cap)
+            rag = pack_hits(hits, budget, doc_ids)
         if needs_draft_prompt(q.mode):
             draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)
             prompt = replace(prompt, draft_ids=draft)

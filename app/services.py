@@ -104,13 +104,10 @@ class Services:
         self.store.close()
 
 
-def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
-    """The RAPID drafter's LM: the target itself (same weights, its own KV cache per request) unless
-    ``RAGSPEC_DRAFTER_MODEL`` names another model, which must share the target's vocabulary."""
-    if settings.drafter_model in (settings.target_model, "target"):
-        return target
-    drafter = load_model(
-        settings.drafter_model,
+def load_llm(settings: Settings, spec: str) -> LoadedModel:
+    """A target or drafter LM as the settings ask for it (local files only)."""
+    return load_model(
+        spec,
         models_dir=settings.models_dir,
         device=settings.device,
         dtype=settings.dtype,
@@ -120,6 +117,14 @@ def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
         cpu_quant=settings.cpu_quant,
         kv_dtype=settings.kv_dtype,
     )
+
+
+def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
+    """The RAPID drafter's LM: the target itself (same weights, its own KV cache per request) unless
+    ``RAGSPEC_DRAFTER_MODEL`` names another model, which must share the target's vocabulary."""
+    if settings.drafter_model in (settings.target_model, "target"):
+        return target
+    drafter = load_llm(settings, settings.drafter_model)
     check_same_vocab(target, drafter)
     return drafter
 
@@ -148,17 +153,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             embedder.name,
         )
 
-    target = load_model(
-        settings.target_model,
-        models_dir=settings.models_dir,
-        device=settings.device,
-        dtype=settings.dtype,
-        threads=settings.threads,
-        local_files_only=True,
-        cpu_kernels=settings.cpu_kernels,
-        cpu_quant=settings.cpu_quant,
-        kv_dtype=settings.kv_dtype,
-    )
+    target = load_llm(settings, settings.target_model)
     if settings.max_context is not None and settings.max_context < target.max_context:
         target = dataclasses.replace(target, max_context=settings.max_context)
     drafters = Drafters(
