@@ -30,6 +30,7 @@ from decoding.generation import (
     DoneEvent,
     GenerationConfig,
     GenerationEvent,
+    PrefillEvent,
     Prompt,
     SamplingParams,
     TokenEvent,
@@ -171,9 +172,10 @@ def _counted(services: Services, admit: Callable[[], T]) -> T:
         raise
 
 
-async def events(p: Plan, request: Request | None = None) -> AsyncIterator[TokenEvent]:
-    """The generation's text events; records the final ``DoneEvent`` on the plan. A client that goes away
-    (``request`` disconnects) cancels the generation within one decode step."""
+async def events(p: Plan, request: Request | None = None) -> AsyncIterator[TokenEvent | PrefillEvent]:
+    """The generation's text and prefill-progress events; records the final ``DoneEvent`` on the plan. A
+    client that goes away (``request`` disconnects) cancels the generation within one decode step or one
+    prefill chunk."""
     assert p.handle is not None
     handle = p.handle
     watcher = asyncio.create_task(_watch_disconnect(request, handle)) if request is not None else None
@@ -183,6 +185,8 @@ async def events(p: Plan, request: Request | None = None) -> AsyncIterator[Token
                 p.done = event
             elif isinstance(event, TokenEvent):
                 p.text.append(event.text)
+                yield event
+            elif isinstance(event, PrefillEvent):
                 yield event
     finally:
         handle.cancel()
@@ -224,6 +228,12 @@ async def finish(services: Services, p: Plan) -> None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(p.question.question, done.text))
 
 
+def progress_out(event: PrefillEvent) -> dict[str, object]:
+    """The payload of a progress event: the prompt's prefill, ``done`` of ``total`` tokens (``reused`` of
+    them from the KV prefix cache)."""
+    return {"stage": "prefill", "done": event.done, "total": event.total, "reused": event.reused}
+
+
 def stats_out(stats: GenerationStats, mode: str) -> AskStats:
     return AskStats(
         ttft_ms=round(stats.ttft_s * 1000, 3),
@@ -233,6 +243,7 @@ def stats_out(stats: GenerationStats, mode: str) -> AskStats:
         drafted_by_source=dict(stats.drafted_by_source),
         accepted_by_source=dict(stats.accepted_by_source),
         prefix_cache_hit=stats.prefix_cache_hit,
+        prefix_reused_tokens=stats.prefix_reused_tokens,
         context_truncated=stats.context_truncated,
         finish_reason=stats.finish_reason,
         mode=mode,

@@ -193,7 +193,7 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     from app.answering import Question
     from app.errors import translate
     from app.services import load_services
-    from decoding.generation import SamplingParams
+    from decoding.generation import SamplingParams, TokenEvent
 
     services = load_services(settings.model_copy(update={"calibrate": False}))
     tenant = _tenant(args.api_key)
@@ -209,7 +209,7 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
         plan = await answering.plan(services, tenant, question)
         answering.start(services, plan)
         async for event in answering.events(plan):
-            if args.stream:
+            if args.stream and isinstance(event, TokenEvent):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
         await answering.finish(services, plan)

@@ -4,8 +4,10 @@ Layout ``[system][document][history][question]`` through ``decoding.prompt.build
 (system + document) never depends on the question, so its token ids are cached here per prefix key and
 its KV by the engine's prefix cache. When the documents do not fit the target's window (minus the
 question, history and ``max_tokens``), the target reads the most relevant chunks that fit, in document
-order (``Retriever.select_for_window``), and the prompt is marked ``context_truncated`` (not cached:
-such a prefix depends on the question).
+order (``Retriever.select_for_window``) after a fixed lead of the documents' beginning, and the prompt is
+marked ``context_truncated``. Such a prefix depends on the question, so it is cached chunk by chunk: every
+chunk is a segment of the prefix (``Prompt.segment_ends``), and a later question whose selection starts
+with the same chunks reuses their KV (the lead always; the whole prefix for a repeated question).
 
 The tokenizer is used from one thread at a time here (fast tokenizers toggle backend state per call),
 with a private copy so indexing and detokenizing elsewhere never race with it.
@@ -27,7 +29,7 @@ from typing import Any
 from app.errors import ContextTooLong
 from decoding.generation import Prompt
 from decoding.prompt import build_prompt, context_rows
-from retrieval.retriever import Hit, Retriever
+from retrieval.retriever import Hit, Retriever, hit_pieces
 from retrieval.store import DocumentRecord, DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -71,16 +73,37 @@ def join_documents(docs: Sequence[DocumentText]) -> str:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: Any, model_name: str, max_context: int, cache_items: int = 16) -> None:
+    """Fits documents and a question into the target's window (see the module docstring).
+
+    ``long_budget``: most document tokens the target reads of documents longer than its window (0: as many
+    as fit); ``lead_tokens`` of them are always the documents' beginning, the same for every question.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_name: str,
+        max_context: int,
+        cache_items: int = 16,
+        long_budget: int = 0,
+        lead_tokens: int = 0,
+    ) -> None:
         self.tokenizer = copy.deepcopy(tokenizer)
         self.model_name = model_name
         self.max_context = max_context
+        self.long_budget = long_budget
+        self.lead_tokens = lead_tokens
         self._lock = threading.Lock()
         self._prefixes: OrderedDict[str, array[int]] = OrderedDict()  # prefix key -> prefix ids
         self._cache_items = cache_items
 
     def _build(
-        self, system: str, document: str, question: str, history: Sequence[tuple[str, str]], key: str | None
+        self,
+        system: str,
+        document: str | Sequence[str],
+        question: str,
+        history: Sequence[tuple[str, str]],
+        key: str | None,
     ) -> Prompt:
         with self._lock:
             return build_prompt(
@@ -145,14 +168,28 @@ class PromptBuilder:
             return context_rows(self.tokenizer, prompt, join_documents(docs), spans)
 
     def warm_prompt(
-        self, docs: Sequence[DocumentText], max_tokens: int, system: str = SYSTEM_PROMPT
+        self,
+        docs: Sequence[DocumentText],
+        max_tokens: int,
+        retriever: Retriever | None = None,
+        tenant: str | None = None,
+        system: str = SYSTEM_PROMPT,
     ) -> Prompt | None:
-        """The prompt whose prefix a first question over ``docs`` will reuse, or None if it won't fit."""
-        if sum(d.n_tokens for d in docs) + max_tokens + 64 > self.max_context:
-            return None
+        """The prompt whose prefix a first question over ``docs`` will reuse: the whole documents, or for
+        documents longer than the window their lead (``lead_tokens``); None if there is nothing to reuse."""
         key = prefix_key(self.model_name, system, [d.id for d in docs])
-        prompt = self._prompt(system, docs, "", (), key)
-        return prompt if len(prompt.prefix_ids) + max_tokens + 64 <= self.max_context else None
+        if sum(d.n_tokens for d in docs) + max_tokens + 64 <= self.max_context:
+            prompt = self._prompt(system, docs, "", (), key)
+            if len(prompt.prefix_ids) + max_tokens + 64 <= self.max_context:
+                return prompt
+        lead = min(self.lead_tokens, self._long_budget(self.max_context - max_tokens - 64))
+        if retriever is None or lead <= 0:
+            return None
+        selection = retriever.select_for_window("", [d.id for d in docs], lead, lead_tokens=lead, tenant=tenant)
+        return self._build(system, hit_pieces(selection.hits), "", (), key) if selection.hits else None
+
+    def _long_budget(self, room: int) -> int:
+        return min(room, self.long_budget) if self.long_budget > 0 else room
 
     def fit(
         self,
@@ -191,15 +228,22 @@ class PromptBuilder:
                 return prompt
         if retriever is None:
             raise ContextTooLong(f"the documents do not fit the {room} tokens left in the window")
+        # The most relevant chunks in document order, after the documents' lead; each chunk a cacheable segment
+        # (its KV is reused by any later prompt over these documents that starts with the same chunks).
+        doc_ids = [d.id for d in docs]
+        key = prefix_key(self.model_name, system, doc_ids)
+        budget = self._long_budget(budget)
         for _ in range(FIT_ATTEMPTS):
             if budget <= 0:
                 break
-            selection = retriever.select_for_window(question, [d.id for d in docs], budget, tenant=tenant)
-            cut = self._build(system, selection.context_text, question, history, None)
+            selection = retriever.select_for_window(
+                question, doc_ids, budget, lead_tokens=self.lead_tokens, tenant=tenant
+            )
+            cut = self._build(system, hit_pieces(selection.hits), question, history, key)
             if len(cut.ids) <= room:
                 logger.info("documents cut to %d tokens to fit the window", len(cut.prefix_ids))
                 return replace(cut, context_truncated=True)
-            budget -= len(cut.ids) - room + 16  # chunk joins tokenized differently: tighten and retry
+            budget -= len(cut.ids) - room + 16  # chunks tokenized apart count differently: tighten and retry
         raise ContextTooLong("could not fit any part of the documents into the target's window")
 
 

@@ -46,6 +46,7 @@ class DocumentOut(DocumentAccepted):
     media_type: str | None = None
     size_bytes: int | None = None
     chunks: int | None = None
+    tokens: int | None = Field(None, description="The text's length in target tokens (once indexed)")
     created_at: float | None = None
 
 
@@ -106,6 +107,10 @@ class AskStats(BaseModel):
     drafted_by_source: dict[str, int]
     accepted_by_source: dict[str, int]
     prefix_cache_hit: bool
+    prefix_reused_tokens: int = Field(
+        0, description="Prompt tokens whose KV came from the prefix cache (a document, or retrieved chunks "
+        "that an earlier question's prompt also began with)"
+    )
     context_truncated: bool
     finish_reason: str
     mode: str

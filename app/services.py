@@ -62,15 +62,15 @@ class Services:
             return
         record = self.store.get(doc_id)
         docs = document_texts(self.store, [record])
-        prompt = self.prompts.warm_prompt(docs, self.config.limits.default_max_tokens)
+        prompt = self.prompts.warm_prompt(docs, self.config.limits.default_max_tokens, self.retriever,
+                                          record.tenant)
         if prompt is None or prompt.prefix_key is None:
             return
         self.prefixes.add(prompt.prefix_key, [doc_id])
         engine = self.engine
 
         def run(cancel: threading.Event) -> Iterator[Any]:
-            if not cancel.is_set():
-                engine.warm_prefix(prompt)
+            engine.warm_prefix(prompt, cancel)
             yield from ()
 
         self.scheduler.submit_background(run, key=prompt.prefix_key)
@@ -205,7 +205,13 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         retriever=retriever,
         indexing=indexing,
         scheduler=scheduler,
-        prompts=PromptBuilder(target.tokenizer, target.name, engine.max_context),
+        prompts=PromptBuilder(
+            target.tokenizer,
+            target.name,
+            engine.max_context,
+            long_budget=settings.long_document_budget,
+            lead_tokens=settings.long_document_lead,
+        ),
         prefixes=PrefixRegistry(data_dir / "kv-prefixes.json"),
         drafters=drafters,
         redis=redis,

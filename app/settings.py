@@ -70,6 +70,14 @@ class Settings(BaseSettings):
     )
     retrieval_budget_cap: int = Field(8192, ge=256, description="Cap on the RAG context budget max(L/24, 4096)")
     retrieval_top_k: int = Field(16, ge=1, le=256, description="Hits considered per question")
+    long_document_budget: int = Field(
+        4096, ge=0, description="Tokens of documents longer than the target's window that it reads (the best "
+        "chunks for the question); 0: as many as the window holds"
+    )
+    long_document_lead: int = Field(
+        0, ge=0, description="Of those, tokens always taken from the documents' beginning (their KV is computed "
+        "at upload and shared by every question)"
+    )
 
     max_upload_mb: float = Field(50.0, gt=0, description="Largest accepted upload (MB) -> 413 above")
     max_question_chars: int = Field(4000, ge=1, description="Longest accepted question -> 422 above")

@@ -18,5 +18,10 @@ def frame(data: Any, event: str | None = None) -> str:
     return head + "".join(f"data: {line}\n" for line in payload.split("\n")) + "\n"
 
 
+def comment(text: str) -> str:
+    """An SSE comment frame (clients ignore it): progress for clients that know only their own events."""
+    return "".join(f": {line}\n" for line in text.split("\n")) + "\n"
+
+
 def sse_response(frames: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)

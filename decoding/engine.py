@@ -16,7 +16,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,8 +27,16 @@ from decoding.coupled import SeededNoise, sample_coupled, verify_coupled
 from decoding.detokenize import IncrementalDetokenizer, StopMatcher
 from decoding.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.errors import ContextTooLong
-from decoding.generation import DoneEvent, GenerationConfig, GenerationEvent, Prompt, SamplingParams, TokenEvent
-from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, prefix_cache_key
+from decoding.generation import (
+    DoneEvent,
+    GenerationConfig,
+    GenerationEvent,
+    PrefillEvent,
+    Prompt,
+    SamplingParams,
+    TokenEvent,
+)
+from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, segment_keys
 from decoding.stats import GenerationStats
 from decoding.tree import DraftTree, merge_trees, tree_layout
 from decoding.verify import Verdict, target_probs, verify_greedy, verify_sampling
@@ -55,7 +63,7 @@ class TargetModel(Protocol):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    prefill_chunk: int = 1024  # tokens per prefill forward (bounds attention memory)
+    prefill_chunk: int = 256  # tokens per prefill forward: bounds attention memory and how long a cancel waits
     node_topk: int = 8  # target top-k recorded for every verified node (drafters' logit cues)
     prompt_topk: int = 0  # >0: also record the target's top-k at every prompt position (RACER)
     max_budget: int = 64  # most draft nodes per step
@@ -122,16 +130,46 @@ class Engine:
 
     def _prefill(self, ids: Sequence[int], cache: SlotCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``ids`` into ``cache``; return the last logits ``[vocab]`` and top-k ``[n, k]`` if configured."""
+        run = self._fill(ids, [(0, len(ids), None)], cache, None, None)
+        while True:
+            try:
+                next(run)
+            except StopIteration as end:
+                assert end.value is not None
+                return end.value  # type: ignore[no-any-return]
+
+    def _fill(
+        self,
+        ids: Sequence[int],
+        pieces: Sequence[tuple[int, int, str | None]],
+        cache: SlotCache,
+        cancel: threading.Event | None,
+        tag: str | None,
+    ) -> Generator[int, None, tuple[torch.Tensor, torch.Tensor | None] | None]:
+        """Run ``ids[start:end]`` of each piece into ``cache`` (which holds the rows before the first piece),
+        in chunks of ``prefill_chunk``; a piece with a key goes into the prefix cache as soon as it is done.
+
+        Yields the rows done after every chunk but the last; stops between chunks when ``cancel`` is set
+        (returns None). Returns the last logits ``[vocab]`` and the run rows' top-k ``[n, k]`` if configured.
+        """
         k = self.config.prompt_topk
         chunk = min(self.config.prefill_chunk, 256) if k else self.config.prefill_chunk
         topks: list[torch.Tensor] = []
         last: torch.Tensor | None = None
-        for i in range(0, len(ids), chunk):
-            part = torch.tensor([list(ids[i : i + chunk])], dtype=torch.long, device=self.device)
-            logits = self._forward(part, cache, all_logits=bool(k))  # [c or 1, vocab]
-            if k:
-                topks.append(torch.topk(logits, k, dim=-1).indices.to("cpu"))
-            last = logits[-1]
+        for start, end, key in pieces:
+            for i in range(start, end, chunk):
+                if cancel is not None and cancel.is_set():
+                    return None
+                part = torch.tensor([list(ids[i : min(end, i + chunk)])], dtype=torch.long, device=self.device)
+                logits = self._forward(part, cache, all_logits=bool(k))  # [c or 1, vocab]
+                if k:
+                    topks.append(torch.topk(logits, k, dim=-1).indices.to("cpu"))
+                last = logits[-1]
+                if cache.length < pieces[-1][1]:
+                    yield cache.length
+            if key is not None and self.prefix_cache is not None:
+                topk = torch.cat(topks)[start - pieces[0][0] :] if k else None
+                self.prefix_cache.put(key, cache.snapshot(start, end, topk), tag=tag)
         assert last is not None
         return last, (torch.cat(topks) if k else None)
 
@@ -146,49 +184,59 @@ class Engine:
     # ---- prompt -----------------------------------------------------------------------------------
 
     def _start(
-        self, prompt: Prompt, cache: SlotCache, stats: GenerationStats
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        prefix, suffix = list(prompt.prefix_ids), list(prompt.suffix_ids)
-        if not suffix:  # the last prompt token must be run to get the first logits
-            prefix, suffix = prefix[:-1], prefix[-1:]
-        entry: PrefixEntry | None = None
-        key = None
-        if self.prefix_cache is not None and prompt.prefix_key and prefix:
-            key = prefix_cache_key(self._cache_model, prompt.prefix_key, prefix)
-            entry = self.prefix_cache.get(key, self.device)
-            if entry is not None and self.config.prompt_topk and entry.topk is None:
-                entry = None  # cached without the top-k this engine needs: recompute once
-        prefix_topk: torch.Tensor | None = None
-        if entry is not None:
-            cache.load_prefix(entry)
-            stats.prefix_cache_hit = True
-            prefix_topk = entry.topk
-        elif prefix:
-            _, prefix_topk = self._prefill(prefix, cache)
-            stats.prefill_tokens += len(prefix)
-            if key is not None and self.prefix_cache is not None:
-                snap = cache.snapshot(len(prefix))
-                entry = PrefixEntry(snap.keys, snap.values, prefix_topk)
-                self.prefix_cache.put(key, entry, tag=prompt.prefix_key)
-        last, suffix_topk = self._prefill(suffix, cache)
-        stats.prefill_tokens += len(suffix)
-        topk = None
-        if self.config.prompt_topk and suffix_topk is not None:
-            topk = suffix_topk if prefix_topk is None else torch.cat([prefix_topk, suffix_topk])
-        return last, topk
+        self, prompt: Prompt, cache: SlotCache, stats: GenerationStats, cancel: threading.Event | None
+    ) -> Generator[PrefillEvent, None, tuple[torch.Tensor, torch.Tensor | None] | None]:
+        """Load the longest cached run of the prompt's prefix segments, prefill the rest (caching each new
+        segment as it completes), yielding progress; returns the last logits and the prompt's top-k (None:
+        cancelled)."""
+        ids = prompt.ids
+        prefix_len = len(prompt.prefix_ids) if prompt.suffix_ids else len(ids) - 1  # the last token runs
+        ends = [e for e in (prompt.segment_ends or [len(prompt.prefix_ids)]) if 0 < e <= prefix_len]
+        keys: list[str | None] = [None] * len(ends)
+        entries: list[PrefixEntry] = []
+        if self.prefix_cache is not None and prompt.prefix_key and ends:
+            keys = list(segment_keys(self._cache_model, prompt.prefix_key, ids, ends))
+            entries = self.prefix_cache.match(keys, self.device)  # type: ignore[arg-type]
+            if self.config.prompt_topk:  # cached without the top-k this engine needs: recompute from there
+                entries = entries[: next((i for i, e in enumerate(entries) if e.topk is None), len(entries))]
+        reused = ends[len(entries) - 1] if entries else 0
+        cache.load_prefix(entries)
+        stats.prefix_reused_tokens, stats.prefix_cache_hit = reused, reused > 0
+        yield PrefillEvent(done=reused, total=len(ids), reused=reused)
+        starts = [0, *ends]
+        pieces = [(starts[i], ends[i], keys[i]) for i in range(len(entries), len(ends))]
+        pieces.append((starts[len(ends)], len(ids), None))
+        run = self._fill(ids, pieces, cache, cancel, prompt.prefix_key)
+        try:
+            while True:
+                yield PrefillEvent(done=next(run), total=len(ids), reused=reused)
+        except StopIteration as end:
+            result = end.value
+        stats.prefill_tokens += cache.length - reused
+        if result is None or not self.config.prompt_topk:
+            return result
+        last, topk = result
+        cached = [e.topk for e in entries if e.topk is not None]  # every entry has one here
+        return last, torch.cat([*cached, topk]) if topk is not None else None
 
-    def warm_prefix(self, prompt: Prompt) -> bool:
-        """Compute and cache the KV of ``prompt.prefix_ids`` ahead of the first question. True if computed."""
+    def warm_prefix(self, prompt: Prompt, cancel: threading.Event | None = None) -> bool:
+        """Compute and cache the KV of ``prompt``'s prefix segments ahead of the first question (stops between
+        chunks when ``cancel`` is set; finished segments stay cached). True if anything was computed."""
         if self.prefix_cache is None or not prompt.prefix_key or not prompt.prefix_ids:
             return False
-        key = prefix_cache_key(self._cache_model, prompt.prefix_key, prompt.prefix_ids)
-        if self.prefix_cache.get(key, self.device) is not None:
+        ids = list(prompt.prefix_ids)
+        ends = list(prompt.segment_ends or [len(ids)])
+        keys = segment_keys(self._cache_model, prompt.prefix_key, ids, ends)
+        entries = self.prefix_cache.match(keys, self.device)
+        if len(entries) == len(ends):
             return False
-        cache = SlotCache(self.num_layers, len(prompt.prefix_ids) + 1)
+        cache = SlotCache(self.num_layers, len(ids) + 1)
+        starts = [0, *ends]
+        pieces = [(starts[i], ends[i], keys[i]) for i in range(len(entries), len(ends))]
         with torch.inference_mode():
-            _, topk = self._prefill(list(prompt.prefix_ids), cache)
-        snap = cache.snapshot(len(prompt.prefix_ids))
-        self.prefix_cache.put(key, PrefixEntry(snap.keys, snap.values, topk), tag=prompt.prefix_key)
+            cache.load_prefix(entries)
+            for _ in self._fill(ids, pieces, cache, cancel, prompt.prefix_key):
+                pass
         return True
 
     # ---- generation -------------------------------------------------------------------------------
@@ -229,8 +277,13 @@ class Engine:
         spare = (config.draft_budget if config.draft_budget is not None else self.policy.max_budget) + 2
         cache = SlotCache(self.num_layers, len(prompt.ids) + max_new + spare)
 
-        last_logits, prompt_topk = self._start(prompt, cache, stats)
+        started = yield from self._start(prompt, cache, stats, cancel)
         stats.prefill_s = time.perf_counter() - t0
+        if started is None:  # cancelled during the prefill
+            stats.total_s, stats.finish_reason = stats.prefill_s, "cancelled"
+            yield DoneEvent(text="", token_ids=[], finish_reason="cancelled", stats=stats)
+            return
+        last_logits, prompt_topk = started
         root = self._pick(last_logits, sampling, generator, noise)
 
         detok = IncrementalDetokenizer(self.target.tokenizer)

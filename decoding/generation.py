@@ -41,11 +41,18 @@ class Prompt:
 
     ``prefix_ids`` (system + document) is the stable, cacheable part: its target KV is computed once per
     ``prefix_key`` and reused by every question and session. ``prefix_key`` None disables the cache.
+
+    ``segment_ends`` cuts the prefix into cacheable segments (ascending row ends, the last one
+    ``len(prefix_ids)``; empty: the whole prefix is one segment). The KV of a segment is cached under its own
+    tokens and everything before it, so a prompt that shares its first segments with an earlier one (the
+    same retrieved chunks, in the same order, before a different one) reuses their KV: a radix tree over
+    segments.
     """
 
     prefix_ids: Sequence[int]
     suffix_ids: Sequence[int]
     prefix_key: str | None = None
+    segment_ends: Sequence[int] = ()
     context_truncated: bool = False  # set by the caller when the document was cut to fit the window
     draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt: [system][retrieved chunks][question]
     draft_rows: Sequence[tuple[int, int]] | None = None  # the rows of this prompt the KV drafter reads
@@ -64,6 +71,16 @@ class TokenEvent:
 
 
 @dataclass
+class PrefillEvent:
+    """Progress of the prompt's prefill, sent between its chunks: ``done`` of ``total`` prompt tokens hold
+    their KV (``reused`` of them came from the prefix cache)."""
+
+    done: int
+    total: int
+    reused: int
+
+
+@dataclass
 class DoneEvent:
     """Last event of every generation, also after cancellation (finish_reason 'cancelled')."""
 
@@ -73,4 +90,4 @@ class DoneEvent:
     stats: GenerationStats
 
 
-GenerationEvent = TokenEvent | DoneEvent
+GenerationEvent = TokenEvent | PrefillEvent | DoneEvent

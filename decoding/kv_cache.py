@@ -5,10 +5,13 @@ the current length (gpt-fast style). A verify pass appends the root and all tree
 moves only the accepted rows down next to the committed prefix and sets the length, so rejected nodes
 are dropped without re-prefill and without copying the cache.
 
-``PrefixCache`` keeps the target's KV of ``[system][document]`` per (model, prefix) in an LRU bounded by
-bytes, optionally persisted to disk (safetensors) so a restart does not pay the prefill again. Entries
-are immutable: a generation copies the prefix into its own ``SlotCache``, so evicting an entry never
-breaks a running generation.
+``PrefixCache`` keeps the target's KV of prompt prefixes in an LRU bounded by bytes, optionally persisted
+to disk (safetensors) so a restart does not pay the prefill again. A prefix is cached as segments (a whole
+``[system][document]``, or the system part and each retrieved chunk of a document too long for the window),
+each keyed by its tokens chained to every key before it (``segment_keys``): the keys form a radix tree over
+segments, and a prompt reuses the KV of its longest cached run of leading segments (``match``). Entries
+are immutable: a generation copies them into its own ``SlotCache``, so evicting one never breaks a
+running generation.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -78,16 +82,16 @@ class SlotLayer(CacheLayerMixin):
         """``n`` rows after ``length`` were written into the buffers directly: make them live."""
         self.length += n
 
-    def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Copy a prefix ``[1, h, n, d]`` into rows 0..n-1."""
+    def load(self, keys: torch.Tensor, values: torch.Tensor, at: int = 0) -> None:
+        """Copy cached rows ``[1, h, n, d]`` into rows at..at+n-1; they become the last live rows."""
         if not self.is_initialized:
             self.lazy_initialization(keys)
-        self._ensure(keys.shape[2])
-        assert self._kbuf is not None and self._vbuf is not None
         n = keys.shape[2]
-        self._kbuf[:, :, :n].copy_(keys)
-        self._vbuf[:, :, :n].copy_(values)
-        self.length = n
+        self._ensure(at + n)
+        assert self._kbuf is not None and self._vbuf is not None
+        self._kbuf[:, :, at : at + n].copy_(keys)
+        self._vbuf[:, :, at : at + n].copy_(values)
+        self.length = at + n
 
     # ``keys`` / ``values`` (what transformers reads) are views made when read: a step of the quantized runtime
     # never reads them, and making two views per layer per step cost ~1 ms of Python.
@@ -159,9 +163,13 @@ class SlotCache(Cache):
     def length(self) -> int:
         return self.slot_layers[0].length
 
-    def load_prefix(self, entry: PrefixEntry) -> None:
-        for layer, (k, v) in zip(self.slot_layers, zip(entry.keys, entry.values, strict=True), strict=True):
-            layer.load(k, v)
+    def load_prefix(self, entries: Sequence[PrefixEntry]) -> None:
+        """Rows 0.. from cached segments, one after the other (a prefix cache match)."""
+        at = 0
+        for entry in entries:
+            for layer, k, v in zip(self.slot_layers, entry.keys, entry.values, strict=True):
+                layer.load(k, v, at)
+            at += entry.length
 
     def compact(self, base: int, rows: Sequence[int]) -> None:
         """After a verify pass that started at ``base``: keep only ``rows`` (root row 0 + accepted rows)."""
@@ -178,16 +186,16 @@ class SlotCache(Cache):
         for layer in self.slot_layers:
             layer.truncate(length)
 
-    def snapshot(self, length: int) -> PrefixEntry:
-        """An immutable copy of rows 0..length-1 (for the prefix cache)."""
-        keys = tuple(layer.keys[:, :, :length].clone() for layer in self.slot_layers)  # type: ignore[index]
-        values = tuple(layer.values[:, :, :length].clone() for layer in self.slot_layers)  # type: ignore[index]
-        return PrefixEntry(keys=keys, values=values, topk=None)
+    def snapshot(self, start: int, end: int, topk: torch.Tensor | None = None) -> PrefixEntry:
+        """An immutable copy of rows start..end-1 (a prefix cache segment)."""
+        keys = tuple(layer.keys[:, :, start:end].clone() for layer in self.slot_layers)  # type: ignore[index]
+        values = tuple(layer.values[:, :, start:end].clone() for layer in self.slot_layers)  # type: ignore[index]
+        return PrefixEntry(keys=keys, values=values, topk=topk)
 
 
 @dataclass(frozen=True)
 class PrefixEntry:
-    """Target KV of a prompt prefix: per layer ``[1, heads, n, head_dim]``; ``topk`` ``[n, k]`` optional."""
+    """Target KV of one prompt segment: per layer ``[1, heads, n, head_dim]``; ``topk`` ``[n, k]`` optional."""
 
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
@@ -207,13 +215,24 @@ class PrefixEntry:
 
 def prefix_cache_key(model_name: str, prefix_key: str, prefix_ids: Sequence[int]) -> str:
     """Cache key binding the caller's key to the model and the exact prefix tokens."""
-    h = hashlib.sha256()
-    h.update(model_name.encode())
-    h.update(b"\0")
-    h.update(prefix_key.encode())
-    h.update(b"\0")
-    h.update(torch.tensor(list(prefix_ids), dtype=torch.int64).numpy().tobytes())
-    return h.hexdigest()[:32]
+    return segment_keys(model_name, prefix_key, prefix_ids, [len(prefix_ids)])[0]
+
+
+def segment_keys(model_name: str, prefix_key: str, ids: Sequence[int], ends: Sequence[int]) -> list[str]:
+    """Cache keys of the segments ``ids[0:ends[0]]``, ``ids[ends[0]:ends[1]]``...: each binds the model, the
+    caller's key, its own tokens and (chained) every token before it, so equal keys mean equal KV."""
+    tokens = np.asarray(ids, dtype=np.int64)
+    keys: list[str] = []
+    start = 0
+    for end in ends:
+        h = hashlib.sha256()
+        for part in (keys[-1] if keys else model_name, prefix_key):
+            h.update(part.encode())
+            h.update(b"\0")
+        h.update(tokens[start:end].tobytes())
+        keys.append(h.hexdigest()[:32])
+        start = end
+    return keys
 
 
 class PrefixCache:
@@ -265,6 +284,24 @@ class PrefixCache:
             self.disk_hits += 1
         self._insert(key, entry, tag=None)
         return entry
+
+    def match(self, keys: Sequence[str], device: torch.device | None = None) -> list[PrefixEntry]:
+        """The entries of the longest leading run of ``keys`` that is cached (memory, then disk).
+
+        The run is touched from its last entry back to its first, so a segment is always more recently used
+        than the segments after it: LRU eviction takes a branch's tail before the prefix others share.
+        """
+        found: list[PrefixEntry] = []
+        for key in keys:
+            entry = self.get(key, device)
+            if entry is None:
+                break
+            found.append(entry)
+        with self._lock:
+            for key in reversed(keys[: len(found)]):
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+        return found
 
     def put(self, key: str, entry: PrefixEntry, tag: str | None = None, persist: bool = True) -> None:
         self._insert(key, entry, tag)

@@ -63,7 +63,7 @@ def build_prompt(
     tokenizer: Any,
     *,
     system: str,
-    document: str,
+    document: str | Sequence[str],
     question: str,
     history: Sequence[tuple[str, str]] = (),
     prefix_key: str | None,
@@ -72,11 +72,16 @@ def build_prompt(
 
     ``prefix_key`` names the prefix for the KV cache; it must change whenever the system text, the document
     or the tokenizer does (e.g. include the document id, a hash of ``system`` and the tokenizer fingerprint).
+    ``document`` given as pieces (retrieved chunks, separators included) is their concatenation, each piece
+    tokenized on its own: the prefix is then cut into segments (``Prompt.segment_ends``: everything before
+    the document, then each piece) whose ids do not depend on the pieces after them, so their KV can be
+    shared by every prompt that starts with the same pieces.
     """
     if getattr(tokenizer, "chat_template", None) is None:
         raise DecodingError("the tokenizer has no chat template; cannot lay out the prompt")
+    pieces = None if isinstance(document, str) else list(document)
     tag = uuid.uuid4().hex
-    texts = [document]
+    texts: list[str] = [document if isinstance(document, str) else ""]
     for asked, answered in history:
         texts += [asked, answered]
     texts.append(question)
@@ -97,9 +102,18 @@ def build_prompt(
         # string where the tokenizer's own pre-tokenizer would (for "\n\nThe" as for "\nThe").
         template = head.rstrip()
         out += _encode(tokenizer, template, plain=False)
+        if i == 0 and pieces is not None:
+            ends = [len(prefix)]
+            for j, piece in enumerate(pieces):
+                prefix += _encode(tokenizer, head[len(template):] + piece if j == 0 else piece, plain=True)
+                ends.append(len(prefix))
+            continue
         out += _encode(tokenizer, head[len(template):] + text, plain=True)
     suffix += _encode(tokenizer, rest, plain=False)
-    return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key)
+    if pieces is None:
+        return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key)
+    segment_ends = sorted({e for e in ends if e > 0})
+    return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key, segment_ends=segment_ends)
 
 
 def context_rows(

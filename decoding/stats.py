@@ -17,7 +17,8 @@ class GenerationStats:
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     prefill_tokens: int = 0  # prompt tokens actually run through the target (after prefix-cache reuse)
-    prefix_cache_hit: bool = False
+    prefix_cache_hit: bool = False  # some of the prompt's KV came from the prefix cache
+    prefix_reused_tokens: int = 0  # how many prompt tokens' KV came from the prefix cache
     ttft_s: float = 0.0
     decode_s: float = 0.0  # time after the first token
     total_s: float = 0.0

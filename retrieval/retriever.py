@@ -77,13 +77,25 @@ def default_budget(total_tokens: int, cap: int = DEFAULT_BUDGET_CAP) -> int:
     return min(max(math.ceil(total_tokens / BUDGET_RATIO), BUDGET_FLOOR), cap)
 
 
-def pack_hits(hits: Iterable[Hit], budget_tokens: int, doc_order: Sequence[str] | None = None) -> list[Hit]:
+def pack_hits(
+    hits: Iterable[Hit], budget_tokens: int, doc_order: Sequence[str] | None = None, lead_tokens: int = 0
+) -> list[Hit]:
     """Best-scoring hits that fit ``budget_tokens`` together (a hit that does not fit is skipped, smaller
-    ones after it may still fit), returned in document order: ``doc_order`` then character start."""
+    ones after it may still fit), returned in document order: ``doc_order`` then character start.
+
+    ``lead_tokens``: the leading hits in document order that fit that many tokens are kept whatever their
+    score (a stable start shared by every question's selection), the rest of the budget goes by score."""
     rank = {doc_id: i for i, doc_id in enumerate(doc_order or [])}
-    by_score = sorted(hits, key=lambda h: (-h.score, rank.get(h.document_id, len(rank)), h.start))
+    in_order = sorted(hits, key=lambda h: (rank.get(h.document_id, len(rank)), h.document_id, h.start))
     kept: list[Hit] = []
     used = 0
+    for hit in in_order:
+        if used + hit.n_tokens > min(lead_tokens, budget_tokens):
+            break
+        kept.append(hit)
+        used += hit.n_tokens
+    rest = in_order[len(kept) :]
+    by_score = sorted(rest, key=lambda h: (-h.score, rank.get(h.document_id, len(rank)), h.start))
     for hit in by_score:
         if used + hit.n_tokens <= budget_tokens:
             kept.append(hit)
@@ -92,16 +104,21 @@ def pack_hits(hits: Iterable[Hit], budget_tokens: int, doc_order: Sequence[str] 
     return kept
 
 
-def join_hits(hits: Sequence[Hit]) -> str:
-    """Hits' texts in order; adjacent chunks of one document are joined seamlessly, others by a blank line."""
-    parts: list[str] = []
+def hit_pieces(hits: Sequence[Hit]) -> list[str]:
+    """One piece of text per hit, in order, that ``join_hits`` concatenates: the hit's text, after a blank line
+    unless it is the first or directly follows the previous hit in the same document."""
+    pieces: list[str] = []
     prev: Hit | None = None
     for hit in hits:
-        if prev is not None and not (prev.document_id == hit.document_id and prev.end == hit.start):
-            parts.append(CHUNK_SEPARATOR)
-        parts.append(hit.text)
+        gap = prev is not None and not (prev.document_id == hit.document_id and prev.end == hit.start)
+        pieces.append(CHUNK_SEPARATOR + hit.text if gap else hit.text)
         prev = hit
-    return "".join(parts)
+    return pieces
+
+
+def join_hits(hits: Sequence[Hit]) -> str:
+    """Hits' texts in order; adjacent chunks of one document are joined seamlessly, others by a blank line."""
+    return "".join(hit_pieces(hits))
 
 
 def _result(hits: list[Hit], budget_tokens: int) -> RetrievalResult:
@@ -169,17 +186,24 @@ class Retriever:
         return _result(pack_hits(hits[:top_k], budget_tokens, doc_ids), budget_tokens)
 
     def select_for_window(
-        self, query: str, doc_ids: Sequence[str], budget_tokens: int, *, tenant: str | None = None
+        self,
+        query: str,
+        doc_ids: Sequence[str],
+        budget_tokens: int,
+        *,
+        lead_tokens: int = 0,
+        tenant: str | None = None,
     ) -> RetrievalResult:
         """The most relevant chunks (exact scores, no threshold, no top-k) that fit ``budget_tokens``, in
-        document order: what a target reads of documents longer than its window."""
+        document order, after the documents' first ``lead_tokens`` (see ``pack_hits``): what a target reads
+        of documents longer than its window."""
         loaded = self._load_all(doc_ids, tenant)
         query_vec = self.embedder.encode_query(query)
         hits: list[Hit] = []
         for doc_id, doc in zip(doc_ids, loaded, strict=True):
             scores = doc.index.scores_all(query_vec)  # [n_chunks]
             hits.extend(_hit(doc_id, chunk, float(s)) for chunk, s in zip(doc.chunks, scores, strict=True))
-        return _result(pack_hits(hits, budget_tokens, doc_ids), budget_tokens)
+        return _result(pack_hits(hits, budget_tokens, doc_ids, lead_tokens), budget_tokens)
 
     def invalidate(self, doc_id: str | None = None) -> None:
         """Drop cached index/chunks of one document (all when None)."""

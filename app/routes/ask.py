@@ -17,7 +17,7 @@ from app.routes.documents import ERRORS
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
 from app.sse import frame, sse_response
-from decoding.generation import SamplingParams
+from decoding.generation import PrefillEvent, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,9 @@ router = APIRouter(tags=["ask"])
 
 STREAM_DOC: dict[int | str, dict[str, Any]] = {
     "200": {
-        "description": "JSON answer, or with `stream: true` a text/event-stream of `sources`, `token` "
+        "description": "JSON answer, or with `stream: true` a text/event-stream of `sources`, `progress` "
+        '(data `{"stage": "prefill", "done", "total", "reused"}`: prompt tokens whose KV is ready, of which '
+        "reused from the prefix cache; sent while the prompt is read), `token` "
         '(data `{"text"}`), `stats` and `done` events (`error` then `done` on a failure mid-stream)',
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }
@@ -65,7 +67,9 @@ async def _stream(services: Services, plan: Plan, session_id: str) -> AsyncItera
     try:
         yield frame([s.model_dump() for s in plan.sources], "sources")
         async for event in answering.events(plan):
-            if event.text:
+            if isinstance(event, PrefillEvent):
+                yield frame(answering.progress_out(event), "progress")
+            elif event.text:
                 yield frame({"text": event.text}, "token")
         await answering.finish(services, plan)
         if plan.done is not None:

@@ -53,6 +53,7 @@ def document_out(record: DocumentRecord) -> DocumentOut:
         media_type=record.content_type,
         size_bytes=record.size,
         chunks=record.n_chunks or None,
+        tokens=record.n_tokens or None,
         created_at=record.created_at,
     )
 

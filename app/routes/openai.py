@@ -7,6 +7,7 @@ messages replace the service's system prompt.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -32,8 +33,8 @@ from app.schemas import (
     ModelList,
 )
 from app.services import Services
-from app.sse import frame, sse_response
-from decoding.generation import SamplingParams
+from app.sse import comment, frame, sse_response
+from decoding.generation import PrefillEvent, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,9 @@ async def _stream(services: Services, plan: Plan, completion_id: str, created: i
     try:
         yield frame(_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None))
         async for event in answering.events(plan):
-            if event.text:
+            if isinstance(event, PrefillEvent):  # a comment: OpenAI clients skip it, proxies see bytes flow
+                yield comment(json.dumps(answering.progress_out(event), separators=(",", ":")))
+            elif event.text:
                 yield frame(_chunk(completion_id, created, model, {"content": event.text}, None))
         await answering.finish(services, plan)
         if plan.done is not None:

@@ -751,6 +751,20 @@
     section.hidden = false;
   }
 
+  /** The status line while the prompt is read: how far, and how much came from the KV cache. */
+  function progressText(p) {
+    const total = Number(p.total) || 0;
+    const done = Math.min(Number(p.done) || 0, total);
+    const reused = Number(p.reused) || 0;
+    if (!total) {
+      return 'Reading the documents…';
+    }
+    const percent = Math.floor((100 * done) / total);
+    const cached = reused > 0 ? `, ${reused.toLocaleString('en-US')} from cache` : '';
+    return `Reading the documents… ${percent}% (${done.toLocaleString('en-US')} of ` +
+      `${total.toLocaleString('en-US')} tokens${cached})`;
+  }
+
   function renderStats(turn, stats) {
     const s = stats && typeof stats === 'object' ? stats : {};
     const dl = turn.querySelector('.stats');
@@ -766,7 +780,8 @@
       rows.push(['Accepted by source', parts.length ? parts.join(', ') : 'none']);
     }
     if (s.prefix_cache_hit !== undefined && s.prefix_cache_hit !== null) {
-      rows.push(['Prefix cache', s.prefix_cache_hit ? 'hit' : 'miss']);
+      const reused = Number(s.prefix_reused_tokens) || 0;
+      rows.push(['Prefix cache', s.prefix_cache_hit ? `hit (${reused.toLocaleString('en-US')} tokens)` : 'miss']);
     }
     if (s.drafted_by_source && typeof s.drafted_by_source === 'object') {
       const parts = Object.entries(s.drafted_by_source).map(([k, v]) => `${k} ${v}`);
@@ -902,6 +917,11 @@
           }
           break;
         }
+        case 'progress':
+          if (tokens === 0 && data && typeof data === 'object') {
+            turn.querySelector('.answer-status').textContent = progressText(data);
+          }
+          break;
         case 'stats':
           renderStats(turn, data);
           break;

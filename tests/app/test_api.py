@@ -264,7 +264,11 @@ def test_ask_stream_events(client: httpx.Client, doc: str) -> None:
     assert response.headers["cache-control"] == "no-cache" and response.headers["x-accel-buffering"] == "no"
     names = [e.event for e in events]
     assert names[0] == "sources" and names[-2:] == ["stats", "done"]
-    assert set(names[1:-2]) == {"token"}
+    assert set(names[1:-2]) == {"progress", "token"}
+    assert names.index("token") > max(i for i, n in enumerate(names) if n == "progress")  # the prompt first
+    progress = [json.loads(e.data) for e in events if e.event == "progress"]
+    assert progress[0]["stage"] == "prefill" and progress[0]["done"] == progress[0]["reused"] > 0  # cached
+    assert all(p["total"] == plain["usage"]["prompt_tokens"] for p in progress)
     assert json.loads(events[0].data) == plain["sources"]
     streamed = "".join(json.loads(e.data)["text"] for e in events if e.event == "token")
     assert streamed == plain["answer"]  # greedy: the stream and the JSON answer are the same text
@@ -289,10 +293,19 @@ def test_long_document_is_cut_to_the_window(client: httpx.Client) -> None:
     text = filler + "\n\nThe secret password of the archive is BLUE HERON."
     doc_id = upload_text(client, text, title="archive")
     assert wait_indexed(client, doc_id)["status"] == "ready"
-    body = ask(client, question="What is the secret password of the archive?", document_ids=[doc_id]).json()
+    question = "What is the secret password of the archive?"
+    body = ask(client, question=question, document_ids=[doc_id]).json()
     assert body["stats"]["context_truncated"] is True
     assert body["usage"]["prompt_tokens"] + 12 <= 1024  # the window of this server
     assert any("BLUE HERON" in s["text"] for s in body["sources"])
+    # the chunks read are cached one by one: the same question again reuses the whole prefix and answers the
+    # same (greedy); a related one reuses the chunks its selection starts with
+    again = ask(client, question=question, document_ids=[doc_id]).json()
+    assert again["answer"] == body["answer"]
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    assert prompt_tokens - 40 < again["stats"]["prefix_reused_tokens"] < prompt_tokens
+    related = ask(client, question="Which room keeps ledger number 3?", document_ids=[doc_id]).json()
+    assert 0 < related["stats"]["prefix_reused_tokens"] <= again["stats"]["prefix_reused_tokens"]
 
 
 def test_index_from_another_embedder_is_409_with_the_reindex_command(server: ThreadServer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -272,8 +273,13 @@ def test_page_uploads_asks_and_streams_an_answer_with_sources(
     page.js(
         """(() => {
           window.__answerUpdates = 0;
+          window.__statuses = [];
           new MutationObserver((records) => {
-            for (const r of records) if (r.type === 'characterData') window.__answerUpdates += 1;
+            for (const r of records) {
+              if (r.type === 'characterData') window.__answerUpdates += 1;
+              const status = r.target.closest && r.target.closest('.answer-status');
+              if (status) window.__statuses.push(status.textContent);
+            }
           }).observe(document.getElementById('turns'), {subtree: true, characterData: true, childList: true});
           return true;
         })()"""
@@ -318,7 +324,11 @@ def test_page_uploads_asks_and_streams_an_answer_with_sources(
     )
     for name in ("Tokens/s", "Acceptance length", "First token", "Prefix cache"):
         assert name in stats, stats
-    assert stats["Prefix cache"] in ("hit", "miss")
+    assert re.fullmatch(r"hit \([\d,]+ tokens\)|miss", stats["Prefix cache"]), stats
+    # while the prompt was read, the status line said how far (progress events of the stream)
+    statuses = page.js("window.__statuses")
+    reading = r"Reading the documents… \d+% \([\d,]+ of [\d,]+ tokens.*\)"
+    assert any(re.fullmatch(reading, t) for t in statuses), statuses
     assert page.js("document.getElementById('ask-btn').disabled") is False
     assert page.js("document.getElementById('stop-btn').disabled") is True
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,8 +14,8 @@ import torch
 from decoding.budget import BudgetPolicy
 from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
-from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
+from decoding.engine import Engine, EngineConfig
+from decoding.generation import DoneEvent, GenerationConfig, PrefillEvent, Prompt, TokenEvent
 from decoding.kv_cache import PrefixCache
 from decoding.tree import ROOT, DraftTree
 from tests.decoding.conftest import VOCAB, TinyTarget
@@ -259,12 +262,83 @@ def test_prefix_cache_reuse_is_exact(tiny: TinyTarget, reference: list[int], tmp
     assert run(engine, other, 12).token_ids == ref_other
 
 
+def segmented(segments: Sequence[Sequence[int]], suffix: Sequence[int]) -> Prompt:
+    """A prompt whose prefix is ``segments`` one after the other, each a cacheable segment."""
+    ids = [t for seg in segments for t in seg]
+    ends = list(itertools.accumulate(len(seg) for seg in segments))
+    return Prompt(prefix_ids=ids, suffix_ids=list(suffix), prefix_key="doc-1", segment_ends=ends)
+
+
+def test_prefix_segments_reuse_the_longest_cached_run_exactly(tiny: TinyTarget) -> None:
+    """A radix tree over segments: a shared leading run of segments is loaded, the rest prefilled; the answer
+    is the same as without any cache (greedy, bit for bit)."""
+    engine = Engine(tiny, prefix_cache=PrefixCache(byte_budget=1 << 30), config=EngineConfig(prefill_chunk=4))
+    system, a, b, c, d = [5, 17, 3], [42, 8, 8, 23, 61], [5, 17, 3, 9], [77, 12, 40, 2, 2, 90], [33, 33, 1]
+    question = [3, 42, 9]
+    first = segmented([system, a, b, c], question)
+    done = run(engine, first, 12)
+    assert done.token_ids == naive_greedy(tiny.model, first.ids, 12)
+    assert done.stats.prefix_reused_tokens == 0 and not done.stats.prefix_cache_hit
+    assert run(engine, first, 12).stats.prefix_reused_tokens == len(first.prefix_ids)  # the same question
+    for other, reused in (
+        (segmented([system, a, b, d], question), len(system + a + b)),  # another last chunk
+        (segmented([system, a, c], [3, 9]), len(system + a)),  # a chunk left out
+        (segmented([system, b, a], question), len(system)),  # another order: only the system part
+        (segmented([system, a, b, c], [1, 2]), len(first.prefix_ids)),  # another question
+    ):
+        got = run(engine, other, 12)
+        assert got.stats.prefix_reused_tokens == reused
+        assert got.stats.prefill_tokens == len(other.ids) - reused
+        assert got.token_ids == naive_greedy(tiny.model, other.ids, 12)
+    # the same tokens under another caller key (another document set) share nothing
+    assert run(engine, replace(first, prefix_key="doc-2"), 12).stats.prefix_reused_tokens == 0
+
+
+def test_prefill_reports_progress_and_stops_when_cancelled(tiny: TinyTarget) -> None:
+    cache = PrefixCache(byte_budget=1 << 30)
+    engine = Engine(tiny, prefix_cache=cache, config=EngineConfig(prefill_chunk=4))
+    prompt = segmented([[5, 17, 3, 42, 8, 8], [23, 61, 5, 17, 3, 9, 1, 2], [7] * 9], [3, 42, 9])
+    events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=4)))
+    progress = [e for e in events if isinstance(e, PrefillEvent)]
+    assert [e.done for e in progress] == [0, 4, 6, 10, 14, 18, 22, 23]  # chunks end at segment ends
+    assert all(e.total == len(prompt.ids) and e.reused == 0 for e in progress)
+
+    cancel = threading.Event()
+    other = segmented([[5, 17, 3, 42, 8, 8], [1] * 8, [2] * 9], [3, 42, 9])
+    gen = engine.generate(other, GenerationConfig(max_new_tokens=4), (), cancel)
+    seen = [next(gen), next(gen), next(gen), next(gen)]  # the first segment came from the cache
+    assert [e.done for e in seen if isinstance(e, PrefillEvent)] == [6, 10, 14, 18]
+    cancel.set()
+    rest = list(gen)
+    assert len(rest) == 1 and isinstance(rest[0], DoneEvent) and rest[0].finish_reason == "cancelled"
+    assert rest[0].token_ids == []
+    # the segments finished before the cancel stay cached: a retry resumes after them
+    again = run(engine, other, 4)
+    assert again.stats.prefix_reused_tokens == 14
+    assert again.token_ids == naive_greedy(tiny.model, other.ids, 4)
+
+
+def test_warm_prefix_caches_every_segment(tiny: TinyTarget) -> None:
+    engine = Engine(tiny, prefix_cache=PrefixCache(byte_budget=1 << 30), config=EngineConfig(prefill_chunk=4))
+    prompt = segmented([[5, 17, 3], [42, 8, 8, 23, 61], [5, 17, 3, 9]], [3, 42, 9])
+    cancel = threading.Event()
+    cancel.set()
+    assert engine.warm_prefix(replace(prompt, suffix_ids=[]), cancel)  # cancelled before its first chunk
+    assert run(engine, prompt, 6).stats.prefix_reused_tokens == 0
+    engine = Engine(tiny, prefix_cache=PrefixCache(byte_budget=1 << 30), config=EngineConfig(prefill_chunk=4))
+    assert engine.warm_prefix(replace(prompt, suffix_ids=[]))
+    assert not engine.warm_prefix(replace(prompt, suffix_ids=[]))  # all cached already
+    done = run(engine, prompt, 6)
+    assert done.stats.prefix_reused_tokens == len(prompt.prefix_ids)
+    assert done.token_ids == naive_greedy(tiny.model, prompt.ids, 6)
+
+
 def test_cancellation_between_steps(engine: Engine) -> None:
     import threading
 
     cancel = threading.Event()
     gen = engine.generate(PROMPT, GenerationConfig(max_new_tokens=N), (), cancel)
-    first = next(gen)
+    first = next(e for e in gen if not isinstance(e, PrefillEvent))
     assert isinstance(first, TokenEvent)
     cancel.set()
     rest = list(gen)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, prefix_cache_key
+from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, prefix_cache_key, segment_keys
 
 
 def entry(n: int, fill: float, layers: int = 2) -> PrefixEntry:
@@ -60,6 +60,38 @@ def test_key_binds_model_and_tokens() -> None:
     assert a == prefix_cache_key("m", "doc", [1, 2, 3])
     assert a != prefix_cache_key("m2", "doc", [1, 2, 3])
     assert a != prefix_cache_key("m", "doc", [1, 2, 4])
+
+
+def test_segment_keys_chain_every_token_before() -> None:
+    ids = [1, 2, 3, 4, 5, 6]
+    keys = segment_keys("m", "doc", ids, [2, 4, 6])
+    assert keys[0] == prefix_cache_key("m", "doc", [1, 2])  # one segment: the plain prefix key
+    assert segment_keys("m", "doc", [1, 2, 3, 4, 9, 9], [2, 4, 6])[:2] == keys[:2]  # shared leading run
+    assert segment_keys("m", "doc", [1, 2, 5, 6, 3, 4], [2, 4, 6])[2] != keys[1]  # same tokens, other place
+    assert segment_keys("m", "doc", [9, 2, 3, 4, 5, 6], [2, 4, 6])[2] != keys[2]  # anything before differs
+    assert segment_keys("m", "doc", ids, [3, 6])[1] != keys[2]  # other cut, same end: other key
+
+
+def test_match_takes_the_longest_leading_run_and_evicts_tails_first() -> None:
+    one = entry(4, 1.0).nbytes
+    cache = PrefixCache(byte_budget=one * 3)
+    for key in ("s", "a", "b"):
+        cache.put(key, entry(4, 1.0))
+    assert [e.length for e in cache.match(["s", "a", "x", "b"])] == [4, 4]  # stops at the first miss
+    assert cache.match(["x", "s"]) == []
+    cache.match(["s", "a", "b"])  # touched b, a, s in that order: s is the most recent
+    cache.put("c", entry(4, 1.0))  # evicts the least recent: b, a branch's tail
+    assert [len(cache.match(k)) for k in (["s", "a", "b"], ["s", "c"])] == [2, 2]
+
+
+def test_slot_cache_loads_segments_one_after_the_other() -> None:
+    cache = SlotCache(num_layers=2, capacity=2)
+    cache.load_prefix([entry(3, 1.0), entry(2, 5.0)])
+    assert cache.length == 5
+    keys = cache.slot_layers[1].keys
+    assert keys is not None and keys[0, 0, :, 0].tolist() == [2.0, 2.0, 2.0, 6.0, 6.0]
+    part = cache.snapshot(2, 4)
+    assert part.length == 2 and part.keys[0][0, 0, :, 0].tolist() == [1.0, 5.0]
 
 
 def test_slot_cache_compaction_moves_only_accepted_rows() -> None:

@@ -118,3 +118,24 @@ def test_bundled_tokenizer_layout(bundled_gguf_dir: Path) -> None:
     assert b.ids == tok(rendered, add_special_tokens=False).input_ids
     generation_prompt = tok("<|im_start|>assistant\n", add_special_tokens=False).input_ids
     assert b.ids[-len(generation_prompt):] == generation_prompt
+
+
+def test_document_pieces_are_cacheable_segments(tok: PreTrainedTokenizerFast) -> None:
+    """Pieces (retrieved chunks) tokenized one by one: the prompt is their concatenation, and each segment's ids
+    are the same whatever pieces follow it."""
+    pieces = ["First chunk: the licence.", "\n\nSecond chunk, later on.", " Adjacent third chunk."]
+    a = build_prompt(tok, system=SYSTEM, document=pieces, question="Q?", prefix_key="k")
+    assert tok.decode(list(a.prefix_ids)).endswith("".join(pieces))
+    assert a.ids[len(a.prefix_ids):] == build_prompt(tok, system=SYSTEM, document="", question="Q?",
+                                                     prefix_key=None).suffix_ids
+    ends = list(a.segment_ends)
+    assert len(ends) == 4 and ends[-1] == len(a.prefix_ids) and ends == sorted(ends)
+    assert tok.decode(list(a.prefix_ids[ends[0]:ends[1]])) == "\n\n" + pieces[0]  # the system text's break
+    assert tok.decode(list(a.prefix_ids[ends[2]:ends[3]])) == pieces[2]
+    b = build_prompt(tok, system=SYSTEM, document=[*pieces[:2], "\n\nAnother one."], question="Other?",
+                     prefix_key="k")
+    assert list(b.prefix_ids[: ends[2]]) == list(a.prefix_ids[: ends[2]]) and b.segment_ends[:3] == ends[:3]
+    whole = build_prompt(tok, system=SYSTEM, document="".join(pieces), question="Q?", prefix_key="k")
+    assert whole.segment_ends == () and whole.prefix_ids[: ends[0]] == a.prefix_ids[: ends[0]]
+    empty = build_prompt(tok, system="", document=pieces, question="Q?", prefix_key="k")
+    assert empty.segment_ends[-1] == len(empty.prefix_ids)

@@ -13,6 +13,7 @@ from retrieval.retriever import (
     Retriever,
     default_budget,
     default_threshold,
+    hit_pieces,
     join_hits,
     pack_hits,
 )
@@ -53,6 +54,17 @@ def test_pack_hits_by_score_into_budget_then_document_order() -> None:
     assert pack_hits(hits, budget_tokens=10) == []
     adjacent = [hit("a", 0, 1, 1.0), hit("a", 10, 1, 1.0), hit("b", 0, 1, 1.0)]
     assert join_hits(adjacent) == "<a:0><a:10>\n\n<b:0>"
+    assert hit_pieces(adjacent) == ["<a:0>", "<a:10>", "\n\n<b:0>"]
+
+
+def test_pack_hits_keeps_a_lead_in_document_order_then_fills_by_score() -> None:
+    hits = [hit("b", 0, 50, 0.9), hit("a", 30, 60, 0.8), hit("a", 10, 30, 0.1), hit("a", 0, 20, 0.0),
+            hit("b", 90, 20, 0.2)]
+    # the lead: a:0 (20) and a:10 (30) fit 60 tokens, a:30 would not; then by score: b:0 (50) fits 100
+    kept = pack_hits(hits, budget_tokens=100, doc_order=["a", "b"], lead_tokens=60)
+    assert [(h.document_id, h.start) for h in kept] == [("a", 0), ("a", 10), ("b", 0)]
+    assert pack_hits(hits, budget_tokens=30, doc_order=["a", "b"], lead_tokens=60) == [hits[3]]  # budget wins
+    assert pack_hits(hits, 100, ["a", "b"], lead_tokens=0) == pack_hits(hits, 100, ["a", "b"])
 
 
 @pytest.fixture(scope="module")
