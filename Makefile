@@ -46,6 +46,7 @@ bench: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --threads 2 --repeats 2 --max-new-tokens 64 --json bench/results/decode.json \
 		--methods prompt_lookup racer racer_cross_session rapid rapid@512 rapid@2048 rapid_kv combined auto llama_cpp
 	$(PY) -m bench.eta --json bench/results/eta.json
+	$(PY) -m bench.long_doc --json bench/results/long_doc.json
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json

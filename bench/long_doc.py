@@ -31,7 +31,7 @@ from typing import Any
 
 from app.prompts import DocumentText, PromptBuilder
 from bench.common import REPO, load_target, machine_info, median, write_json
-from bench.datasets import load_qa, passage_pattern
+from bench.datasets import DATA_DIR, load_qa, passage_pattern
 from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt
 from decoding.kv_cache import PrefixCache, segment_keys
@@ -45,6 +45,7 @@ DEFAULT_JSON = REPO / "bench" / "results" / "long_doc.json"
 MAX_TOKENS = 256  # the service's default max_tokens: the room a prompt leaves for the answer
 BUDGETS = (2048, 4096, 0)  # 0: as much as the window holds
 LEADS = (0, 512, 1024)
+DISTRACTORS = (("GNU General Public License, version 2", "gpl-2.0.txt"), ("The Artistic License", "artistic-1.0.txt"))
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,14 @@ def out(text: str) -> None:
 
 
 def long_document() -> tuple[str, list[Question]]:
-    """The QA texts one after the other under their titles, and every question with its gold passage."""
+    """The QA texts one after the other under their titles, then two texts without questions (near-duplicates
+    of the licences, bench/data/README.md), and every question with its gold passage."""
     parts, questions = [], []
     for doc in load_qa():
         parts.append(f"{doc.title}\n\n{doc.text.strip()}")
         questions += [Question(q.question, doc.doc_id, q.answer_passage) for q in doc.questions]
+    for title, name in DISTRACTORS:
+        parts.append(f"{title}\n\n{(DATA_DIR / name).read_text(encoding='utf-8').strip()}")
     return "\n\n\n".join(parts), questions
 
 
@@ -216,9 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         table = budget_table(setup, BUDGETS, leads)
         out("time to first token (real engine):")
         picks = pairs(setup.questions, 1 if args.quick else args.questions)
-        configs = [(b, 0) for b in BUDGETS]
-        if args.default_lead:
-            configs.append((args.default_budget, args.default_lead))
+        configs = [(b, 0) for b in BUDGETS]  # then the default budget with a lead (warmed as at upload)
+        configs += [(args.default_budget, lead) for lead in sorted({512, args.default_lead} - {0})]
         timing = [ttft(setup, b, lead, picks) for b, lead in configs]
         default = next(t for t in timing if t["budget"] == (args.default_budget or "window")
                        and t["lead"] == args.default_lead)

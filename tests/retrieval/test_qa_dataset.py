@@ -35,3 +35,14 @@ def test_an_answer_contains_the_gold_passage_when_it_holds_half_its_content_word
     assert contains_gold("You must keep the offer for three years, as long as you offer spare parts.", gold)
     assert not contains_gold("You must keep the offer valid.", gold)
     assert not contains_gold("anything", "a an of to")  # a gold passage without content words matches nothing
+
+
+def test_the_long_document_holds_every_gold_passage_and_the_distractors() -> None:
+    from bench.datasets import passage_pattern
+    from bench.long_doc import long_document
+
+    text, questions = long_document()
+    assert len(questions) == sum(len(d.questions) for d in load_qa())
+    assert len(text) > 150_000 and "The Artistic License" in text and "Version 2, June 1991" in text
+    for q in questions:  # whatever the distractors repeat, a gold passage is found in its own text
+        assert passage_pattern(q.passage).search(text) is not None
