@@ -94,8 +94,8 @@ class Metrics:
 class LiveCollector(Collector):
     """Gauges / counters read from the running service at scrape time.
 
-    ``read()`` returns: queue_waiting, generation_running, kv_cache_bytes, kv_cache_hits, kv_cache_misses,
-    redis_up (1/0, or None when Redis is not configured), indexing_jobs ({status: count}).
+    ``read()`` returns: queue_waiting, generation_running, kv_cache_bytes, kv_disk_bytes, kv_cache_hits,
+    kv_cache_misses, redis_up (1/0, or None when Redis is not configured), indexing_jobs ({status: count}).
     """
 
     def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
@@ -114,6 +114,9 @@ class LiveCollector(Collector):
         )
         yield GaugeMetricFamily(
             "ragspec_kv_cache_bytes", "Bytes held by the document KV cache", live["kv_cache_bytes"]
+        )
+        yield GaugeMetricFamily(
+            "ragspec_kv_disk_bytes", "Bytes of the persisted KV cache on disk", live.get("kv_disk_bytes", 0)
         )
         yield CounterMetricFamily("ragspec_kv_cache_hits", "Document KV cache hits", live["kv_cache_hits"])
         yield CounterMetricFamily(

@@ -91,6 +91,7 @@ class Services:
             "queue_waiting": self.scheduler.waiting,
             "generation_running": self.scheduler.running,
             "kv_cache_bytes": cache.bytes_used if cache is not None else 0,
+            "kv_disk_bytes": cache.disk_bytes if cache is not None else 0,
             "kv_cache_hits": cache.hits if cache is not None else 0,
             "kv_cache_misses": cache.misses if cache is not None else 0,
             "indexing_jobs": counts,
@@ -172,7 +173,9 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     prefix_cache = None
     if settings.kv_cache_bytes > 0:
         prefix_cache = PrefixCache(
-            settings.kv_cache_bytes, data_dir / "kv" if settings.kv_cache_persist else None
+            settings.kv_cache_bytes,
+            data_dir / "kv" if settings.kv_cache_persist and settings.kv_disk_bytes > 0 else None,
+            disk_budget=settings.kv_disk_bytes,
         )
     engine = Engine(
         target,

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
 
     kv_cache_bytes: int = Field(2 << 30, ge=0, description="Byte budget of the document KV cache (LRU)")
     kv_cache_persist: bool = Field(True, description="Persist document KV caches to disk across restarts")
+    kv_disk_bytes: int = Field(
+        8 << 30, ge=0, description="Byte quota of the persisted KV cache (least recently used files go first)"
+    )
     draft_budget_max: int = Field(64, ge=0, le=512, description="Most draft-tree nodes per verify step")
     calibrate: bool = Field(True, description="Measure verify cost per draft size at start (background)")
     session_ttl_s: int = Field(24 * 3600, ge=60, description="Session history lifetime")

@@ -241,11 +241,13 @@ class PrefixCache:
     Thread-safe. ``tag`` groups entries (e.g. a document id) so ``drop(tag)`` removes all of them.
     """
 
-    def __init__(self, byte_budget: int, persist_dir: Path | None = None) -> None:
+    def __init__(self, byte_budget: int, persist_dir: Path | None = None, disk_budget: int | None = None) -> None:
         self.byte_budget = byte_budget
         self.persist_dir = persist_dir
+        self.disk_budget = disk_budget  # bytes of files under persist_dir (None: unbounded)
         self._entries: OrderedDict[str, PrefixEntry] = OrderedDict()
         self._tags: dict[str, set[str]] = {}
+        self._files: OrderedDict[str, int] = OrderedDict()  # persisted key -> bytes, least recently used first
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -254,6 +256,16 @@ class PrefixCache:
             persist_dir.mkdir(parents=True, exist_ok=True)
             for leftover in persist_dir.glob("*.tmp*"):
                 leftover.unlink(missing_ok=True)
+            found = [(p.stat(), p.stem) for p in persist_dir.glob("*.safetensors")]
+            for st, key in sorted(found, key=lambda f: f[0].st_mtime):  # file times carry recency over restarts
+                self._files[key] = st.st_size
+            with self._lock:
+                self._trim_disk()
+
+    @property
+    def disk_bytes(self) -> int:
+        with self._lock:
+            return sum(self._files.values())
 
     @property
     def bytes_used(self) -> int:
@@ -334,6 +346,9 @@ class PrefixCache:
                 if path.stem in keys or _file_tag(path) == tag:
                     path.unlink(missing_ok=True)
                     keys.add(path.stem)
+            with self._lock:
+                for key in keys:
+                    self._files.pop(key, None)
         return len(keys)
 
     def _save(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
@@ -349,9 +364,26 @@ class PrefixCache:
         try:
             save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
             os.replace(tmp, path)
+            size = path.stat().st_size
         except Exception:
             logger.exception("could not persist prefix %s", key)
             Path(tmp).unlink(missing_ok=True)
+            return
+        with self._lock:
+            self._files[key] = size
+            self._files.move_to_end(key)
+            self._trim_disk()
+
+    def _trim_disk(self) -> None:
+        """Remove the least recently used files while the disk tier is over its quota (lock held)."""
+        if self.disk_budget is None or self.persist_dir is None:
+            return
+        used = sum(self._files.values())
+        while used > self.disk_budget and self._files:
+            key, size = self._files.popitem(last=False)
+            self._path(key).unlink(missing_ok=True)
+            used -= size
+            logger.debug("removed persisted prefix %s (%d bytes) over the disk quota", key, size)
 
     def _load(self, key: str, device: torch.device | None) -> PrefixEntry | None:
         if self.persist_dir is None:
@@ -365,13 +397,18 @@ class PrefixCache:
             keys = tuple(data[f"k.{i}"] for i in range(n))
             values = tuple(data[f"v.{i}"] for i in range(n))
             tag = _file_tag(path)
-            if tag:
-                with self._lock:
+            with self._lock:
+                if tag:
                     self._tags.setdefault(tag, set()).add(key)
+                if key in self._files:
+                    self._files.move_to_end(key)
+            os.utime(path)  # recency for the disk quota, across restarts too
             return PrefixEntry(keys=keys, values=values, topk=data.get("topk"))
         except Exception:
             logger.warning("discarding unreadable prefix cache file %s", path, exc_info=True)
             path.unlink(missing_ok=True)
+            with self._lock:
+                self._files.pop(key, None)
             return None
 
 

@@ -19,6 +19,7 @@ from tests.app.live import (
     service_settings,
     thread_server,
     upload_text,
+    wait_for,
     wait_indexed,
 )
 
@@ -75,6 +76,7 @@ def test_health_readiness_and_metrics(client: httpx.Client) -> None:
         "ragspec_http_requests_total",
         "ragspec_queue_depth",
         "ragspec_kv_cache_bytes",
+        "ragspec_kv_disk_bytes",
         "ragspec_indexing_jobs",
         "ragspec_generation_running",
     ):
@@ -158,8 +160,10 @@ def test_delete_removes_document_and_cached_kv(client: httpx.Client) -> None:
     assert ask(client, question="Where do zebras live?", document_ids=[doc_id], max_tokens=4).status_code == 200
     kv_before = metric(client, "ragspec_kv_cache_bytes")
     assert kv_before > 0
+    disk_before = wait_for(lambda: metric(client, "ragspec_kv_disk_bytes"), "the prefix written to disk")
     assert client.delete(f"/v1/documents/{doc_id}").status_code == 204
     assert metric(client, "ragspec_kv_cache_bytes") < kv_before
+    assert metric(client, "ragspec_kv_disk_bytes") < disk_before  # its files are gone too
     assert client.get(f"/v1/documents/{doc_id}").status_code == 404
     assert doc_id not in [d["id"] for d in client.get("/v1/documents").json()["documents"]]
     assert client.delete(f"/v1/documents/{doc_id}").status_code == 404

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -53,6 +54,32 @@ def test_persistence_and_drop(tmp_path: Path) -> None:
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     assert second.get("junk") is None  # unreadable file: discarded, not a crash
     assert not (tmp_path / "junk.safetensors").exists()
+
+
+def wait_for_writes() -> None:
+    for t in threading.enumerate():
+        if t.daemon and t.is_alive() and t is not threading.current_thread():
+            t.join(10)
+
+
+def test_the_disk_tier_keeps_to_its_quota_least_recently_used_first(tmp_path: Path) -> None:
+    probe = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "probe")
+    probe.put("x", entry(8, 1.0))
+    wait_for_writes()
+    size = probe.disk_bytes
+    cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=int(size * 2.5))
+    for key in ("a", "b"):
+        cache.put(key, entry(8, 1.0))
+        wait_for_writes()
+    assert PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv").get("a") is not None  # a read: a is recent
+    cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=int(size * 2.5))
+    cache.put("c", entry(8, 1.0))
+    wait_for_writes()
+    assert sorted(p.stem for p in (tmp_path / "kv").glob("*.safetensors")) == ["a", "c"]  # b was the oldest
+    assert cache.disk_bytes == 2 * size <= cache.disk_budget  # type: ignore[operator]
+    smaller = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=size)  # quota lowered
+    assert [p.stem for p in (tmp_path / "kv").glob("*.safetensors")] == ["c"] and smaller.disk_bytes == size
+    assert smaller.drop("nothing") == 0 and smaller.get("c") is not None
 
 
 def test_key_binds_model_and_tokens() -> None:
