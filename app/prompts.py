@@ -142,6 +142,24 @@ class PromptBuilder:
         rest = self._build(system, "", question, history, key)
         return Prompt(prefix_ids=cached, suffix_ids=rest.suffix_ids, prefix_key=key)
 
+    def _trim_history(
+        self, system: str, question: str, history: list[tuple[str, str]], room: int
+    ) -> tuple[list[tuple[str, str]], Prompt]:
+        """The most recent turns whose prompt (without documents) fits ``room``, and that prompt.
+
+        Dropping turns only shortens the prompt, so the number to drop is found by bisection: a few prompt
+        builds, not one per dropped turn (each build holds the tokenizer lock that every request shares)."""
+        built: dict[int, Prompt] = {}
+
+        def fits(k: int) -> bool:
+            built[k] = self._build(system, "", question, history[k:], None)
+            return len(built[k].ids) <= room
+
+        if fits(0) or not history:
+            return history, built[0]
+        k = _first_fitting(1, len(history), fits)
+        return history[k:], built[k] if k in built else self._build(system, "", question, history[k:], None)
+
     def draft_prompt(
         self, context: str, question: str, history: Sequence[tuple[str, str]], system: str = SYSTEM_PROMPT
     ) -> list[int]:
@@ -207,11 +225,7 @@ class PromptBuilder:
         ``ContextTooLong`` when the question alone does not fit.
         """
         room = self.max_context - max_tokens
-        history = list(history)
-        bare = self._build(system, "", question, history, None)
-        while len(bare.ids) > room and history:
-            history = history[1:]
-            bare = self._build(system, "", question, history, None)
+        history, bare = self._trim_history(system, question, list(history), room)
         if len(bare.ids) > room:
             raise ContextTooLong(
                 f"the question needs {len(bare.ids)} prompt tokens and {max_tokens} new tokens, more than "
@@ -245,6 +259,17 @@ class PromptBuilder:
                 return replace(cut, context_truncated=True)
             budget -= len(cut.ids) - room + 16  # chunks tokenized apart count differently: tighten and retry
         raise ContextTooLong("could not fit any part of the documents into the target's window")
+
+
+def _first_fitting(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The smallest k in [lo, hi] with ``fits(k)``, for a ``fits`` that stays true once true (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def document_texts(store: DocumentStore, records: Sequence[DocumentRecord]) -> list[DocumentText]:

@@ -54,6 +54,24 @@ def test_history_is_dropped_before_the_question_is_refused(tokenizer) -> None:  
         builder.fit([], "word " * 400, [], 16, None, None)
 
 
+def test_a_long_history_is_trimmed_with_a_few_prompt_builds(tokenizer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The oldest turns go first, as many as needed and no more; the count is found by bisection (300 turns:
+    a handful of builds, not one per dropped turn)."""
+    builder = PromptBuilder(tokenizer, "smollm2", max_context=600)
+    turns = [(f"Question {i} about tea?", f"Answer {i}: tea grows in Assam, batch {i}.") for i in range(300)]
+    builds = []
+    real = builder._build
+    monkeypatch.setattr(builder, "_build", lambda *a, **k: builds.append(1) or real(*a, **k))
+    prompt = builder.fit([], "And coffee?", turns, 16, None, None)
+    assert len(builds) <= 12
+    assert len(prompt.ids) + 16 <= 600
+    kept = [t for t in turns if f"Question {turns.index(t)} about" in tokenizer.decode(prompt.ids)]
+    assert kept and kept == turns[-len(kept):]  # the most recent turns
+    one_more = build_prompt(tokenizer, system=SYSTEM_PROMPT, document="", question="And coffee?",
+                            history=turns[-len(kept) - 1:], prefix_key=None)
+    assert len(one_more.ids) + 16 > 600  # keeping one more turn would not fit
+
+
 def msg(role: str, content: str) -> ChatMessage:
     return ChatMessage(role=role, content=content)  # type: ignore[arg-type]
 
