@@ -192,20 +192,12 @@ class Engine:
         ids = prompt.ids
         prefix_len = len(prompt.prefix_ids) if prompt.suffix_ids else len(ids) - 1  # the last token runs
         ends = [e for e in (prompt.segment_ends or [len(prompt.prefix_ids)]) if 0 < e <= prefix_len]
-        keys: list[str | None] = [None] * len(ends)
-        entries: list[PrefixEntry] = []
-        if self.prefix_cache is not None and prompt.prefix_key and ends:
-            keys = list(segment_keys(self._cache_model, prompt.prefix_key, ids, ends))
-            entries = self.prefix_cache.match(keys, self.device)  # type: ignore[arg-type]
-            if self.config.prompt_topk:  # cached without the top-k this engine needs: recompute from there
-                entries = entries[: next((i for i, e in enumerate(entries) if e.topk is None), len(entries))]
+        keys, entries = self._cached_run(prompt.prefix_key, ids, ends)
         reused = ends[len(entries) - 1] if entries else 0
         cache.load_prefix(entries)
         stats.prefix_reused_tokens, stats.prefix_cache_hit = reused, reused > 0
         yield PrefillEvent(done=reused, total=len(ids), reused=reused)
-        starts = [0, *ends]
-        pieces = [(starts[i], ends[i], keys[i]) for i in range(len(entries), len(ends))]
-        pieces.append((starts[len(ends)], len(ids), None))
+        pieces = [*_missing(ends, keys, len(entries)), (ends[-1] if ends else 0, len(ids), None)]  # + the rest
         run = self._fill(ids, pieces, cache, cancel, prompt.prefix_key)
         try:
             while True:
@@ -226,18 +218,28 @@ class Engine:
             return False
         ids = list(prompt.prefix_ids)
         ends = list(prompt.segment_ends or [len(ids)])
-        keys = segment_keys(self._cache_model, prompt.prefix_key, ids, ends)
-        entries = self.prefix_cache.match(keys, self.device)
+        keys, entries = self._cached_run(prompt.prefix_key, ids, ends)
         if len(entries) == len(ends):
             return False
         cache = SlotCache(self.num_layers, len(ids) + 1)
-        starts = [0, *ends]
-        pieces = [(starts[i], ends[i], keys[i]) for i in range(len(entries), len(ends))]
         with torch.inference_mode():
             cache.load_prefix(entries)
-            for _ in self._fill(ids, pieces, cache, cancel, prompt.prefix_key):
+            for _ in self._fill(ids, _missing(ends, keys, len(entries)), cache, cancel, prompt.prefix_key):
                 pass
         return True
+
+    def _cached_run(
+        self, prefix_key: str | None, ids: Sequence[int], ends: Sequence[int]
+    ) -> tuple[list[str | None], list[PrefixEntry]]:
+        """The cache keys of the segments ending at ``ends`` (None: not cacheable) and the entries of their
+        longest cached leading run (cut where an entry lacks the top-k this engine records)."""
+        if self.prefix_cache is None or not prefix_key or not ends:
+            return [None] * len(ends), []
+        keys = segment_keys(self._cache_model, prefix_key, ids, ends)
+        entries = self.prefix_cache.match(keys, self.device)
+        if self.config.prompt_topk:  # cached without the top-k this engine needs: recompute from there
+            entries = entries[: next((i for i, e in enumerate(entries) if e.topk is None), len(entries))]
+        return list(keys), entries
 
     # ---- generation -------------------------------------------------------------------------------
 
@@ -484,6 +486,12 @@ class Engine:
                     seen.append(time.perf_counter() - t)
                     cache.truncate(base)
         return base, {b: statistics.median(v) for b, v in times.items()}
+
+
+def _missing(ends: Sequence[int], keys: Sequence[str | None], cached: int) -> list[tuple[int, int, str | None]]:
+    """(start, end, key) of the segments after the first ``cached`` ones: what a prefill still has to run."""
+    starts = [0, *ends]
+    return [(starts[i], ends[i], keys[i]) for i in range(cached, len(ends))]
 
 
 def _generator(sampling: SamplingParams) -> torch.Generator | None:

@@ -27,3 +27,13 @@ def test_chunk_overlap_is_bounded_by_half_the_chunk() -> None:
     assert Settings(chunk_tokens=512, chunk_overlap=256).chunk_overlap == 256  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match="chunk_overlap"):
         Settings(chunk_tokens=512, chunk_overlap=300)  # type: ignore[call-arg]
+
+
+def test_long_document_and_kv_disk_settings_refuse_negative_values() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    for name in ("long_document_budget", "long_document_lead", "kv_disk_bytes"):
+        assert getattr(Settings(**{name: 0}), name) == 0  # 0 has a meaning: the whole window / none / off
+        with pytest.raises(ValidationError, match=name):
+            Settings(**{name: -1})
