@@ -248,6 +248,7 @@ class PrefixCache:
         self._entries: OrderedDict[str, PrefixEntry] = OrderedDict()
         self._tags: dict[str, set[str]] = {}
         self._files: OrderedDict[str, int] = OrderedDict()  # persisted key -> bytes, least recently used first
+        self._writers: set[threading.Thread] = set()  # disk writes under way
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -318,7 +319,17 @@ class PrefixCache:
     def put(self, key: str, entry: PrefixEntry, tag: str | None = None, persist: bool = True) -> None:
         self._insert(key, entry, tag)
         if persist and self.persist_dir is not None:
-            threading.Thread(target=self._save, args=(key, entry, tag), daemon=True).start()
+            writer = threading.Thread(target=self._save, args=(key, entry, tag), daemon=True)
+            with self._lock:
+                self._writers.add(writer)
+            writer.start()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for the disk writes started so far."""
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            writer.join(timeout)
 
     def _insert(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
         if entry.nbytes > self.byte_budget:
@@ -361,6 +372,7 @@ class PrefixCache:
             tensors["topk"] = entry.topk.detach().to("cpu").contiguous()
         fd, tmp = tempfile.mkstemp(prefix=f"{key}.tmp", dir=str(self.persist_dir))
         os.close(fd)
+        size = None
         try:
             save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
             os.replace(tmp, path)
@@ -368,11 +380,12 @@ class PrefixCache:
         except Exception:
             logger.exception("could not persist prefix %s", key)
             Path(tmp).unlink(missing_ok=True)
-            return
         with self._lock:
-            self._files[key] = size
-            self._files.move_to_end(key)
-            self._trim_disk()
+            self._writers.discard(threading.current_thread())
+            if size is not None:
+                self._files[key] = size
+                self._files.move_to_end(key)
+                self._trim_disk()
 
     def _trim_disk(self) -> None:
         """Remove the least recently used files while the disk tier is over its quota (lock held)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import torch
@@ -39,9 +38,7 @@ def test_persistence_and_drop(tmp_path: Path) -> None:
     e = entry(7, 5.0)
     first.put("k1", e, tag="doc-1")
     first.put("k2", entry(3, 1.0), tag="doc-2")
-    for t in __import__("threading").enumerate():  # wait for background writes
-        if t.daemon and t.is_alive() and t is not __import__("threading").current_thread():
-            t.join(10)
+    first.flush()
     second = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path)
     got = second.get("k1")
     assert got is not None and second.disk_hits == 1
@@ -56,25 +53,19 @@ def test_persistence_and_drop(tmp_path: Path) -> None:
     assert not (tmp_path / "junk.safetensors").exists()
 
 
-def wait_for_writes() -> None:
-    for t in threading.enumerate():
-        if t.daemon and t.is_alive() and t is not threading.current_thread():
-            t.join(10)
-
-
 def test_the_disk_tier_keeps_to_its_quota_least_recently_used_first(tmp_path: Path) -> None:
     probe = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "probe")
     probe.put("x", entry(8, 1.0))
-    wait_for_writes()
+    probe.flush()
     size = probe.disk_bytes
     cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=int(size * 2.5))
     for key in ("a", "b"):
         cache.put(key, entry(8, 1.0))
-        wait_for_writes()
+        cache.flush()
     assert PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv").get("a") is not None  # a read: a is recent
     cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=int(size * 2.5))
     cache.put("c", entry(8, 1.0))
-    wait_for_writes()
+    cache.flush()
     assert sorted(p.stem for p in (tmp_path / "kv").glob("*.safetensors")) == ["a", "c"]  # b was the oldest
     assert cache.disk_bytes == 2 * size <= cache.disk_budget  # type: ignore[operator]
     smaller = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=size)  # quota lowered
