@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -59,9 +61,11 @@ def test_the_disk_tier_keeps_to_its_quota_least_recently_used_first(tmp_path: Pa
     probe.flush()
     size = probe.disk_bytes
     cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=int(size * 2.5))
-    for key in ("a", "b"):
+    for age, key in ((200, "a"), (100, "b")):  # written long ago, a before b (file times keep the order)
         cache.put(key, entry(8, 1.0))
         cache.flush()
+        old = time.time() - age
+        os.utime(tmp_path / "kv" / f"{key}.safetensors", (old, old))
     assert PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv").get("a") is not None  # a read: a is recent
     cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "kv", disk_budget=int(size * 2.5))
     cache.put("c", entry(8, 1.0))
