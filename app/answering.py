@@ -99,6 +99,7 @@ def source_of(hit: Hit) -> Source:
         chunk_id=str(hit.chunk_id),
         text=hit.text,
         score=hit.score,
+        similarity=hit.similarity if hit.similarity is not None else hit.score,
         start=hit.start,
         end=hit.end,
         page=hit.page,
@@ -126,7 +127,7 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
         if doc_ids:
             result = services.retriever.retrieve(q.question, doc_ids, tenant=tenant)
             hits = result.hits
-            sources = [source_of(h) for h in hits]
+            sources = [source_of(h) for h in sorted(hits, key=lambda h: -h.score)]  # best first
         docs = document_texts(services.store, records)
         prompt = services.prompts.fit(
             docs, q.question, q.history, max_tokens, services.retriever, tenant, system=q.system

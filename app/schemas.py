@@ -85,10 +85,16 @@ class AskRequest(BaseModel):
 
 
 class Source(BaseModel):
+    """A retrieved chunk. Sources come best first."""
+
     document_id: str
     chunk_id: str
     text: str
-    score: float
+    score: float = Field(description="Relevance that ranks the sources: (1 - w) x similarity + w x the chunk's BM25 "
+                         "score as a share of the most any chunk could score for the question (w: "
+                         "RAGSPEC_RETRIEVAL_LEXICAL_WEIGHT; 0 with dense scoring)")
+    similarity: float = Field(description="Cosine similarity between the question and the chunk's best-matching "
+                              "window of ~60 words; the retrieval threshold applies to it")
     start: int
     end: int
     page: int | None = None

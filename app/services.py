@@ -188,6 +188,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         threshold=settings.retrieval_threshold,
         budget_cap=settings.retrieval_budget_cap,
         top_k=settings.retrieval_top_k,
+        scoring=settings.retrieval_scoring,
+        lexical_weight=settings.retrieval_lexical_weight,
     )
     scheduler = GenerationScheduler(settings.queue_size)
     redis = RedisLink(settings.redis_url)

@@ -66,7 +66,15 @@ class Settings(BaseSettings):
     chunk_tokens: int = Field(512, ge=16, le=8192, description="Chunk size in target tokens")
     chunk_overlap: int = Field(0, ge=0, description="Chunk overlap in tokens")
     retrieval_threshold: float | None = Field(
-        None, description="Similarity threshold (default 0.3 for BGE-M3, calibrated for the bundled embedder)"
+        None, description="Similarity threshold: a chunk whose best window is less similar to the question is "
+        "dropped (default 0.3 for BGE-M3, calibrated for the bundled embedder)"
+    )
+    retrieval_scoring: Literal["hybrid", "dense"] = Field(
+        "hybrid", description="How chunks are ranked: hybrid (similarity and BM25, weighted) or dense (similarity)"
+    )
+    retrieval_lexical_weight: float | None = Field(
+        None, ge=0.0, le=1.0, description="Weight of BM25 in a chunk's hybrid score (default: calibrated on the QA "
+        "set, see README Retrieval)"
     )
     retrieval_budget_cap: int = Field(8192, ge=256, description="Cap on the RAG context budget max(L/24, 4096)")
     retrieval_top_k: int = Field(16, ge=1, le=256, description="Hits considered per question")

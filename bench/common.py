@@ -90,12 +90,12 @@ class DocQA:
 
 
 def qa_documents(names: Sequence[str] | None = None) -> list[DocQA]:
-    """The benchmark QA set (``bench.datasets.load_qa``: public texts in bench/data/), optionally a subset."""
-    from bench.datasets import load_qa
+    """Documents of the benchmark QA set (``bench.datasets.load_qa``: public texts in bench/data/): ``names``, by
+    default the decoding benchmarks' six (``DECODING_DOCS``)."""
+    from bench.datasets import DECODING_DOCS, load_qa
 
     docs = [DocQA(d.doc_id, d.text, tuple(q.question for q in d.questions)) for d in load_qa()]
-    if names is None:
-        return docs
+    names = DECODING_DOCS if names is None else names
     missing = set(names) - {d.name for d in docs}
     if missing:
         raise ValueError(f"unknown QA documents {sorted(missing)}")

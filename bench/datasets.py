@@ -16,6 +16,9 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 QA_FILE = DATA_DIR / "qa.json"
+# The six licence / policy texts the decoding, eta and long-document benchmarks read (their published figures
+# were measured on these; the retrieval benchmark reads every document).
+DECODING_DOCS = ("gpl-3.0", "apache-2.0", "mpl-2.0", "gfdl-1.3", "lgpl-2.1", "debian-python-policy")
 
 _EQUIVALENT = {"'": "['’‘]", "’": "['’‘]", '"': '["“”]', "“": '["“”]', "”": '["“”]'}
 
@@ -28,6 +31,8 @@ class QAItem:
     answer_passage: str
     answer_start: int
     answer_end: int
+    held_out: bool = False  # kept out of every calibration (retrieval threshold, lexical weight)
+    paraphrased: bool | None = None  # worded without the passage's distinctive terms (None: not labelled)
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,8 @@ def load_qa(path: Path = QA_FILE) -> list[QADoc]:
         for q in entry["questions"]:
             start, end = locate(text, q["answer"])
             items.append(QAItem(question=q["question"], answer_passage=text[start:end], answer_start=start,
-                                answer_end=end))
+                                answer_end=end, held_out=bool(q.get("held_out", False)),
+                                paraphrased=q.get("paraphrased")))
         docs.append(QADoc(doc_id=entry["doc_id"], title=entry["title"], text=text, questions=items,
                           source=entry.get("source", ""), filename=entry["file"]))
     return docs

@@ -31,7 +31,7 @@ from typing import Any
 
 from app.prompts import DocumentText, PromptBuilder
 from bench.common import REPO, load_target, machine_info, median, write_json
-from bench.datasets import DATA_DIR, load_qa, passage_pattern
+from bench.datasets import DATA_DIR, DECODING_DOCS, load_qa, passage_pattern
 from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt
 from decoding.kv_cache import PrefixCache, segment_keys
@@ -64,6 +64,8 @@ def long_document() -> tuple[str, list[Question]]:
     of the licences, bench/data/README.md), and every question with its gold passage."""
     parts, questions = [], []
     for doc in load_qa():
+        if doc.doc_id not in DECODING_DOCS:
+            continue
         parts.append(f"{doc.title}\n\n{doc.text.strip()}")
         questions += [Question(q.question, doc.doc_id, q.answer_passage) for q in doc.questions]
     for title, name in DISTRACTORS:

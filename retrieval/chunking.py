@@ -213,3 +213,24 @@ def _run_level(text: str, a: int, b: int) -> int:
     if before and before in _CLAUSE_END:
         return CLAUSE
     return WORD
+
+
+PASSAGE_WORDS = 60
+PASSAGE_STRIDE = 30
+_WORD = re.compile(r"\S+")
+
+
+def passage_spans(chunk: Chunk, words: int = PASSAGE_WORDS, stride: int = PASSAGE_STRIDE) -> list[tuple[int, int]]:
+    """Document character spans of overlapping windows of ``words`` words, ``stride`` words apart, covering the
+    chunk (at least one, even for a chunk without words). A chunk's dense score is its best window's: one
+    vector for a whole 512-token chunk averages its sentences away, and the question is about one of them."""
+    found = [(m.start(), m.end()) for m in _WORD.finditer(chunk.text)]
+    if not found:
+        return [(chunk.start, chunk.end)]
+    spans = []
+    for first in range(0, max(len(found) - words, 0) + 1, stride):
+        last = min(first + words, len(found)) - 1
+        spans.append((chunk.start + found[first][0], chunk.start + found[last][1]))
+    if spans[-1][1] != chunk.start + found[-1][1]:  # the last stride did not reach the chunk's last word
+        spans.append((chunk.start + found[max(len(found) - words, 0)][0], chunk.start + found[-1][1]))
+    return spans

@@ -145,7 +145,10 @@ class VectorIndex:
         n = len(self)
         if n == 0:
             return np.zeros(0, dtype=np.float32)
-        vectors = self.vectors()
+        if self.kind == "flat":  # the index's own storage, no copy
+            vectors = faiss.rev_swig_ptr(self._cpu_index.get_xb(), n * self.dim).reshape(n, self.dim)
+        else:
+            vectors = self.vectors()
         return (vectors @ query[0]).astype(np.float32)
 
     def vectors(self) -> np.ndarray:

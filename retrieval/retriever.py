@@ -1,8 +1,12 @@
-"""Dense retrieval over indexed documents, RAPID style.
+"""Hybrid (dense + lexical) retrieval over indexed documents, RAPID style.
 
-The question alone is embedded; chunks scoring below the similarity threshold are dropped; the best
-top-k are packed into a token budget (default ``max(L/24, 4096)`` capped, L = total document tokens);
-the kept chunks are re-ordered by document position (order of ``doc_ids``, then character start).
+Every chunk gets two scores for a question: its *similarity*, the best cosine similarity between the question
+and one of the chunk's overlapping word windows (``passage_spans``), and its BM25 score over the asked
+documents as a share of the most a chunk could score (``bm25_scores``). Its *score*, which ranks it, is
+``(1 - w) * similarity + w * bm25`` with ``w`` the lexical weight (0 with ``scoring="dense"``). Chunks whose
+similarity is below the threshold are dropped (a lexical match alone never makes a chunk relevant); the best
+top-k by score are packed into a token budget (default ``max(L/24, 4096)`` capped, L = total document tokens)
+and re-ordered by document position (order of ``doc_ids``, then character start).
 
 ``pack_hits`` is the reusable packing step: ``Retriever.select_for_window`` uses it without a threshold
 to pick, for a document longer than the target's window, the most relevant chunks that fit.
@@ -16,21 +20,30 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
 
 from retrieval.chunking import Chunk
 from retrieval.embedding import Embedder
-from retrieval.errors import DocumentNotReady
+from retrieval.errors import DocumentNotReady, RetrievalError
 from retrieval.index import VectorIndex
+from retrieval.lexical import LexicalIndex, bm25_scores
 from retrieval.store import DocumentStore
 
 logger = logging.getLogger(__name__)
 
+Scoring = Literal["hybrid", "dense"]
+SCORINGS: tuple[Scoring, ...] = ("hybrid", "dense")
 BGE_M3_THRESHOLD = 0.3  # RAPID's value for BGE-M3
-# all-MiniLM-L6-v2 (mean pooling), calibrated by `python -m bench.retrieval` on bench/data's QA set
-# (50 questions, 6 documents, 512-token chunks): the chunk holding the answer scored 0.24 to 0.73, the
-# best chunk for off-topic questions -0.09 to 0.09; the midpoint, rounded to 0.05, keeps every answer
-# chunk and drops every off-topic hit. Details: bench/results/retrieval.json "threshold_calibration".
-MINILM_THRESHOLD = 0.15
+# all-MiniLM-L6-v2 (mean pooling) over 60-word windows, calibrated by `python -m bench.retrieval` on the
+# calibration part of bench/data's QA set: the midpoint between the lowest similarity of a chunk holding an
+# answer and the highest best similarity of an off-topic question, rounded to 0.05.
+# Details: bench/results/retrieval.json "threshold_calibration".
+MINILM_THRESHOLD = 0.3
+# Weight of the BM25 score in a chunk's score, chosen by `python -m bench.retrieval` (best MRR across the
+# documents on the calibration part of the QA set; the held-out part reported apart).
+DEFAULT_LEXICAL_WEIGHT = 0.15
 BUDGET_FLOOR = 4096
 BUDGET_RATIO = 24
 DEFAULT_BUDGET_CAP = 8192
@@ -40,7 +53,8 @@ CHUNK_SEPARATOR = "\n\n"
 
 @dataclass(frozen=True)
 class Hit:
-    """One retrieved chunk: its text, similarity score and place in its document."""
+    """One retrieved chunk: its text, score (which ranks it), place in its document, and similarity (its
+    best window's cosine similarity to the question, which the threshold gates; = score when dense)."""
 
     document_id: str
     chunk_id: int
@@ -50,6 +64,7 @@ class Hit:
     end: int
     page: int | None
     n_tokens: int
+    similarity: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +146,23 @@ class _Loaded:
     updated_at: float
     index: VectorIndex
     chunks: list[Chunk]
+    owners: np.ndarray  # [n_vectors] chunk id of each indexed window
+    lexical: LexicalIndex | None  # None: indexed before the lexical index existed (`ragspec reindex`)
+
+
+def _dense_scores(doc: _Loaded, query_vec: np.ndarray, top_k: int) -> np.ndarray:
+    """Each chunk's best window similarity [n_chunks]; -inf where an approximate search found no window."""
+    if doc.index.kind == "flat":
+        window_scores = doc.index.scores_all(query_vec)
+    else:
+        k = min(len(doc.index), max(256, 8 * top_k))
+        found, ids = doc.index.search(query_vec, k)
+        window_scores = np.full(len(doc.index), -np.inf, dtype=np.float32)
+        keep = ids[0] >= 0
+        window_scores[ids[0][keep]] = found[0][keep]
+    best = np.full(len(doc.chunks), -np.inf, dtype=np.float32)
+    np.maximum.at(best, doc.owners, window_scores)
+    return best
 
 
 class Retriever:
@@ -144,13 +176,22 @@ class Retriever:
         threshold: float | None = None,
         budget_cap: int = DEFAULT_BUDGET_CAP,
         top_k: int = DEFAULT_TOP_K,
+        scoring: Scoring = "hybrid",
+        lexical_weight: float | None = None,
         cache_size: int = 32,
     ) -> None:
+        lexical_weight = DEFAULT_LEXICAL_WEIGHT if lexical_weight is None else lexical_weight
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+        if not 0.0 <= lexical_weight <= 1.0:
+            raise ValueError(f"lexical_weight must be in [0, 1], got {lexical_weight}")
         self.store = store
         self.embedder = embedder
         self.threshold = default_threshold(embedder.name) if threshold is None else threshold
         self.budget_cap = budget_cap
         self.top_k = top_k
+        self.scoring: Scoring = scoring
+        self.lexical_weight = lexical_weight if scoring == "hybrid" else 0.0
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -165,23 +206,15 @@ class Retriever:
         budget_tokens: int | None = None,
         tenant: str | None = None,
     ) -> RetrievalResult:
-        """Hits for ``query`` over ``doc_ids``: top-k by score above the threshold, packed into the budget
-        (default ``default_budget(L, budget_cap)``), in document order."""
+        """Hits for ``query`` over ``doc_ids``: the top-k by score of the chunks whose similarity reaches the
+        threshold, packed into the budget (default ``default_budget(L, budget_cap)``), in document order."""
         top_k = self.top_k if top_k is None else top_k
         threshold = self.threshold if threshold is None else threshold
         loaded = self._load_all(doc_ids, tenant)
         if budget_tokens is None:
             budget_tokens = default_budget(self._total_tokens(doc_ids), self.budget_cap)
-        query_vec = self.embedder.encode_query(query)  # [d]
-        hits: list[Hit] = []
-        for doc_id, doc in zip(doc_ids, loaded, strict=True):
-            k = min(top_k, len(doc.chunks))
-            if k == 0:
-                continue
-            scores, ids = doc.index.search(query_vec, k)
-            for score, cid in zip(scores[0], ids[0], strict=True):
-                if cid >= 0 and score >= threshold:
-                    hits.append(_hit(doc_id, doc.chunks[int(cid)], float(score)))
+        hits = [h for h in self.score(query, doc_ids, loaded, top_k) if h.similarity is not None
+                and h.similarity >= threshold]
         hits.sort(key=lambda h: -h.score)
         return _result(pack_hits(hits[:top_k], budget_tokens, doc_ids), budget_tokens)
 
@@ -194,16 +227,37 @@ class Retriever:
         lead_tokens: int = 0,
         tenant: str | None = None,
     ) -> RetrievalResult:
-        """The most relevant chunks (exact scores, no threshold, no top-k) that fit ``budget_tokens``, in
-        document order, after the documents' first ``lead_tokens`` (see ``pack_hits``): what a target reads
-        of documents longer than its window."""
+        """The best-scoring chunks (no threshold, no top-k) that fit ``budget_tokens``, in document order,
+        after the documents' first ``lead_tokens`` (see ``pack_hits``): what a target reads of documents
+        longer than its window."""
         loaded = self._load_all(doc_ids, tenant)
-        query_vec = self.embedder.encode_query(query)
-        hits: list[Hit] = []
-        for doc_id, doc in zip(doc_ids, loaded, strict=True):
-            scores = doc.index.scores_all(query_vec)  # [n_chunks]
-            hits.extend(_hit(doc_id, chunk, float(s)) for chunk, s in zip(doc.chunks, scores, strict=True))
+        hits = self.score(query, doc_ids, loaded)
         return _result(pack_hits(hits, budget_tokens, doc_ids, lead_tokens), budget_tokens)
+
+    def score(self, query: str, doc_ids: Sequence[str], loaded: Sequence[_Loaded] | None = None,
+              top_k: int | None = None) -> list[Hit]:
+        """Every chunk of ``doc_ids`` scored for ``query`` (unranked). ``top_k`` only bounds the windows an
+        approximate (HNSW / IVF) index is searched for; flat indexes are scored exactly."""
+        loaded = self._load_all(doc_ids, None) if loaded is None else loaded
+        query_vec = self.embedder.encode_query(query)
+        dense = [_dense_scores(doc, query_vec, top_k or self.top_k) for doc in loaded]
+        lexical = self._lexical_scores(query, loaded)
+        w = self.lexical_weight
+        return [
+            _hit(doc_id, chunk, (1 - w) * float(sim) + w * float(lex), float(sim))
+            for doc_id, doc, sims, lexs in zip(doc_ids, loaded, dense, lexical, strict=True)
+            for chunk, sim, lex in zip(doc.chunks, sims, lexs, strict=True)
+            if sim > -np.inf
+        ]
+
+    def _lexical_scores(self, query: str, loaded: Sequence[_Loaded]) -> list[np.ndarray]:
+        scores = [np.zeros(len(doc.chunks), dtype=np.float32) for doc in loaded]
+        indexed = [(i, doc.lexical) for i, doc in enumerate(loaded) if doc.lexical is not None]
+        if self.lexical_weight > 0 and indexed:
+            bm25 = bm25_scores(query, [lexical for _, lexical in indexed])
+            for (i, _), s in zip(indexed, bm25, strict=True):
+                scores[i] = s
+        return scores
 
     def invalidate(self, doc_id: str | None = None) -> None:
         """Drop cached index/chunks of one document (all when None)."""
@@ -230,8 +284,14 @@ class Retriever:
             if cached is not None and cached.updated_at == record.updated_at:
                 self._cache.move_to_end(doc_id)
                 return cached
+        chunks = self.store.load_chunks(doc_id)
+        passages = self.store.load_passages(doc_id)
         loaded = _Loaded(updated_at=record.updated_at, index=self.store.load_index(doc_id, self.embedder),
-                         chunks=self.store.load_chunks(doc_id))
+                         chunks=chunks,
+                         owners=np.arange(len(chunks)) if passages is None else passages[:, 0].astype(np.int64),
+                         lexical=self.store.load_lexical(doc_id))
+        if len(loaded.owners) != len(loaded.index):
+            raise RetrievalError(f"document {doc_id}: {len(loaded.index)} vectors for {len(loaded.owners)} windows")
         with self._lock:
             self._cache[doc_id] = loaded
             self._cache.move_to_end(doc_id)
@@ -240,7 +300,7 @@ class Retriever:
         return loaded
 
 
-def _hit(doc_id: str, chunk: Chunk, score: float) -> Hit:
+def _hit(doc_id: str, chunk: Chunk, score: float, similarity: float) -> Hit:
     return Hit(document_id=doc_id, chunk_id=chunk.id, text=chunk.text, score=score, start=chunk.start,
-               end=chunk.end, page=chunk.page, n_tokens=chunk.n_tokens)
+               end=chunk.end, page=chunk.page, n_tokens=chunk.n_tokens, similarity=similarity)
 

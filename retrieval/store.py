@@ -5,7 +5,9 @@ Layout::
     root/store.sqlite3                 metadata (one row per document)
     root/tmp/                          work dirs; whatever is left here after a crash is deleted by recover()
     root/docs/<id>/source/             original file + extracted text (+ pages.json for PDFs)
-    root/docs/<id>/derived/            chunks.jsonl, tokens.npy (target token ids), index/ (FAISS + sidecar)
+    root/docs/<id>/derived/            chunks.jsonl, tokens.npy (target token ids), passages.npy (the
+                                       indexed windows: chunk id, start, end), index/ (FAISS over the
+                                       windows + sidecar), lexical.npz (BM25 postings of the chunks)
 
 Every write is built in a fresh dir under ``tmp/`` and moved into place with one ``os.rename``; the
 SQLite row is written after the files. So a crash leaves either nothing, or a complete ``source/`` (a
@@ -36,10 +38,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from retrieval.chunking import Chunk, Tokenizer, chunk_text, tokenize
+from retrieval.chunking import Chunk, Tokenizer, chunk_text, passage_spans, tokenize
 from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder
 from retrieval.errors import DocumentNotFound, DocumentNotReady, EmptyDocument, RetrievalError
 from retrieval.index import IndexConfig, VectorIndex
+from retrieval.lexical import LEXICAL_FILE, LexicalIndex
 from retrieval.parsing import DocumentKind, PageSpan, parse_document
 
 logger = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
 DEFAULT_TENANT = "default"
 INTERRUPTED = "interrupted by restart"
+PASSAGES_FILE = "passages.npy"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -222,9 +226,11 @@ class DocumentStore:
             chunks = chunk_text(text, tokenizer, chunk_tokens, overlap, pages, tokens=tokens)
             if not chunks:
                 raise EmptyDocument("the document has no tokens to index")
+            passages = np.array([(c.id, a, b) for c in chunks for a, b in passage_spans(c)], dtype=np.int64)
+            lexical = LexicalIndex.build([c.text for c in chunks])
             reporter(0.05)
             vectors = embedder.encode(
-                [c.text for c in chunks], batch_size=batch_size,
+                [text[a:b] for _, a, b in passages], batch_size=batch_size,
                 progress=lambda done, total: reporter(0.05 + 0.9 * done / max(total, 1)),
             )
             index = VectorIndex.build(vectors, embedder_name=embedder.name, config=self.index_config)
@@ -235,6 +241,8 @@ class DocumentStore:
                     f.write(json.dumps({"id": c.id, "start": c.start, "end": c.end, "n_tokens": c.n_tokens,
                                         "page": c.page, "text": c.text}, ensure_ascii=False) + "\n")
             np.save(derived / "tokens.npy", tokens.ids)
+            np.save(derived / PASSAGES_FILE, passages)
+            lexical.save(derived)
             index.save(derived / "index")
             _fsync_tree(work)
             with self._lock:
@@ -288,8 +296,10 @@ class DocumentStore:
         logger.info("deleted document %s", doc_id)
 
     def stale(self, embedder: Embedder) -> builtins.list[DocumentRecord]:
-        """Ready documents indexed with another embedder than ``embedder`` (they need re-indexing)."""
-        return [r for r in self.list() if r.status == "ready" and r.embedder != embedder.name]
+        """Ready documents indexed with another embedder than ``embedder``, or before passages and the
+        lexical index existed: they need re-indexing."""
+        return [r for r in self.list() if r.status == "ready" and (r.embedder != embedder.name or not all(
+            (self._derived_dir(r.id) / name).exists() for name in (PASSAGES_FILE, LEXICAL_FILE)))]
 
     # --- loading --------------------------------------------------------------------------------
 
@@ -315,6 +325,18 @@ class DocumentStore:
         with self._read_derived(doc_id) as derived:
             return VectorIndex.load(derived / "index", embedder_name=embedder.name, dim=embedder.dim,
                                     config=self.index_config, doc_id=doc_id)
+
+    def load_passages(self, doc_id: str) -> np.ndarray | None:
+        """The indexed windows [n, 3] (chunk id, start, end), by vector id; None for a document indexed
+        before windows (its vectors are its chunks)."""
+        with self._read_derived(doc_id) as derived:
+            path = derived / PASSAGES_FILE
+            return np.load(path, allow_pickle=False) if path.exists() else None
+
+    def load_lexical(self, doc_id: str) -> LexicalIndex | None:
+        """The document's BM25 postings; None for a document indexed before them."""
+        with self._read_derived(doc_id) as derived:
+            return LexicalIndex.load(derived) if (derived / LEXICAL_FILE).exists() else None
 
     @contextmanager
     def _read_derived(self, doc_id: str) -> Iterator[Path]:

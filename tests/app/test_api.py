@@ -181,7 +181,7 @@ def test_ask_json(client: httpx.Client, doc: str) -> None:
     assert body["answer"].strip()
     assert body["session_id"]
     source = body["sources"][0]
-    assert set(source) == {"document_id", "chunk_id", "text", "score", "start", "end", "page"}
+    assert set(source) == {"document_id", "chunk_id", "text", "score", "similarity", "start", "end", "page"}
     assert source["document_id"] == doc and LANDMARKS[source["start"] : source["end"]] == source["text"]
     assert 0 < body["usage"]["completion_tokens"] <= 12 and body["usage"]["prompt_tokens"] > 20
     stats = body["stats"]
@@ -222,7 +222,10 @@ def test_ask_over_two_documents(client: httpx.Client, doc: str) -> None:
     assert wait_indexed(client, other)["status"] == "ready"
     body = ask(client, question="Where do penguins live?", document_ids=[doc, other, doc]).json()
     assert body["answer"] and {s["document_id"] for s in body["sources"]} <= {doc, other}
-    assert any(s["document_id"] == other for s in body["sources"])
+    assert body["sources"][0]["document_id"] == other and "Penguins" in body["sources"][0]["text"]
+    scores = [s["score"] for s in body["sources"]]
+    assert scores == sorted(scores, reverse=True)  # best first
+    assert all(s["similarity"] >= 0.3 for s in body["sources"])  # the threshold gates the similarity
 
 
 def test_sampling_with_a_seed_is_reproducible(client: httpx.Client, doc: str) -> None:

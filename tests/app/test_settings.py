@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from app.settings import Settings
 
@@ -37,3 +38,17 @@ def test_long_document_and_kv_disk_settings_refuse_negative_values() -> None:
         assert getattr(Settings(**{name: 0}), name) == 0  # 0 has a meaning: the whole window / none / off
         with pytest.raises(ValidationError, match=name):
             Settings(**{name: -1})
+
+
+def test_retrieval_scoring_settings_are_checked(monkeypatch: Any) -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("RAGSPEC_RETRIEVAL_SCORING", "dense")
+    monkeypatch.setenv("RAGSPEC_RETRIEVAL_LEXICAL_WEIGHT", "0.4")
+    settings = Settings()  # type: ignore[call-arg]
+    assert (settings.retrieval_scoring, settings.retrieval_lexical_weight) == ("dense", 0.4)
+    for name, bad in (("retrieval_scoring", "sparse"), ("retrieval_lexical_weight", 1.5),
+                      ("retrieval_lexical_weight", -0.1)):
+        with pytest.raises(ValidationError, match=name):
+            Settings(**{name: bad})

@@ -32,7 +32,7 @@ class Services:  # only what the stream functions touch on the failure path
 
 def plan_with_failing_job(sched: GenerationScheduler) -> Plan:
     q = Question(question="Q?", document_ids=["d"], max_tokens=4, sampling=SamplingParams())
-    source = Source(document_id="d", chunk_id="0", text="t", score=0.5, start=0, end=1)
+    source = Source(document_id="d", chunk_id="0", text="t", score=0.5, similarity=0.5, start=0, end=1)
     plan = Plan(
         tenant="t", question=q, prompt=Prompt([1], [2]), config=GenerationConfig(), drafters=[], sources=[source]
     )

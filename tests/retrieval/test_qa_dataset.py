@@ -16,6 +16,9 @@ def test_every_answer_passage_is_found_once_in_its_document() -> None:
         for q in doc.questions:
             assert doc.text[q.answer_start : q.answer_end] == q.answer_passage
             assert q.question.endswith("?") and len(q.answer_passage) > 20
+    held_out = [q for d in docs for q in d.questions if q.held_out]
+    assert 40 <= len(held_out) < sum(len(d.questions) for d in docs)  # a part kept out of any calibration
+    assert sum(bool(q.paraphrased) for q in held_out) >= len(held_out) // 3  # worded unlike their passage
 
 
 def test_locate_ignores_wrapping_and_quote_style() -> None:
@@ -38,11 +41,11 @@ def test_an_answer_contains_the_gold_passage_when_it_holds_half_its_content_word
 
 
 def test_the_long_document_holds_every_gold_passage_and_the_distractors() -> None:
-    from bench.datasets import passage_pattern
+    from bench.datasets import DECODING_DOCS, passage_pattern
     from bench.long_doc import long_document
 
     text, questions = long_document()
-    assert len(questions) == sum(len(d.questions) for d in load_qa())
+    assert len(questions) == sum(len(d.questions) for d in load_qa() if d.doc_id in DECODING_DOCS) == 50
     assert len(text) > 150_000 and "The Artistic License" in text and "Version 2, June 1991" in text
     for q in questions:  # whatever the distractors repeat, a gold passage is found in its own text
         assert passage_pattern(q.passage).search(text) is not None

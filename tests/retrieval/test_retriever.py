@@ -2,12 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from retrieval.embedding import Embedder
 from retrieval.errors import DocumentNotFound, DocumentNotReady
+from retrieval.lexical import bm25_scores
 from retrieval.retriever import (
     BGE_M3_THRESHOLD,
+    DEFAULT_LEXICAL_WEIGHT,
     MINILM_THRESHOLD,
     Hit,
     Retriever,
@@ -103,8 +106,8 @@ def test_threshold_drops_weak_hits(indexed: Any, minilm: Embedder) -> None:
     assert len(everything.hits) == store.get(animals).n_chunks + store.get(space).n_chunks
     cut = 0.3
     kept = retriever.retrieve("red planet iron oxide", [animals, space], top_k=50, threshold=cut)
-    assert kept.hits and all(h.score >= cut for h in kept.hits)
-    assert len(kept.hits) == sum(h.score >= cut for h in everything.hits)
+    assert kept.hits and all(h.similarity is not None and h.similarity >= cut for h in kept.hits)
+    assert len(kept.hits) == sum(h.similarity is not None and h.similarity >= cut for h in everything.hits)
     assert {h.document_id for h in kept.hits} == {space}
     nothing = retriever.retrieve("red planet iron oxide", [animals, space], threshold=0.999)
     assert (nothing.hits, nothing.context_text, nothing.used_tokens) == ([], "", 0)
@@ -156,6 +159,48 @@ def test_errors_and_cache_invalidation(indexed: Any, minilm: Embedder, target_to
     again = retriever.retrieve("cats", [animals], threshold=-1.0, top_k=50)
     assert len(again.hits) == store.get(animals).n_chunks < len(first.hits)
     store.ingest(animals, target_tokenizer, minilm, chunk_tokens=24)
+
+
+RULES = "\n\n".join([
+    "Verbosity: the tool prints more details about its work when it is asked to be chatty.",
+    "Set FROBNICATE_LEVEL to an integer between 0 and 9 in the environment.",
+    "Colours in the output can be switched off for terminals that do not support them.",
+])
+
+
+def test_hybrid_score_is_the_weighted_sum_of_similarity_and_bm25_over_the_documents_asked(
+    indexed: Any, minilm: Embedder, target_tokenizer: Any
+) -> None:
+    store, animals, space = indexed
+    rules = store.create("zoo", "Rules", "rules.txt", None, RULES.encode())
+    store.ingest(rules.id, target_tokenizer, minilm, chunk_tokens=24)
+    doc_ids = [animals, space, rules.id]
+    question = "What values does frobnicate_level take?"
+    dense = {(h.document_id, h.chunk_id): h for h in Retriever(store, minilm, scoring="dense").score(question, doc_ids)}
+    lexical = [store.load_lexical(d) for d in doc_ids]
+    bm25 = dict(zip([(d, c) for d, ix in zip(doc_ids, lexical, strict=True) for c in range(ix.n_chunks)],
+                    np.concatenate(bm25_scores(question, lexical)), strict=True))
+    hybrid = Retriever(store, minilm, lexical_weight=0.4).score(question, doc_ids)
+    assert {(h.document_id, h.chunk_id) for h in hybrid} == set(dense) == set(bm25)
+    for h in hybrid:
+        key = (h.document_id, h.chunk_id)
+        assert h.similarity == dense[key].score == dense[key].similarity
+        assert h.score == pytest.approx(0.6 * h.similarity + 0.4 * bm25[key], abs=1e-6)
+    assert max(bm25, key=bm25.get)[0] == rules.id and "FROBNICATE_LEVEL" in store.load_chunks(rules.id)[
+        max(bm25, key=bm25.get)[1]].text
+    only_lexical = Retriever(store, minilm, lexical_weight=1.0, threshold=-1.0).retrieve(question, doc_ids, top_k=1)
+    assert "FROBNICATE_LEVEL" in only_lexical.hits[0].text
+    store.delete(rules.id)
+
+
+def test_scoring_settings_are_checked(indexed: Any, minilm: Embedder) -> None:
+    store, _, _ = indexed
+    with pytest.raises(ValueError, match="lexical_weight"):
+        Retriever(store, minilm, lexical_weight=1.5)
+    with pytest.raises(ValueError, match="scoring"):
+        Retriever(store, minilm, scoring="sparse")  # type: ignore[arg-type]
+    assert Retriever(store, minilm, scoring="dense", lexical_weight=0.5).lexical_weight == 0.0
+    assert Retriever(store, minilm).lexical_weight == DEFAULT_LEXICAL_WEIGHT
 
 
 def test_empty_result_for_unrelated_query_with_calibrated_threshold(indexed: Any, minilm: Embedder) -> None:

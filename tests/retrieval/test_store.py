@@ -20,9 +20,11 @@ from retrieval.errors import (
     DocumentNotReady,
     EmbedderMismatch,
     EmptyDocument,
+    RetrievalError,
     UnreadableDocument,
     UnsupportedDocumentType,
 )
+from retrieval.index import VectorIndex
 from retrieval.store import INTERRUPTED, DocumentStore
 from tests.retrieval.conftest import REPO
 from tests.retrieval.test_parsing import make_pdf
@@ -74,9 +76,18 @@ def test_create_ingest_and_load(store: DocumentStore, target_tokenizer: Any, min
     assert ids.dtype == np.int32 and list(ids) == list(tokenize(TEXT, target_tokenizer).ids)
     assert ready.n_tokens == len(ids)
     index = store.load_index(record.id, minilm)
-    assert len(index) == len(chunks)
-    _, hit = index.search(minilm.encode([chunks[2].text]), 1)
-    assert hit[0, 0] == 2
+    passages = store.load_passages(record.id)  # the indexed windows: chunk id, start, end
+    assert passages is not None and len(index) == len(passages) >= len(chunks)
+    assert set(passages[:, 0]) == {c.id for c in chunks}
+    for chunk_id, start, end in passages:
+        chunk = chunks[chunk_id]
+        assert chunk.start <= start < end <= chunk.end
+    window = int(np.flatnonzero(passages[:, 0] == 2)[0])
+    _, hit = index.search(minilm.encode([TEXT[passages[window, 1] : passages[window, 2]]]), 1)
+    assert hit[0, 0] == window
+    lexical = store.load_lexical(record.id)
+    assert lexical is not None and lexical.n_chunks == len(chunks)
+    assert store.stale(minilm) == []
     assert store.list("acme") == [ready] and store.list("other") == [] and store.list() == [ready]
     assert leftovers(store.root) == []
 
@@ -252,3 +263,36 @@ def test_reads_while_ingesting_in_a_thread(
     thread.join()
     assert errors == [] and store.get(pending.id).status == "ready"
     assert "indexing" in statuses
+
+
+def test_documents_indexed_before_windows_and_bm25_are_stale_and_still_searchable(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder
+) -> None:
+    from retrieval.retriever import Retriever
+
+    record = store.create(None, "t", "a.txt", None, TEXT.encode())
+    store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64)
+    derived = store.root / "docs" / record.id / "derived"
+    chunks = store.load_chunks(record.id)
+    # what an older version wrote: one vector per chunk, no windows, no lexical index
+    VectorIndex.build(minilm.encode([c.text for c in chunks]), embedder_name=minilm.name).save(derived / "index")
+    (derived / "passages.npy").unlink()
+    (derived / "lexical.npz").unlink()
+    assert [r.id for r in store.stale(minilm)] == [record.id]
+    hits = Retriever(store, minilm, threshold=-1.0).retrieve("topic", [record.id], top_k=50).hits
+    assert len(hits) == len(chunks) and all(h.score == pytest.approx(0.85 * h.similarity) for h in hits)
+    store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64)  # what `ragspec reindex` does
+    assert store.stale(minilm) == [] and store.load_lexical(record.id) is not None
+
+
+def test_a_corrupt_lexical_index_is_a_clear_error(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder
+) -> None:
+    from retrieval.retriever import Retriever
+
+    record = store.create(None, "t", "a.txt", None, TEXT.encode())
+    store.ingest(record.id, target_tokenizer, minilm, chunk_tokens=64)
+    (store.root / "docs" / record.id / "derived" / "lexical.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(RetrievalError, match=r"lexical index lexical\.npz is unreadable") as err:
+        Retriever(store, minilm).retrieve("topic", [record.id])
+    assert str(store.root) not in str(err.value)  # no server path in what a client may see
