@@ -63,8 +63,7 @@ from decoding.kernels import kernels_active
 from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
 from decoding.prompt import build_prompt, context_rows
-from retrieval.chunking import Chunk, chunk_text
-from retrieval.retriever import Hit, default_threshold, join_hits, pack_hits
+from retrieval.retriever import Hit, join_hits
 
 if TYPE_CHECKING:
     from decoding.cpu_llama import CpuLlama
@@ -336,31 +335,34 @@ def default_methods(methods: dict[str, Method], has_llama: bool) -> list[str]:
 
 
 class RagContext:
-    """The RAG drafter's context for a question, as the service picks it: the document in 512-token chunks,
-    ranked by the bundled embedder (threshold and top-k of the service's defaults), the best that fit the
-    budget, in document order."""
+    """The RAG drafter's context for a question, as the service picks it: the document ingested into a document
+    store (512-token chunks, the bundled embedder) and ranked by the service's retriever with its default
+    scoring, threshold and top-k; the best that fit the budget, in document order."""
 
     def __init__(self, tokenizer: Any) -> None:
+        import tempfile
+
         from retrieval.embedding import load_embedder
+        from retrieval.retriever import Retriever
+        from retrieval.store import DocumentStore
 
         self.tokenizer = tokenizer
         self.embedder = load_embedder("bundled", device="cpu")
-        self.threshold = default_threshold(self.embedder.name)
-        self._chunks: dict[str, tuple[list[Chunk], np.ndarray]] = {}
+        self._dir = tempfile.TemporaryDirectory(prefix="ragspec-bench-rag-")
+        self.store = DocumentStore(Path(self._dir.name))
+        self.retriever = Retriever(self.store, self.embedder)
+        self._ids: dict[str, str] = {}
 
     def text(self, document: str, question: str, budget: int, top_k: int = 16) -> str:
         return join_hits(self.hits(document, question, budget, top_k))
 
     def hits(self, document: str, question: str, budget: int, top_k: int = 16) -> list[Hit]:
-        if document not in self._chunks:
-            chunks = chunk_text(document, self.tokenizer, 512)
-            self._chunks[document] = (chunks, self.embedder.encode([c.text for c in chunks]))
-        chunks, vectors = self._chunks[document]
-        scores = vectors @ self.embedder.encode_query(question)
-        best = [i for i in np.argsort(-scores)[:top_k] if scores[i] >= self.threshold]
-        hits = [Hit("doc", chunks[i].id, chunks[i].text, float(scores[i]), chunks[i].start, chunks[i].end, None,
-                    chunks[i].n_tokens) for i in best]
-        return pack_hits(hits, budget)
+        if document not in self._ids:
+            record = self.store.create(None, "bench", "doc.txt", "text/plain", document.encode("utf-8"))
+            self.store.ingest(record.id, self.tokenizer, self.embedder, 512)
+            self._ids[document] = record.id
+        doc_id = self._ids[document]
+        return self.retriever.retrieve(question, [doc_id], top_k=top_k, budget_tokens=budget).hits
 
 
 def make_cases(
