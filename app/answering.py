@@ -111,8 +111,11 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
     drafters = services.drafters.for_mode(q.mode, tenant, q.sampling)
     _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
-    doc_ids = list(dict.fromkeys(q.document_ids))  # repeated ids count once
-    records = [services.store.get(doc_id, tenant) for doc_id in doc_ids]  # unknown / other tenant: 404
+    records = [services.store.get(doc_id, tenant) for doc_id in dict.fromkeys(q.document_ids)]  # unknown: 404
+    # one order for a set of documents, whatever order they are named in (upload order): the same prompt, so
+    # the same cached prefix KV, and no second copy of it on disk for every permutation
+    records.sort(key=lambda r: (r.created_at, r.id))
+    doc_ids = [r.id for r in records]
     not_ready = [r for r in records if r.status != "ready"]
     if not_ready:
         first = not_ready[0]

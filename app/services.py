@@ -149,7 +149,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     stale = store.stale(embedder)
     if stale:
         logger.warning(
-            "%d documents were indexed with another embedder than %s; run `ragspec reindex --all`",
+            "%d documents were indexed with another embedder than %s, or without the windows and BM25 index of "
+            "hybrid retrieval; run `ragspec reindex --all`",
             len(stale),
             embedder.name,
         )

@@ -226,6 +226,10 @@ def test_ask_over_two_documents(client: httpx.Client, doc: str) -> None:
     scores = [s["score"] for s in body["sources"]]
     assert scores == sorted(scores, reverse=True)  # best first
     assert all(s["similarity"] >= 0.3 for s in body["sources"])  # the threshold gates the similarity
+    # the same documents named in the other order: the same prompt, so its prefix KV is reused, not recomputed
+    again = ask(client, question="Where do penguins live?", document_ids=[other, doc]).json()
+    assert again["answer"] == body["answer"] and again["stats"]["prefix_cache_hit"] is True
+    assert again["usage"]["prompt_tokens"] == body["usage"]["prompt_tokens"]
 
 
 def test_sampling_with_a_seed_is_reproducible(client: httpx.Client, doc: str) -> None:
