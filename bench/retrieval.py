@@ -285,10 +285,10 @@ def bench_qa(tokenizer: Any, embedder: Embedder, chunk_tokens: int, latency_roun
         sizes = {doc.doc_id: store.get(ids[doc.doc_id]).n_tokens for doc in docs}
         n_chunks = {doc.doc_id: store.get(ids[doc.doc_id]).n_chunks for doc in docs}
         store.close()
+    w = DEFAULT_LEXICAL_WEIGHT
     paraphrased = {flag: ranking_metrics([
         first_gold_rank(q.keys["all_docs"], (1 - w) * q.similarity["all_docs"] + w * q.bm25["all_docs"], q.gold)
-        for q in scored if q.held_out and q.paraphrased is flag]) for flag in (True, False)
-        for w in [DEFAULT_LEXICAL_WEIGHT]}
+        for q in scored if q.held_out and q.paraphrased is flag]) for flag in (True, False)}
     return {"chunk_tokens": chunk_tokens, "documents": len(docs), "questions": len(scored),
             "held_out_questions": sum(q.held_out for q in scored), "document_tokens": sizes,
             "document_chunks": n_chunks, "methods": methods, "lexical_weight_in_code": DEFAULT_LEXICAL_WEIGHT,
