@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -33,8 +33,16 @@ class PrefixRegistry:
 
     def pop_document(self, doc_id: str) -> list[str]:
         """Forget and return every prefix key that includes ``doc_id``."""
+        return self._pop(lambda ids: doc_id in ids)
+
+    def prune(self, existing: Collection[str]) -> list[str]:
+        """Forget and return every prefix key that includes a document not in ``existing`` (deleted by a
+        process that died before dropping its KV, or a data dir restored without it)."""
+        return self._pop(lambda ids: any(d not in existing for d in ids))
+
+    def _pop(self, match: Callable[[list[str]], bool]) -> list[str]:
         with self._lock:
-            keys = [k for k, ids in self._docs.items() if doc_id in ids]
+            keys = [k for k, ids in self._docs.items() if match(ids)]
             for k in keys:
                 del self._docs[k]
             if keys:

@@ -192,6 +192,11 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         scoring=settings.retrieval_scoring,
         lexical_weight=settings.retrieval_lexical_weight,
     )
+    prefixes = PrefixRegistry(data_dir / "kv-prefixes.json")
+    orphans = prefixes.prune({r.id for r in store.list()})
+    if prefix_cache is not None:
+        for key in orphans:  # KV of documents that are gone: memory and disk
+            prefix_cache.drop(key)
     scheduler = GenerationScheduler(settings.queue_size)
     redis = RedisLink(settings.redis_url)
     indexing = IndexingJobs(
@@ -218,7 +223,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             long_budget=settings.long_document_budget,
             lead_tokens=settings.long_document_lead,
         ),
-        prefixes=PrefixRegistry(data_dir / "kv-prefixes.json"),
+        prefixes=prefixes,
         drafters=drafters,
         redis=redis,
         sessions=SessionStore(redis, config.sessions.session_ttl_s, config.sessions.max_turns),

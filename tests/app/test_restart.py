@@ -1,13 +1,16 @@
 """Restart on the same data dir: documents, indexes and the document KV cache come back from disk; an
 upload whose indexing was cut by a crash (SIGKILL of a server process) ends failed, and asking over it is
-a clear 409."""
+a clear 409; KV prefixes of documents that are gone are removed at start-up."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
+from app.kv_tags import PrefixRegistry
+from decoding.kv_cache import PrefixCache, PrefixEntry
 from tests.app.live import (
     LANDMARKS,
     ProcessServer,
@@ -41,7 +44,16 @@ def test_restart_recovers_documents_and_fails_cut_ingest(tmp_path: Path) -> None
     finally:
         crashing.kill()
 
+    # a KV prefix of a document that is gone (its delete died before dropping the KV): removed at start-up
+    orphan = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path / "data" / "kv")
+    orphan.put("orphan", PrefixEntry((torch.zeros(1, 1, 2, 4),), (torch.zeros(1, 1, 2, 4),), None), tag="orphan")
+    orphan.flush()
+    PrefixRegistry(tmp_path / "data" / "kv-prefixes.json").add("orphan", ["f" * 32])
+    assert (tmp_path / "data" / "kv" / "orphan.safetensors").exists()
+
     with thread_server(settings) as third, third.client() as client:
+        assert not (tmp_path / "data" / "kv" / "orphan.safetensors").exists()
+        assert "orphan" not in (tmp_path / "data" / "kv-prefixes.json").read_text()
         record = client.get(f"/v1/documents/{doc}").json()
         assert record["status"] == "ready" and record["title"] == "landmarks"
         after = client.post("/v1/ask", json={**question, "document_ids": [doc]}).json()
