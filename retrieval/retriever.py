@@ -213,7 +213,7 @@ class Retriever:
         loaded = self._load_all(doc_ids, tenant)
         if budget_tokens is None:
             budget_tokens = default_budget(self._total_tokens(doc_ids), self.budget_cap)
-        hits = [h for h in self.score(query, doc_ids, loaded, top_k) if h.similarity is not None
+        hits = [h for h in self._score(query, doc_ids, loaded, top_k) if h.similarity is not None
                 and h.similarity >= threshold]
         hits.sort(key=lambda h: -h.score)
         return _result(pack_hits(hits[:top_k], budget_tokens, doc_ids), budget_tokens)
@@ -231,14 +231,17 @@ class Retriever:
         after the documents' first ``lead_tokens`` (see ``pack_hits``): what a target reads of documents
         longer than its window."""
         loaded = self._load_all(doc_ids, tenant)
-        hits = self.score(query, doc_ids, loaded)
+        hits = self._score(query, doc_ids, loaded)
         return _result(pack_hits(hits, budget_tokens, doc_ids, lead_tokens), budget_tokens)
 
-    def score(self, query: str, doc_ids: Sequence[str], loaded: Sequence[_Loaded] | None = None,
-              top_k: int | None = None) -> list[Hit]:
-        """Every chunk of ``doc_ids`` scored for ``query`` (unranked). ``top_k`` only bounds the windows an
-        approximate (HNSW / IVF) index is searched for; flat indexes are scored exactly."""
-        loaded = self._load_all(doc_ids, None) if loaded is None else loaded
+    def score(self, query: str, doc_ids: Sequence[str], *, tenant: str | None = None) -> list[Hit]:
+        """Every chunk of ``doc_ids`` scored for ``query``, unranked."""
+        return self._score(query, doc_ids, self._load_all(doc_ids, tenant))
+
+    def _score(self, query: str, doc_ids: Sequence[str], loaded: Sequence[_Loaded],
+               top_k: int | None = None) -> list[Hit]:
+        """``top_k`` only bounds the windows an approximate (HNSW / IVF) index is searched for; flat indexes
+        are scored exactly."""
         query_vec = self.embedder.encode_query(query)
         dense = [_dense_scores(doc, query_vec, top_k or self.top_k) for doc in loaded]
         lexical = self._lexical_scores(query, loaded)
