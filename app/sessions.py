@@ -1,7 +1,9 @@
 """Conversation history per (tenant, session): Redis when configured and up, in process otherwise.
 
 Writes go to both (the in-process copy is what keeps a conversation going through a Redis outage);
-reads prefer Redis and fall back to the in-process copy.
+reads prefer Redis and fall back to the in-process copy. The in-process copy is a ``cachetools.TTLCache``:
+at most ``max_sessions`` conversations, each kept ``ttl_s`` after its last write (a read does not extend it,
+as Redis's EXPIRE, set on append, does not); when full, the least recently used one goes first.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from cachetools import TTLCache
+
 from app.redis_link import RedisLink, RedisUnavailable
-from app.ttl_lru import TtlLru
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +29,20 @@ class Turn:
 
 
 class SessionStore:
-    def __init__(self, link: RedisLink, ttl_s: int, max_turns: int, max_sessions: int = 10_000) -> None:
+    """Used from the event loop only (no await between a read and a write of the in-process copy)."""
+
+    def __init__(
+        self,
+        link: RedisLink,
+        ttl_s: int,
+        max_turns: int,
+        max_sessions: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.link = link
         self.ttl_s = ttl_s
         self.max_turns = max_turns
-        self._memory: TtlLru[str, list[Turn]] = TtlLru(max_sessions, ttl_s)
+        self._memory: TTLCache[str, list[Turn]] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
 
     @staticmethod
     def _key(tenant: str, session_id: str) -> str:
@@ -53,7 +67,7 @@ class SessionStore:
     async def append(self, tenant: str, session_id: str, turn: Turn) -> None:
         key = self._key(tenant, session_id)
         turns = [*(self._memory.get(key) or []), turn][-self.max_turns :]
-        self._memory.put(key, turns)
+        self._memory[key] = turns
         payload = json.dumps(asdict(turn))
 
         async def write(client):  # type: ignore[no-untyped-def]
