@@ -255,8 +255,28 @@ def add_ask(sub: SubParsers) -> None:
     p.set_defaults(handler=_ask)
 
 
+def _kernels(args: argparse.Namespace, settings: Settings) -> int:
+    from app.services import configure_kernels
+    from decoding import kernels
+
+    configure_kernels(settings)
+    try:
+        say(str(kernels.build(force=args.force)))
+    except (OSError, RuntimeError) as exc:
+        sys.stderr.write(f"ragspec kernels: {exc}\n")
+        return 1
+    return 0
+
+
+def add_kernels(sub: SubParsers) -> None:
+    p = sub.add_parser("kernels", help="build the CPU kernels into RAGSPEC_KERNEL_CACHE now (prints the library)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the library is there")
+    p.set_defaults(handler=_kernels)
+
+
 SERVICE_SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "ingest": add_ingest,
     "ask": add_ask,
     "reindex": add_reindex,
+    "kernels": add_kernels,
 }

@@ -25,6 +25,7 @@ from app.redis_link import RedisLink
 from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
 from app.settings import Settings
+from decoding import kernels
 from decoding.engine import Engine, EngineConfig
 from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
@@ -105,8 +106,16 @@ class Services:
         self.store.close()
 
 
+def configure_kernels(settings: Settings) -> None:
+    """Hand the CPU kernels' settings (used at all, build dir, compiler) to ``decoding.kernels``."""
+    kernels.configure(
+        enabled=settings.cpu_kernels, cache_dir=settings.kernel_cache, compiler=settings.kernel_compiler
+    )
+
+
 def load_llm(settings: Settings, spec: str) -> LoadedModel:
     """A target or drafter LM as the settings ask for it (local files only)."""
+    configure_kernels(settings)
     return load_model(
         spec,
         models_dir=settings.models_dir,

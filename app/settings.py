@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     cpu_kernels: bool = Field(
         True, description="ragspec's AVX2 kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"
     )
+    kernel_cache: Path | None = Field(
+        None, description="Directory the CPU kernels are compiled into (default: ~/.cache/ragspec/kernels)"
+    )
+    kernel_compiler: str | None = Field(
+        None, description="C compiler that builds the CPU kernels (default: cc, else gcc, on the PATH)"
+    )
     max_context: int | None = Field(
         None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"
     )

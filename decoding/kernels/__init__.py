@@ -1,15 +1,17 @@
 """Batch-invariant CPU kernels for the target's forwards (decode steps and draft-tree verification).
 
-Two C files (AVX2 + FMA + F16C, OpenMP) compiled once with the system C compiler into a cache dir
-(``RAGSPEC_KERNEL_CACHE``, default ``~/.cache/ragspec/kernels``) and loaded with ctypes:
+Two C files (AVX2 + FMA + F16C, OpenMP) compiled once with a C compiler (default ``cc`` on the PATH) into a
+cache dir (default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Both, and whether the kernels are
+used at all, are plain configuration (``configure``, called by the service from its settings before it
+loads a model): this package reads no environment variables.
 
 - ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.cpu_llama``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
   layer;
 - ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32 or fp16 KV), used by
-  both CPU paths, and fp32 small-batch linear layers for the torch fallback (``RAGSPEC_CPU_QUANT=none``).
+  both CPU paths, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``).
 
-Where they cannot be used (no compiler, a CPU without AVX2, ``RAGSPEC_CPU_KERNELS=0``) the target runs on
+Where they cannot be used (no compiler, a CPU without AVX2, ``configure(enabled=False)``) the target runs on
 transformers with fp32 weights: same results up to rounding, slower.
 
 Exactness: each output element is computed by the same operation sequence whatever the batch shape (see
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,8 +42,6 @@ SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
-ENV_DISABLE = "RAGSPEC_CPU_KERNELS"
-ENV_CACHE = "RAGSPEC_KERNEL_CACHE"
 KERNEL_FLAG = "_ragspec_cpu_kernels"  # set on every module of a switched model; the attention layers read it
 
 _lock = threading.Lock()
@@ -49,8 +50,35 @@ _tried = False
 _why_not = ""
 
 
+@dataclass(frozen=True)
+class KernelConfig:
+    """Where and how the kernels are built, and whether they are used."""
+
+    enabled: bool = True
+    cache_dir: Path | None = None  # None: ~/.cache/ragspec/kernels
+    compiler: str | None = None  # None: cc (or gcc) found on the PATH
+
+
+_config = KernelConfig()
+
+
+def configure(enabled: bool = True, cache_dir: Path | str | None = None, compiler: str | None = None) -> None:
+    """Set the kernels' configuration; a change forgets an earlier load decision (the next ``load`` decides
+    again). Call it before loading a model: a model switched to the kernels keeps the library it found."""
+    global _config, _lib, _tried, _why_not
+    new = KernelConfig(enabled, None if cache_dir is None else Path(cache_dir), compiler or None)
+    with _lock:
+        if new != _config:
+            _config = new
+            _lib, _tried, _why_not = None, False, ""
+
+
+def config() -> KernelConfig:
+    return _config
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "ragspec" / "kernels")
+    return _config.cache_dir or Path.home() / ".cache" / "ragspec" / "kernels"
 
 
 def _library_path(compiler: str) -> Path:
@@ -61,8 +89,8 @@ def _library_path(compiler: str) -> Path:
 
 def _cpu_supported() -> str:
     """'' when this machine can run the kernels, else the reason."""
-    if os.environ.get(ENV_DISABLE, "1").strip().lower() in ("0", "false", "no", "off"):
-        return f"disabled by {ENV_DISABLE}"
+    if not _config.enabled:
+        return "disabled by configuration (cpu_kernels off)"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"needs Linux x86-64 (this is {platform.system()} {platform.machine()})"
     capability = torch.backends.cpu.get_cpu_capability()
@@ -73,7 +101,7 @@ def _cpu_supported() -> str:
 
 def build(force: bool = False) -> Path:
     """Compile the kernels into the cache dir (atomically) and return the library path."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or ""
+    compiler = _config.compiler or shutil.which("cc") or shutil.which("gcc") or ""
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
     out = _library_path(compiler)
@@ -123,13 +151,6 @@ def loaded() -> ctypes.CDLL | None:
 def unavailable_reason() -> str:
     load()
     return _why_not
-
-
-def reset_for_tests() -> None:
-    """Forget the load decision (tests toggle ``RAGSPEC_CPU_KERNELS``)."""
-    global _lib, _tried, _why_not
-    with _lock:
-        _lib, _tried, _why_not = None, False, ""
 
 
 def _declare(lib: ctypes.CDLL) -> None:

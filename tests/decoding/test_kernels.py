@@ -214,27 +214,46 @@ def test_tiny_llama_decode_steps_equal_one_batched_forward() -> None:
         torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
 
 
-def test_disabled_by_environment_falls_back(tmp_path: Path) -> None:
+def test_disabled_by_settings_falls_back(tmp_path: Path) -> None:
+    """RAGSPEC_CPU_KERNELS=0 reaches the kernels through the service's settings (the library reads no
+    environment): nothing is built and the model runs on torch's kernels."""
     code = (
         "import logging, torch; logging.basicConfig(level=logging.WARNING);"
+        "from app.services import configure_kernels; from app.settings import Settings;"
         "from decoding import kernels; from tests.decoding.conftest import make_tiny_llama;"
+        "configure_kernels(Settings());"
         "m = make_tiny_llama(); assert kernels.load() is None and not kernels.kernels_active(m);"
         "print(kernels.unavailable_reason())"
     )
     env = {"RAGSPEC_CPU_KERNELS": "0", "RAGSPEC_KERNEL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path.cwd())
     assert out.returncode == 0, out.stderr
-    assert "disabled by RAGSPEC_CPU_KERNELS" in out.stdout
+    assert "disabled by configuration" in out.stdout
     assert "CPU kernels unavailable" in out.stderr
     assert not list(tmp_path.iterdir())  # nothing was built
 
 
+def test_the_library_reads_no_environment(tmp_path: Path) -> None:
+    """The old variables (RAGSPEC_KERNEL_CACHE, RAGSPEC_CPU_KERNELS, CC) do nothing to ``decoding.kernels``
+    by themselves; the service's settings carry the cache dir and compiler to it."""
+    code = (
+        "from pathlib import Path; from decoding import kernels;"
+        "c = kernels.config(); assert c.enabled and c.cache_dir is None and c.compiler is None, c;"
+        "assert kernels.cache_dir() == Path.home() / '.cache/ragspec/kernels', kernels.cache_dir();"
+        "from app.services import configure_kernels; from app.settings import Settings;"
+        "configure_kernels(Settings()); c = kernels.config();"
+        f"assert c.cache_dir == Path({str(tmp_path)!r}) and c.compiler == '/bin/false' and not c.enabled, c"
+    )
+    env = {"RAGSPEC_CPU_KERNELS": "0", "RAGSPEC_KERNEL_CACHE": str(tmp_path), "CC": "/bin/false",
+           "RAGSPEC_KERNEL_COMPILER": "/bin/false", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=Path.cwd())
+    assert out.returncode == 0, out.stderr
+
+
 def test_broken_compiler_gives_a_clear_reason_and_fallback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("RAGSPEC_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "/bin/false")
-    kernels.reset_for_tests()
+    kernels.configure(cache_dir=tmp_path, compiler="/bin/false")
     try:
         with caplog.at_level(logging.WARNING):
             assert kernels.load() is None
@@ -242,15 +261,24 @@ def test_broken_compiler_gives_a_clear_reason_and_fallback(
         assert "CPU kernels unavailable" in caplog.text
         model = make_tiny_llama(seed=1)
         assert not kernels.kernels_active(model)
+        assert not list(tmp_path.glob("*.so"))
     finally:
-        monkeypatch.undo()
-        kernels.reset_for_tests()
+        kernels.configure()
         kernels.load()
 
 
 @needs_kernels
-def test_build_is_cached_and_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAGSPEC_KERNEL_CACHE", str(tmp_path))
+def test_build_is_cached_and_atomic(tmp_path: Path) -> None:
+    before = kernels.config()
+    kernels.configure(cache_dir=tmp_path)
+    try:
+        _check_cached_atomic_build(tmp_path)
+    finally:
+        kernels.configure(before.enabled, before.cache_dir, before.compiler)
+        kernels.load()
+
+
+def _check_cached_atomic_build(tmp_path: Path) -> None:
     first = kernels.build()
     assert first.parent == tmp_path and first.is_file()
     stamp = first.stat().st_mtime_ns

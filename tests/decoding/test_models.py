@@ -130,18 +130,16 @@ def test_unknown_quant_and_kv_settings_are_domain_errors(tiny_dir: tuple[Path, L
 
 
 def test_without_kernels_the_cpu_target_falls_back_to_torch(
-    tiny_dir: tuple[Path, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tiny_dir: tuple[Path, LlamaForCausalLM], caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(kernels.ENV_DISABLE, "0")
-    kernels.reset_for_tests()
+    kernels.configure(enabled=False)
     try:
         with caplog.at_level("WARNING"):
             loaded = load_model(str(tiny_dir[0]))
         assert loaded.runtime == "torch:float32" and not kernels_active(loaded.model)
         assert "quantized CPU runtime unavailable" in caplog.text
     finally:
-        monkeypatch.delenv(kernels.ENV_DISABLE)
-        kernels.reset_for_tests()
+        kernels.configure()
         kernels.load()
 
 
