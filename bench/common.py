@@ -7,6 +7,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,12 @@ def machine_info() -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     return info
+
+
+def out(line: str = "") -> None:
+    """A progress line on stdout, flushed at once (a benchmark's log is read while it runs)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def rss_mb() -> float:
