@@ -2,6 +2,15 @@
 
 Every user of Redis in the service has an in-process fallback; this class only says whether Redis is
 usable right now and runs commands with short timeouts, never blocking a request for long.
+
+redis-py does the connection work: its pool opens connections on demand and replaces broken ones, and its
+``Retry`` retries a command once, at once, on a fresh connection when the pooled one was closed under it
+(Redis restarted, or dropped the idle client after its ``timeout``), so that case costs no request its
+Redis answer. Only connection errors are retried: a timeout means Redis is slow or hung, and a retry would
+double the wait. What redis-py does not give, and this class adds: a state for /readyz and metrics, and
+failing fast without touching the network for ``retry_every_s`` after a failure (redis-py would try every
+command, each paying the socket timeout while Redis hangs), with a monitor that pings so the state comes
+back without waiting for traffic.
 """
 
 from __future__ import annotations
@@ -12,13 +21,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-
-from decoding.drafters.racer.cross_session import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +49,25 @@ class RedisLink:
                 url,
                 socket_timeout=timeout_s,
                 socket_connect_timeout=timeout_s,
-                retry=Retry(NoBackoff(), 0),
+                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
                 decode_responses=True,
             )
         self._up = False
         self._next_try = 0.0
         self._monitor: asyncio.Task[None] | None = None
         self.failures = 0
+
+    @property
+    def where(self) -> str:
+        """Where Redis is, fit for a log line: from the parsed URL, so no credential can be in it."""
+        if self._client is None:
+            return "nowhere (not configured)"
+        kwargs = self._client.connection_pool.connection_kwargs
+        credentials = "***@" if kwargs.get("username") or kwargs.get("password") else ""
+        if kwargs.get("path"):
+            return f"unix://{credentials}{kwargs['path']}?db={kwargs.get('db', 0)}"
+        scheme = urlsplit(self.url or "").scheme or "redis"
+        return f"{scheme}://{credentials}{kwargs.get('host')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
     @property
     def state(self) -> RedisState:
@@ -73,7 +94,7 @@ class RedisLink:
             self._mark_down(exc)
             raise RedisUnavailable(str(exc)) from exc
         if not self._up:
-            logger.info("redis is reachable at %s", redact_url(self.url))
+            logger.info("redis is reachable at %s", self.where)
         self._up = True
         return result
 
