@@ -8,9 +8,10 @@ redis-py does the connection work: its pool opens connections on demand and repl
 (Redis restarted, or dropped the idle client after its ``timeout``), so that case costs no request its
 Redis answer. Only connection errors are retried: a timeout means Redis is slow or hung, and a retry would
 double the wait. What redis-py does not give, and this class adds: a state for /readyz and metrics, and
-failing fast without touching the network for ``retry_every_s`` after a failure (redis-py would try every
-command, each paying the socket timeout while Redis hangs), with a monitor that pings so the state comes
-back without waiting for traffic.
+failing fast without touching the network for ``retry_every_s`` after a failure (a plain redis-py client
+tries every command, each paying the socket timeout while Redis hangs; its circuit breakers belong to
+``MultiDBClient``, failover across several databases, and need pybreaker), with a monitor that pings so the
+state comes back without waiting for traffic.
 """
 
 from __future__ import annotations
