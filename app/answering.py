@@ -161,7 +161,7 @@ def start(services: Services, p: Plan) -> JobHandle:
     def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
         for event in engine.generate(p.prompt, p.config, p.drafters, cancel=cancel):
             if isinstance(event, DoneEvent):  # observed here: a cancelled stream has no reader left
-                metrics.observe_generation(mode, event.stats)
+                metrics.observe_generation(mode, event.stats, p.tenant)
             yield event
 
     p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key))

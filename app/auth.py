@@ -22,6 +22,11 @@ class KeyRing:
     def enabled(self) -> bool:
         return bool(self._tenants)
 
+    @staticmethod
+    def same(token: str, secret: str) -> bool:
+        """Constant-time comparison of a presented token with a configured secret."""
+        return hmac.compare_digest(token.encode(), secret.encode())
+
     def tenant(self, token: str | None) -> str:
         """The tenant of a Bearer token; ``Unauthorized`` when keys are configured and it is not one."""
         if not self._tenants:
@@ -29,6 +34,6 @@ class KeyRing:
         if not token:
             raise Unauthorized()
         for key, tenant in self._tenants.items():
-            if hmac.compare_digest(key.encode(), token.encode()):
+            if self.same(token, key):
                 return tenant
         raise Unauthorized("unknown API key")

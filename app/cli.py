@@ -65,13 +65,14 @@ def add_models(sub: SubParsers) -> None:
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
+    from app.main import serve_config
+
     host = args.host or settings.host
     port = args.port or settings.port
     logger.info("serving on http://%s:%d (data dir %s)", host, port, settings.data_dir)
-    uvicorn.run(
-        "app.main:create_app", factory=True, host=host, port=port, log_level=settings.log_level.lower()
-    )
-    return 0
+    server = uvicorn.Server(serve_config(settings, host, port))
+    server.run()
+    return 0 if server.started else 3  # uvicorn's exit status when the app failed to start
 
 
 def add_serve(sub: SubParsers) -> None:

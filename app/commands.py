@@ -54,7 +54,7 @@ def _open_store(settings: Settings) -> tuple[Any, Any, Any]:
     from retrieval.embedding import load_embedder
     from retrieval.store import DocumentStore
 
-    store = DocumentStore(settings.data_dir / "documents")
+    store = DocumentStore(settings.data_dir / "documents", max_pdf_pages=settings.max_pdf_pages)
     embedder = load_embedder(settings.embedding_model, settings.embedding_kind, settings.device)
     return store, _load_tokenizer(settings), embedder
 

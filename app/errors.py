@@ -73,6 +73,8 @@ LIBRARY_ERRORS: dict[type[Exception], tuple[int, str]] = {
     retrieval_errors.EmptyDocument: (422, "empty_document"),
     retrieval_errors.UnreadableDocument: (422, "unreadable_document"),
     retrieval_errors.EmbedderMismatch: (409, "embedder_mismatch"),
+    retrieval_errors.IndexDamaged: (409, "index_damaged"),
+    retrieval_errors.TooManyPages: (413, "too_many_pages"),
     retrieval_errors.EmbedderUnavailable: (503, "embedder_unavailable"),
     decoding_errors.ContextTooLong: (400, "context_too_long"),
     # bases last: a broken index file or model setup is the server's fault, reported with its reason

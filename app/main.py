@@ -1,6 +1,8 @@
 """The FastAPI application: ``create_app(settings)``; models and stores are loaded once in ``lifespan``.
 
-Run with ``ragspec serve`` or ``uvicorn --factory app.main:create_app``.
+Run with ``ragspec serve`` (``serve_config``: forwarded headers only from ``RAGSPEC_TRUSTED_PROXIES``), or
+``uvicorn --factory app.main:create_app --no-proxy-headers`` (uvicorn alone trusts X-Forwarded-* from
+loopback).
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from app.auth import KeyRing
 from app.deps import TenantDep
 from app.errors import install_error_handlers
+from app.gate import GatePolicy, RequestGate
 from app.metrics import Metrics, RequestMetricsMiddleware
 from app.routes import ask, documents, health, openai
 from app.services import Services, load_services
@@ -74,6 +79,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     metrics.add_live(lambda: _live(app))
     app.state.metrics = metrics
+    policy = GatePolicy(
+        keys=KeyRing(tuple(settings.api_keys)),
+        metrics_token=settings.metrics_token,
+        max_body_bytes=int(settings.max_json_mb * 1024 * 1024),
+    )
+    app.add_middleware(RequestGate, policy=policy)  # inside the metrics middleware: refusals are counted
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     install_error_handlers(app)
 
@@ -96,3 +107,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     return app
+
+
+def serve_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
+    """The uvicorn config of ``ragspec serve``: X-Forwarded-For / -Proto are honoured only from the
+    addresses in ``settings.trusted_proxies`` (none by default, so a client cannot forge its address)."""
+    trusted = ",".join(settings.trusted_proxies)
+    return uvicorn.Config(
+        "app.main:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        log_level=settings.log_level.lower(),
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
+    )

@@ -2,21 +2,32 @@
 
 Generation stats are data (``decoding.stats``); this module only reports them. Gauges that mirror live
 state (queue depth, KV-cache bytes, indexing jobs, Redis) are read at scrape time by a collector.
+
+Series about a tenant's traffic (requests, latency, generations, tokens, its documents) carry a ``tenant``
+label. ``render`` has three views: ``all`` (every series as stored, for a scraper with the metrics token),
+``total`` (the tenant label summed away: the service's totals, what everyone sees with auth off) and a
+tenant's own (only series labelled with that tenant, the label dropped; nothing service-wide, nothing of
+another tenant).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.gate import NO_TENANT, TENANT
 from decoding.stats import GenerationStats
 
+TENANT_LABEL = "tenant"
+View = Literal["all", "total", "tenant"]
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -26,76 +37,117 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "ragspec_http_requests",
-            "HTTP requests by route, method and status",
-            ["route", "method", "status"],
+            "HTTP requests by tenant, route, method and status",
+            [TENANT_LABEL, "route", "method", "status"],
             registry=r,
         )
         self.latency = Histogram(
             "ragspec_http_request_seconds",
             "HTTP request latency (to the last byte)",
-            ["route"],
+            [TENANT_LABEL, "route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.generations = Counter(
             "ragspec_generations",
-            "Finished generations by mode and finish reason",
-            ["mode", "finish_reason"],
+            "Finished generations by tenant, mode and finish reason",
+            [TENANT_LABEL, "mode", "finish_reason"],
             registry=r,
         )
         self.ttft = Histogram(
-            "ragspec_ttft_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r
+            "ragspec_ttft_seconds", "Time to first token", [TENANT_LABEL], buckets=LATENCY_BUCKETS, registry=r
         )
         self.tokens_per_second = Histogram(
             "ragspec_decode_tokens_per_second",
             "Decode throughput per generation (tokens after the first)",
+            [TENANT_LABEL],
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
             registry=r,
         )
         self.acceptance_length = Histogram(
             "ragspec_acceptance_length",
             "Tokens emitted per verify step (accepted + bonus)",
+            [TENANT_LABEL],
             buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 6, 8, 12),
             registry=r,
         )
         self.drafted = Counter(
-            "ragspec_drafted_tokens", "Draft tokens verified, by source", ["source"], registry=r
+            "ragspec_drafted_tokens", "Draft tokens verified, by source", [TENANT_LABEL, "source"], registry=r
         )
         self.accepted = Counter(
-            "ragspec_accepted_tokens", "Draft tokens accepted, by source", ["source"], registry=r
+            "ragspec_accepted_tokens", "Draft tokens accepted, by source", [TENANT_LABEL, "source"], registry=r
         )
-        self.completion_tokens = Counter("ragspec_completion_tokens", "Generated tokens", registry=r)
-        self.prompt_tokens = Counter("ragspec_prompt_tokens", "Prompt tokens", registry=r)
+        self.completion_tokens = Counter(
+            "ragspec_completion_tokens", "Generated tokens", [TENANT_LABEL], registry=r
+        )
+        self.prompt_tokens = Counter("ragspec_prompt_tokens", "Prompt tokens", [TENANT_LABEL], registry=r)
         self.rejected = Counter("ragspec_overloaded", "Requests refused with 429 (queue full)", registry=r)
 
-    def observe_generation(self, mode: str, stats: GenerationStats) -> None:
-        self.generations.labels(mode, stats.finish_reason or "unknown").inc()
-        self.prompt_tokens.inc(stats.prompt_tokens)
-        self.completion_tokens.inc(stats.completion_tokens)
+    def observe_generation(self, mode: str, stats: GenerationStats, tenant: str) -> None:
+        self.generations.labels(tenant, mode, stats.finish_reason or "unknown").inc()
+        self.prompt_tokens.labels(tenant).inc(stats.prompt_tokens)
+        self.completion_tokens.labels(tenant).inc(stats.completion_tokens)
         if stats.completion_tokens:
-            self.ttft.observe(stats.ttft_s)
+            self.ttft.labels(tenant).observe(stats.ttft_s)
         if stats.tokens_per_second > 0:
-            self.tokens_per_second.observe(stats.tokens_per_second)
+            self.tokens_per_second.labels(tenant).observe(stats.tokens_per_second)
         if stats.steps:
-            self.acceptance_length.observe(stats.acceptance_length)
+            self.acceptance_length.labels(tenant).observe(stats.acceptance_length)
         for source, n in stats.drafted_by_source.items():
-            self.drafted.labels(source).inc(n)
+            self.drafted.labels(tenant, source).inc(n)
         for source, n in stats.accepted_by_source.items():
-            self.accepted.labels(source).inc(n)
+            self.accepted.labels(tenant, source).inc(n)
 
     def add_live(self, read: Callable[[], Mapping[str, Any]]) -> None:
         """Report live state at scrape time (see ``LiveCollector``)."""
         self.registry.register(LiveCollector(read))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, view: View = "total", tenant: str | None = None) -> bytes:
+        """The exposition text in one of the views of the module docstring (``tenant`` for "tenant")."""
+        if view == "all":
+            return generate_latest(self.registry)
+        return generate_latest(_View(self.registry, tenant if view == "tenant" else None))
+
+
+class _View:
+    """A registry-like reader of ``registry`` with the tenant label summed away (``tenant`` None) or
+    restricted to one tenant's series."""
+
+    def __init__(self, registry: CollectorRegistry, tenant: str | None) -> None:
+        self.registry = registry
+        self.tenant = tenant
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            tenanted = any(TENANT_LABEL in sample.labels for sample in family.samples)
+            if self.tenant is not None and not tenanted:
+                continue  # service-wide: not a tenant's business
+            merged: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+            for sample in family.samples:
+                if self.tenant is not None and sample.labels.get(TENANT_LABEL) != self.tenant:
+                    continue
+                labels = {k: v for k, v in sample.labels.items() if k != TENANT_LABEL}
+                key = (sample.name, tuple(sorted(labels.items())))
+                seen = merged.get(key)
+                if seen is None:
+                    merged[key] = Sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar)
+                elif sample.name.endswith("_created"):  # a series' start: the earliest one
+                    merged[key] = seen._replace(value=min(seen.value, sample.value))
+                else:
+                    merged[key] = seen._replace(value=seen.value + sample.value)
+            if self.tenant is not None and not merged:
+                continue
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = list(merged.values())
+            yield out
 
 
 class LiveCollector(Collector):
     """Gauges / counters read from the running service at scrape time.
 
     ``read()`` returns: queue_waiting, generation_running, kv_cache_bytes, kv_disk_bytes, kv_cache_hits,
-    kv_cache_misses, redis_up (1/0, or None when Redis is not configured), indexing_jobs ({status: count}).
+    kv_cache_misses, redis_up (1/0, or None when Redis is not configured), indexing_jobs ({(tenant, status):
+    count}).
     """
 
     def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
@@ -122,9 +174,11 @@ class LiveCollector(Collector):
         yield CounterMetricFamily(
             "ragspec_kv_cache_misses", "Document KV cache misses", live["kv_cache_misses"]
         )
-        jobs = GaugeMetricFamily("ragspec_indexing_jobs", "Documents by indexing status", labels=["status"])
-        for status, count in sorted(live["indexing_jobs"].items()):
-            jobs.add_metric([status], count)
+        jobs = GaugeMetricFamily(
+            "ragspec_indexing_jobs", "Documents by tenant and indexing status", labels=[TENANT_LABEL, "status"]
+        )
+        for (tenant, status), count in sorted(live["indexing_jobs"].items()):
+            jobs.add_metric([tenant, status], count)
         yield jobs
         if live.get("redis_up") is not None:
             yield GaugeMetricFamily("ragspec_redis_up", "1 when Redis answers", 1 if live["redis_up"] else 0)
@@ -157,5 +211,6 @@ class RequestMetricsMiddleware:
             path = getattr(route, "path", None) or (
                 "static" if scope["path"].startswith("/static") else "unmatched"
             )
-            self.metrics.requests.labels(path, scope["method"], str(status)).inc()
-            self.metrics.latency.labels(path).observe(time.perf_counter() - t0)
+            tenant = str(scope.get(TENANT, NO_TENANT))
+            self.metrics.requests.labels(tenant, path, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(tenant, path).observe(time.perf_counter() - t0)

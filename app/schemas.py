@@ -26,12 +26,20 @@ class ErrorResponse(BaseModel):
 # ---- documents ------------------------------------------------------------------------------------
 
 
-class DocumentTextIn(BaseModel):
-    """JSON upload: plain text with an optional title."""
+MAX_TITLE_CHARS = 512
+
+
+class DocumentTitleIn(BaseModel):
+    """A client's title, JSON or multipart: one rule for both (422 when too long, never cut)."""
 
     model_config = ConfigDict(extra="forbid")
+    title: str | None = Field(None, max_length=MAX_TITLE_CHARS)
+
+
+class DocumentTextIn(DocumentTitleIn):
+    """JSON upload: plain text with an optional title."""
+
     text: str = Field(min_length=1, description="Document text (plain text or Markdown)")
-    title: str | None = Field(None, max_length=512)
 
 
 class DocumentAccepted(BaseModel):

@@ -84,9 +84,11 @@ class Services:
                 self.prefix_cache.drop(key)
 
     def live_metrics(self) -> dict[str, Any]:
-        counts: dict[str, int] = {s: 0 for s in ("queued", "indexing", "ready", "failed")}
+        counts: dict[tuple[str, str], int] = {}  # (tenant, status) -> documents
         for record in self.store.list():
-            counts[record.status] = counts.get(record.status, 0) + 1
+            for status in ("queued", "indexing", "ready", "failed"):
+                counts.setdefault((record.tenant, status), 0)
+            counts[record.tenant, record.status] += 1
         cache = self.prefix_cache
         return {
             "queue_waiting": self.scheduler.waiting,
@@ -146,7 +148,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
 
-    store = DocumentStore(data_dir / "documents")
+    store = DocumentStore(data_dir / "documents", max_pdf_pages=settings.max_pdf_pages)
     report = store.recover()
     if report.failed:
         logger.warning(

@@ -94,6 +94,21 @@ class Settings(BaseSettings):
     )
 
     max_upload_mb: float = Field(50.0, gt=0, description="Largest accepted upload (MB) -> 413 above")
+    max_json_mb: float = Field(
+        1.0, gt=0, description="Largest request body (MB) of every other route (ask, chat, ...) -> 413 above"
+    )
+    max_pdf_pages: int = Field(2000, ge=1, description="Most pages of an uploaded PDF -> 413 above (counted first)")
+    metrics_token: str | None = Field(
+        None, description="Bearer token of a metrics scraper: /metrics shows every tenant's series to it (API "
+        "keys see only their own tenant's)"
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated addresses whose X-Forwarded-For / -Proto `ragspec "
+        "serve` honours (* for any). Empty: forwarded headers are ignored"
+    )
+    min_free_disk_mb: float = Field(
+        256.0, ge=0, description="Free space the data dir's disk needs for /readyz to answer ready (MB)"
+    )
     max_question_chars: int = Field(4000, ge=1, description="Longest accepted question -> 422 above")
     max_document_ids: int = Field(16, ge=1, description="Most documents per question")
     max_new_tokens: int = Field(1024, ge=1, description="Upper bound on max_tokens per answer")
@@ -110,7 +125,7 @@ class Settings(BaseSettings):
     session_ttl_s: int = Field(24 * 3600, ge=60, description="Session history lifetime")
     draft_cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Cross-session draft cache TTL")
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "trusted_proxies", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

@@ -78,3 +78,27 @@ class EmbedderUnavailable(RetrievalError):  # noqa: N818 (domain names)
     def __init__(self, name_or_path: str, reason: str) -> None:
         self.name_or_path = name_or_path
         super().__init__(f"embedding model {name_or_path!r} is not available locally: {reason}")
+
+
+class TooManyPages(RetrievalError):  # noqa: N818 (domain names)
+    """A PDF with more pages than the service accepts (counted before any page is parsed)."""
+
+    def __init__(self, pages: int, limit: int) -> None:
+        self.pages = pages
+        self.limit = limit
+        super().__init__(f"the PDF has {pages} pages; at most {limit} are accepted")
+
+
+class IndexDamaged(RetrievalError):  # noqa: N818 (domain names)
+    """A ready document's index files cannot be read (truncated, edited, corrupt): it must be re-indexed.
+
+    The message names the document and the command, never a file path (it goes to the client)."""
+
+    def __init__(self, doc_id: str, what: str, reason: str | None = None) -> None:
+        self.doc_id = doc_id
+        self.what = what
+        detail = f": {reason}" if reason else ""
+        super().__init__(
+            f"the index of document {doc_id!r} is damaged ({what} cannot be read{detail}); "
+            f"run `ragspec reindex {doc_id}` to rebuild it"
+        )

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from retrieval.errors import EmptyDocument, UnreadableDocument, UnsupportedDocumentType
+from retrieval.errors import EmptyDocument, TooManyPages, UnreadableDocument, UnsupportedDocumentType
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +53,15 @@ class ParsedDocument:
 
 
 def parse_document(
-    data: bytes, filename: str | None = None, content_type: str | None = None
+    data: bytes, filename: str | None = None, content_type: str | None = None, *, max_pages: int | None = None
 ) -> ParsedDocument:
-    """Parse an upload into text. Raises EmptyDocument, UnreadableDocument or UnsupportedDocumentType."""
+    """Parse an upload into text. Raises EmptyDocument, UnreadableDocument, UnsupportedDocumentType, or
+    TooManyPages for a PDF of more than ``max_pages`` pages (counted before any page's text is read)."""
     if not data:
         raise EmptyDocument("the file is empty (0 bytes)")
     kind = detect_kind(data, filename, content_type)
     if kind == "pdf":
-        parsed = _parse_pdf(data)
+        parsed = _parse_pdf(data, max_pages)
     else:
         text = decode_text(data, _charset(content_type))
         if kind == "html":
@@ -246,7 +247,7 @@ def _join_html_parts(parts: list[str]) -> str:
 PAGE_SEPARATOR = "\n\n"
 
 
-def _parse_pdf(data: bytes) -> ParsedDocument:
+def _parse_pdf(data: bytes, max_pages: int | None = None) -> ParsedDocument:
     from pypdf import PdfReader
     from pypdf.errors import PyPdfError
 
@@ -259,11 +260,14 @@ def _parse_pdf(data: bytes) -> ParsedDocument:
                 raise UnreadableDocument(f"the PDF is encrypted and cannot be opened ({exc})") from None
             if not opened:
                 raise UnreadableDocument("the PDF is password protected")
+        n_pages = len(reader.pages)  # walks the page tree only; no page content is parsed
+        if max_pages is not None and n_pages > max_pages:
+            raise TooManyPages(n_pages, max_pages)
         page_texts = [_clean_pdf_text(page.extract_text() or "") for page in reader.pages]
         title = None
         if reader.metadata is not None and reader.metadata.title:
             title = str(reader.metadata.title).strip() or None
-    except UnreadableDocument:
+    except (UnreadableDocument, TooManyPages):
         raise
     except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as exc:
         raise UnreadableDocument(f"corrupt or unsupported PDF ({type(exc).__name__}: {exc})") from None

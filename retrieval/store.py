@@ -2,12 +2,10 @@
 
 Layout::
 
-    root/store.sqlite3                 metadata (one row per document)
+    root/store.sqlite3                 metadata, one row per document (``retrieval.catalogue``)
     root/tmp/                          work dirs; whatever is left here after a crash is deleted by recover()
     root/docs/<id>/source/             original file + extracted text (+ pages.json for PDFs)
-    root/docs/<id>/derived/            chunks.jsonl, tokens.npy (target token ids), passages.npy (the
-                                       indexed windows: chunk id, start, end), index/ (FAISS over the
-                                       windows + sidecar), lexical.npz (BM25 postings of the chunks)
+    root/docs/<id>/derived/            what retrieval reads (``retrieval.doc_files`` writes and reads both)
 
 Every write is built in a fresh dir under ``tmp/`` and moved into place with one ``os.rename``; the
 SQLite row is written after the files. So a crash leaves either nothing, or a complete ``source/`` (a
@@ -22,11 +20,8 @@ index) runs outside it, so reads go on while a background thread ingests.
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 import os
-import shutil
-import sqlite3
 import threading
 import time
 import uuid
@@ -34,70 +29,30 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from retrieval import doc_files
+from retrieval.catalogue import Catalogue, DocumentRecord, DocumentStatus
 from retrieval.chunking import Chunk, Tokenizer, chunk_text, passage_spans, tokenize
+from retrieval.doc_files import PASSAGES_FILE, fsync_tree, remove
 from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder
 from retrieval.errors import DocumentNotFound, DocumentNotReady, EmptyDocument, RetrievalError
 from retrieval.index import IndexConfig, VectorIndex
 from retrieval.lexical import LEXICAL_FILE, LexicalIndex
-from retrieval.parsing import DocumentKind, PageSpan, parse_document
+from retrieval.parsing import parse_document
+
+__all__ = [  # the store's public names, some defined beside it (catalogue, doc_files) and re-exported here
+    "DEFAULT_TENANT", "INTERRUPTED", "PASSAGES_FILE", "DocumentRecord", "DocumentStatus", "DocumentStore",
+    "RecoveryReport",
+]
 
 logger = logging.getLogger(__name__)
 
-DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
 DEFAULT_TENANT = "default"
 INTERRUPTED = "interrupted by restart"
-PASSAGES_FILE = "passages.npy"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS documents (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    title TEXT NOT NULL,
-    filename TEXT,
-    content_type TEXT,
-    kind TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    progress REAL NOT NULL DEFAULT 0,
-    message TEXT,
-    n_chunks INTEGER NOT NULL DEFAULT 0,
-    n_tokens INTEGER NOT NULL DEFAULT 0,
-    embedder TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS documents_tenant ON documents (tenant, created_at);
-"""
-_COLUMNS = ("id", "tenant", "title", "filename", "content_type", "kind", "size", "status", "progress",
-            "message", "n_chunks", "n_tokens", "embedder", "created_at", "updated_at")
-_SELECT = ", ".join(_COLUMNS)
-_EXTENSIONS = {"txt": ".txt", "md": ".md", "html": ".html", "pdf": ".pdf"}
-
-
-@dataclass(frozen=True)
-class DocumentRecord:
-    """Metadata row of one document. ``n_tokens`` counts target tokens of the whole text."""
-
-    id: str
-    tenant: str
-    title: str
-    filename: str | None
-    content_type: str | None
-    kind: DocumentKind
-    size: int
-    status: DocumentStatus
-    progress: float
-    message: str | None
-    n_chunks: int
-    n_tokens: int
-    embedder: str | None
-    created_at: float
-    updated_at: float
-
+MAX_TITLE_CHARS = 512  # a title longer than this (from a file name or PDF metadata) is cut
 
 @dataclass(frozen=True)
 class RecoveryReport:
@@ -107,20 +62,21 @@ class RecoveryReport:
 
 
 class DocumentStore:
-    """Documents of all tenants under ``root``. ``tenant=None`` in a read means "any tenant"."""
+    """Documents of all tenants under ``root``. ``tenant=None`` in a read means "any tenant".
+    ``max_pdf_pages``: a PDF upload with more pages is refused (TooManyPages) before its pages are parsed."""
 
-    def __init__(self, root: Path, *, index_config: IndexConfig | None = None) -> None:
+    def __init__(
+        self, root: Path, *, index_config: IndexConfig | None = None, max_pdf_pages: int | None = None
+    ) -> None:
         self.root = Path(root)
         self.index_config = index_config or IndexConfig()
+        self.max_pdf_pages = max_pdf_pages
         self._docs = self.root / "docs"
         self._tmp = self.root / "tmp"
         self._docs.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.root / "store.sqlite3", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = Catalogue(self.root / "store.sqlite3")
 
     def close(self) -> None:
         with self._lock:
@@ -134,19 +90,18 @@ class DocumentStore:
         with self._lock:
             removed_temp = 0
             for entry in self._tmp.iterdir():
-                _remove(entry)
+                remove(entry)
                 removed_temp += 1
-            ids = {row[0] for row in self._db.execute("SELECT id FROM documents")}
+            ids = set(self._db.ids())
             removed_orphans = 0
             for entry in self._docs.iterdir():
                 if entry.name not in ids:
-                    _remove(entry)
+                    remove(entry)
                     removed_orphans += 1
-            failed = [row[0] for row in self._db.execute(
-                "SELECT id FROM documents WHERE status IN ('queued', 'indexing') ORDER BY created_at")]
+            failed = self._db.ids(("queued", "indexing"))
             for doc_id in failed:
                 self._update(doc_id, status="failed", message=INTERRUPTED, progress=0.0)
-            for (doc_id,) in self._db.execute("SELECT id FROM documents WHERE status = 'ready'").fetchall():
+            for doc_id in self._db.ids(("ready",)):
                 if not (self._derived_dir(doc_id) / "index").is_dir():
                     self._update(doc_id, status="failed", message="index files are missing; re-index it")
                     failed.append(doc_id)
@@ -166,37 +121,29 @@ class DocumentStore:
         data: bytes,
     ) -> DocumentRecord:
         """Parse and store an upload (status ``queued``). Bad input raises before anything is stored."""
-        parsed = parse_document(data, filename, content_type)
+        parsed = parse_document(data, filename, content_type, max_pages=self.max_pdf_pages)
         doc_id = uuid.uuid4().hex
         work = self._work_dir(doc_id)
         try:
-            source = work / "source"
-            source.mkdir()
-            (source / ("original" + _EXTENSIONS[parsed.kind])).write_bytes(data)
-            _write_text(source / "text.txt", parsed.text)
-            if parsed.pages is not None:
-                _write_text(source / "pages.json", json.dumps(parsed.pages))
-            _fsync_tree(work)
+            doc_files.write_source(work / "source", data, parsed)
+            fsync_tree(work)
             with self._lock:
                 os.rename(work, self._doc_dir(doc_id))
                 now = time.time()
                 record = DocumentRecord(
                     id=doc_id, tenant=tenant or DEFAULT_TENANT,
-                    title=(title or parsed.title or filename or "untitled").strip()[:500] or "untitled",
+                    title=(title or parsed.title or filename or "untitled").strip()[:MAX_TITLE_CHARS] or "untitled",
                     filename=filename, content_type=content_type, kind=parsed.kind, size=len(data),
                     status="queued", progress=0.0, message=None, n_chunks=0, n_tokens=0, embedder=None,
                     created_at=now, updated_at=now,
                 )
                 try:
-                    self._db.execute(
-                        f"INSERT INTO documents ({_SELECT}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                        [getattr(record, c) for c in _COLUMNS],
-                    )
+                    self._db.insert(record)
                 except BaseException:
-                    _remove(self._doc_dir(doc_id))
+                    remove(self._doc_dir(doc_id))
                     raise
         finally:
-            _remove(work)
+            remove(work)
         logger.info("stored document %s (%s, %d bytes)", doc_id, parsed.kind, len(data))
         return record
 
@@ -221,7 +168,7 @@ class DocumentStore:
         work = self._work_dir(doc_id)
         try:
             text = self.load_text(doc_id)
-            pages = self._load_pages(doc_id)
+            pages = doc_files.read_pages(self._doc_dir(doc_id) / "source")
             tokens = tokenize(text, tokenizer)
             chunks = chunk_text(text, tokenizer, chunk_tokens, overlap, pages, tokens=tokens)
             if not chunks:
@@ -234,31 +181,22 @@ class DocumentStore:
                 progress=lambda done, total: reporter(0.05 + 0.9 * done / max(total, 1)),
             )
             index = VectorIndex.build(vectors, embedder_name=embedder.name, config=self.index_config)
-            derived = work / "derived"
-            derived.mkdir()
-            with (derived / "chunks.jsonl").open("w", encoding="utf-8") as f:
-                for c in chunks:
-                    f.write(json.dumps({"id": c.id, "start": c.start, "end": c.end, "n_tokens": c.n_tokens,
-                                        "page": c.page, "text": c.text}, ensure_ascii=False) + "\n")
-            np.save(derived / "tokens.npy", tokens.ids)
-            np.save(derived / PASSAGES_FILE, passages)
-            lexical.save(derived)
-            index.save(derived / "index")
-            _fsync_tree(work)
+            doc_files.write_derived(work / "derived", chunks, tokens, passages, lexical, index)
+            fsync_tree(work)
             with self._lock:
                 self.get(doc_id)  # deleted meanwhile -> DocumentNotFound, work dir is dropped
                 self._swap_in(work / "derived", self._derived_dir(doc_id))
                 record = self._update(doc_id, status="ready", progress=1.0, message=None,
                                       n_chunks=len(chunks), n_tokens=len(tokens), embedder=embedder.name)
         except BaseException as exc:
-            _remove(work)
+            remove(work)
             with self._lock:
                 if self._row(doc_id) is not None:
                     self._update(doc_id, status="failed", progress=0.0, message=_describe(exc))
             logger.warning("ingest of %s failed: %s", doc_id, _describe(exc))
             raise
         finally:
-            _remove(work)
+            remove(work)
         if progress is not None:
             progress(1.0)
         logger.info("indexed document %s: %d chunks, %d tokens", doc_id, len(chunks), len(tokens))
@@ -274,25 +212,18 @@ class DocumentStore:
     def list(self, tenant: str | None = None) -> list[DocumentRecord]:
         """Documents of ``tenant`` (all when None), oldest first."""
         with self._lock:
-            if tenant is None:
-                rows = self._db.execute(f"SELECT {_SELECT} FROM documents ORDER BY created_at, id")
-            else:
-                rows = self._db.execute(
-                    f"SELECT {_SELECT} FROM documents WHERE tenant = ? ORDER BY created_at, id",
-                    (tenant,),
-                )
-            return [_record(r) for r in rows.fetchall()]
+            return self._db.list(tenant)
 
     def delete(self, doc_id: str, tenant: str | None = None) -> None:
         """Remove the document's row and files (an ingest running for it then discards its work)."""
         with self._lock:
             self.get(doc_id, tenant)
-            self._db.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
+            self._db.delete(doc_id)
             doc_dir = self._doc_dir(doc_id)
             trash = self._work_dir(doc_id, create=False)
             if doc_dir.exists():
                 os.rename(doc_dir, trash)
-        _remove(trash)
+        remove(trash)
         logger.info("deleted document %s", doc_id)
 
     def stale(self, embedder: Embedder) -> builtins.list[DocumentRecord]:
@@ -311,32 +242,32 @@ class DocumentStore:
         except FileNotFoundError:  # deleted meanwhile
             raise DocumentNotFound(doc_id) from None
 
+    # Readers of the derived files: an unreadable one raises IndexDamaged (409, names the re-index command).
+
     def load_chunks(self, doc_id: str) -> builtins.list[Chunk]:
-        with self._read_derived(doc_id) as derived, (derived / "chunks.jsonl").open(encoding="utf-8") as f:
-            return [Chunk(**json.loads(line)) for line in f if line.strip()]
+        with self._read_derived(doc_id) as derived:
+            return doc_files.read_chunks(derived, doc_id)
 
     def load_token_ids(self, doc_id: str) -> np.ndarray:
         """The whole text's target token ids [n] int32 (no special tokens)."""
         with self._read_derived(doc_id) as derived:
-            return np.load(derived / "tokens.npy")
+            return doc_files.read_token_ids(derived, doc_id)
 
     def load_index(self, doc_id: str, embedder: Embedder) -> VectorIndex:
         """The document's index; built with another embedder -> EmbedderMismatch."""
         with self._read_derived(doc_id) as derived:
-            return VectorIndex.load(derived / "index", embedder_name=embedder.name, dim=embedder.dim,
-                                    config=self.index_config, doc_id=doc_id)
+            return doc_files.read_index(derived, doc_id, embedder, self.index_config)
 
     def load_passages(self, doc_id: str) -> np.ndarray | None:
         """The indexed windows [n, 3] (chunk id, start, end), by vector id; None for a document indexed
         before windows (its vectors are its chunks)."""
         with self._read_derived(doc_id) as derived:
-            path = derived / PASSAGES_FILE
-            return np.load(path, allow_pickle=False) if path.exists() else None
+            return doc_files.read_passages(derived, doc_id)
 
     def load_lexical(self, doc_id: str) -> LexicalIndex | None:
         """The document's BM25 postings; None for a document indexed before them."""
         with self._read_derived(doc_id) as derived:
-            return LexicalIndex.load(derived) if (derived / LEXICAL_FILE).exists() else None
+            return doc_files.read_lexical(derived, doc_id)
 
     @contextmanager
     def _read_derived(self, doc_id: str) -> Iterator[Path]:
@@ -346,12 +277,6 @@ class DocumentStore:
             if record.status != "ready" or not derived.is_dir():
                 raise DocumentNotReady(doc_id, record.status, record.message)
             yield derived
-
-    def _load_pages(self, doc_id: str) -> builtins.list[PageSpan] | None:
-        path = self._doc_dir(doc_id) / "source" / "pages.json"
-        if not path.exists():
-            return None
-        return [(int(a), int(b), int(c)) for a, b, c in json.loads(path.read_text(encoding="utf-8"))]
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -382,22 +307,15 @@ class DocumentStore:
                 os.rename(old, target)
             raise
         if old is not None:
-            _remove(old)
+            remove(old)
 
     def _row(self, doc_id: str) -> DocumentRecord | None:
         with self._lock:
-            row = self._db.execute(f"SELECT {_SELECT} FROM documents WHERE id = ?", (doc_id,)).fetchone()
-        return _record(row) if row else None
+            return self._db.row(doc_id)
 
     def _update(self, doc_id: str, **fields: Any) -> DocumentRecord:
-        fields["updated_at"] = time.time()
         with self._lock:
-            cur = self._db.execute(
-                f"UPDATE documents SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
-                [*fields.values(), doc_id],
-            )
-            if cur.rowcount == 0:
-                raise DocumentNotFound(doc_id)
+            self._db.update(doc_id, **fields)
             return self.get(doc_id)
 
 
@@ -418,34 +336,7 @@ class _ProgressReporter:
             self.callback(fraction)
 
 
-def _record(row: tuple[Any, ...]) -> DocumentRecord:
-    return DocumentRecord(**dict(zip(_COLUMNS, row, strict=True)))
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, RetrievalError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _write_text(path: Path, text: str) -> None:
-    with path.open("w", encoding="utf-8", newline="") as f:
-        f.write(text)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flush files to disk before the rename that publishes them."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink(missing_ok=True)

@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Message
 
 from app.deps import ServicesDep, TenantDep
 from app.errors import InvalidRequest, PayloadTooLarge
-from app.schemas import DocumentAccepted, DocumentList, DocumentOut, DocumentTextIn, ErrorResponse
+from app.schemas import (
+    MAX_TITLE_CHARS,
+    DocumentAccepted,
+    DocumentList,
+    DocumentOut,
+    DocumentTextIn,
+    DocumentTitleIn,
+    ErrorResponse,
+)
 from retrieval.errors import UnsupportedDocumentType
 from retrieval.store import DocumentRecord
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
+M = TypeVar("M", bound=BaseModel)
 
 MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
+JSON_SLACK = 64 * 1024  # the title and the JSON around a text of the upload limit
 UPLOAD_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -30,7 +40,7 @@ UPLOAD_BODY: dict[str, Any] = {
                     "required": ["file"],
                     "properties": {
                         "file": {"type": "string", "format": "binary", "description": "txt, md, html or pdf"},
-                        "title": {"type": "string", "maxLength": 512},
+                        "title": {"type": "string", "maxLength": MAX_TITLE_CHARS},
                     },
                 }
             },
@@ -89,30 +99,42 @@ async def _from_multipart(request: Request, limit: int) -> tuple[bytes, str | No
         if not isinstance(upload, UploadFile):
             raise InvalidRequest("multipart upload needs a 'file' field holding the document")
         title = form.get("title")
+        title = _validated(DocumentTitleIn, {"title": title}).title if isinstance(title, str) else None
         data = await upload.read(limit + 1)
         if len(data) > limit:
             raise PayloadTooLarge(f"the file exceeds the limit of {limit} bytes")
-        return data, upload.filename, upload.content_type, title if isinstance(title, str) else None
+        return data, upload.filename, upload.content_type, title
     finally:
         await form.close()
 
 
 async def _from_json(request: Request, limit: int) -> tuple[bytes, str | None, str | None, str | None]:
-    limited = await read_limited(request, 6 * limit + 1024)  # JSON escaping may multiply the text's size
-    body = await limited.body()
+    """The body is read up to the upload limit (plus room for the title): a text whose JSON form is larger
+    is refused with 413 before more of it is held."""
+    body_limit = limit + JSON_SLACK
+    limited = await read_limited(request, body_limit)
     try:
-        doc = DocumentTextIn.model_validate_json(body)
+        body = await limited.body()
+    except PayloadTooLarge:
+        raise PayloadTooLarge(f"the JSON upload exceeds the limit of {body_limit} bytes") from None
+    doc = _validated(DocumentTextIn, body)
+    data = doc.text.encode("utf-8")
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the text is {len(data)} bytes; the limit is {limit} bytes")
+    title = doc.title or _first_line(doc.text)
+    return data, None, "text/plain; charset=utf-8", title
+
+
+def _validated(model: type[M], value: bytes | dict[str, Any]) -> M:
+    """``value`` (JSON bytes or fields) as ``model``; the first validation error as a 422."""
+    try:
+        return model.model_validate_json(value) if isinstance(value, bytes) else model.model_validate(value)
     except ValidationError as exc:
         errors = exc.errors()
         if not errors:
             raise InvalidRequest("invalid JSON document") from None
         loc = ".".join(str(p) for p in errors[0]["loc"]) or "body"
         raise InvalidRequest(f"{loc}: {errors[0]['msg']}") from None
-    data = doc.text.encode("utf-8")
-    if len(data) > limit:
-        raise PayloadTooLarge(f"the text is {len(data)} bytes; the limit is {limit} bytes")
-    title = doc.title or _first_line(doc.text)
-    return data, None, "text/plain; charset=utf-8", title
 
 
 def _first_line(text: str, width: int = 80) -> str | None:

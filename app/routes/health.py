@@ -1,18 +1,25 @@
-"""Liveness (no auth), readiness per dependency, Prometheus metrics."""
+"""Liveness and readiness (no auth: probes carry no key, and the answers hold only check names and their
+status), Prometheus metrics (a tenant's key sees its own series, the metrics token every series)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from app.deps import ServicesDep, TenantDep
+from app.deps import ServicesDep
+from app.errors import Unauthorized
+from app.gate import METRICS_VIEW, TENANT
 from app.schemas import Health, Readiness
 from app.services import Services
+
+PROBE_BYTES = 64 * 1024  # written (and flushed) by the store check: a full disk fails it
+MIB = 1024 * 1024
 
 router = APIRouter(tags=["health"])
 
@@ -23,13 +30,22 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-def _writable(directory: Path) -> str:
+def _writable(directory: Path, min_free_bytes: int) -> str:
+    """"ok" when the disk holding ``directory`` has ``min_free_bytes`` free and takes a real write."""
     try:
+        free = shutil.disk_usage(directory).free
+        if free < min_free_bytes:
+            return (f"error: {free // MIB} MiB free on the data disk, below the minimum of "
+                    f"{min_free_bytes // MIB} MiB (RAGSPEC_MIN_FREE_DISK_MB)")
         fd, path = tempfile.mkstemp(prefix=".readyz-", dir=directory)
-        os.close(fd)
-        os.unlink(path)
+        try:
+            os.write(fd, os.urandom(PROBE_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(path)
     except OSError as exc:
-        return f"error: {exc.strerror or exc}"
+        return f"error: {exc.strerror or type(exc).__name__}"
     return "ok"
 
 
@@ -39,7 +55,9 @@ async def readiness(request: Request) -> tuple[int, Readiness]:
         return 503, Readiness(status="unavailable", checks={"models": "not loaded"})
     checks = {
         "models": "ok",
-        "store": await asyncio.to_thread(_writable, services.store.root),
+        "store": await asyncio.to_thread(
+            _writable, services.store.root, int(services.settings.min_free_disk_mb * MIB)
+        ),
         "generation_worker": "ok" if services.scheduler.alive else "error: stopped",
         "indexing_worker": "ok" if services.indexing.alive else "error: stopped",
     }
@@ -58,13 +76,19 @@ async def readiness(request: Request) -> tuple[int, Readiness]:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(request: Request, tenant: TenantDep) -> JSONResponse:
-    """200 when models are loaded and the store is writable (``degraded`` while Redis is down), else 503."""
+async def readyz(request: Request) -> JSONResponse:
+    """200 when models are loaded and the store's disk has room and takes a write (``degraded`` while Redis
+    is down), else 503. No key needed."""
     code, body = await readiness(request)
     return JSONResponse(body.model_dump(), status_code=code)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-async def metrics(services: ServicesDep, tenant: TenantDep) -> Response:
-    data = await asyncio.to_thread(services.metrics.render)
+async def metrics(request: Request, services: ServicesDep) -> Response:
+    """Prometheus text. With API keys: a key's own tenant's series only; the metrics token: everything."""
+    view = request.scope.get(METRICS_VIEW)
+    if view is None:  # only the gate decides who sees what
+        raise Unauthorized()
+    tenant = request.scope.get(TENANT)
+    data = await asyncio.to_thread(services.metrics.render, view, tenant)
     return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
