@@ -1,4 +1,6 @@
 # ragspec: `make serve` and `make test` are the two commands; both set up .venv when needed.
+# `make serve` needs only Python 3.11+; `make test` also needs redis-server, chromium, a C compiler and
+# docker-compose: scripts/test-deps installs them (Debian packages) when it may, else says what to install.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint typecheck unit bench bench-quick models setup clean
+.PHONY: serve test test-deps lint typecheck unit bench bench-quick models setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,10 +32,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check app retrieval decoding tests bench
 	$(VENV)/bin/mypy app retrieval decoding bench
 
-unit: models
+test-deps:
+	@bash scripts/test-deps
+
+unit: test-deps models
 	$(VENV)/bin/pytest -q
 
-test: models lint unit
+# The check runs first and alone (even under -j): nothing slow starts before it passes.
+test: test-deps
+	@$(MAKE) --no-print-directory models lint unit
 
 BENCH_STAMP := $(VENV)/.ragspec-bench-installed
 

