@@ -161,6 +161,6 @@ def readable(doc_id: str, what: str) -> Iterator[None]:
     except (DocumentNotFound, DocumentNotReady, EmbedderMismatch):
         raise
     except (RetrievalError, OSError, ValueError, TypeError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-        logger.warning("document %s: %s is unreadable: %s: %s", doc_id, what, type(exc).__name__, exc)
+        logger.warning("document %s: cannot read %s: %s: %s", doc_id, what, type(exc).__name__, exc)
         reason = str(exc)
         raise IndexDamaged(doc_id, what, None if "/" in reason or "\\" in reason else reason) from None

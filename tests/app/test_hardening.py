@@ -207,7 +207,9 @@ def test_pdf_page_cap(server: ThreadServer) -> None:
         refused = client.post("/v1/documents", files={"file": ("long.pdf", pdf(5), "application/pdf")})
         accepted = client.post("/v1/documents", files={"file": ("short.pdf", pdf(3), "application/pdf")})
     assert refused.status_code == 413, refused.text
-    assert refused.json()["error"] == {"code": "too_many_pages", "message": "the PDF has 5 pages; at most 3 are accepted"}
+    assert refused.json()["error"] == {
+        "code": "too_many_pages", "message": "the PDF has 5 pages; at most 3 are accepted"
+    }
     assert accepted.status_code == 202, accepted.text
 
 
@@ -236,7 +238,10 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadSe
     service whose minimum free disk space is more than the disk has."""
     data_dir = tmp_path_factory.mktemp("damaged")
     with thread_server(service_settings(data_dir)) as first, first.client() as client:
-        ids = {"chunks": upload_text(client, LANDMARKS, "one"), "faiss": upload_text(client, LANDMARKS + "\n\nTwo.", "two")}
+        ids = {
+            "chunks": upload_text(client, LANDMARKS, "one"),
+            "faiss": upload_text(client, LANDMARKS + "\n\nTwo.", "two"),
+        }
         for doc_id in ids.values():
             assert wait_indexed(client, doc_id)["status"] == "ready"
     derived = data_dir / "documents" / "docs"

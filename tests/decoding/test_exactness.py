@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from decoding.budget import BudgetPolicy
+from decoding.calibration import calibrate
 from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.engine import Engine, EngineConfig
@@ -350,7 +351,7 @@ def test_cancellation_between_steps(engine: Engine) -> None:
 
 def test_engine_calibration_measures_every_size_at_two_cache_lengths(tiny: TinyTarget) -> None:
     engine = Engine(tiny, policy=BudgetPolicy(max_budget=16))
-    costs = engine.calibrate(contexts=(32, 160), repeats=1)
+    costs = calibrate(engine, contexts=(32, 160), repeats=1)
     policy = engine.policy
     assert policy.cost_context == 160
     assert set(costs) == set(policy.buckets) == set(policy.cost_slope)
@@ -359,4 +360,4 @@ def test_engine_calibration_measures_every_size_at_two_cache_lengths(tiny: TinyT
     assert all(v > 0 for v in costs.values()) and all(v >= 0 for v in policy.cost_slope.values())
     assert policy.cost(8, 32) <= policy.cost(8, 160) <= policy.cost(8, 400)
     # a cache length beyond the model's window is clamped, not an error
-    assert Engine(tiny, policy=BudgetPolicy(max_budget=4)).calibrate(contexts=(10_000,), repeats=1)
+    assert calibrate(Engine(tiny, policy=BudgetPolicy(max_budget=4)), contexts=(10_000,), repeats=1)
