@@ -26,6 +26,7 @@ from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
 from app.settings import Settings
 from decoding import kernels
+from decoding.calibration import calibrate as calibrate_verify_costs
 from decoding.engine import Engine, EngineConfig
 from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
@@ -246,7 +247,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     if settings.calibrate:
 
         def calibrate(cancel: threading.Event) -> Iterator[Any]:
-            engine.calibrate()
+            calibrate_verify_costs(engine)
             yield from ()
 
         scheduler.submit_background(calibrate, key="calibrate")

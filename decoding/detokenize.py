@@ -101,3 +101,52 @@ class StopMatcher:
         out = self.text[self.emitted :]
         self.emitted = len(self.text)
         return out
+
+
+class AnswerText:
+    """One generation's output: token ids up to EOS, the token limit or a stop string, and its text.
+
+    ``add`` takes a step's new tokens and returns the text that may be released now; ``finish`` is set
+    ("stop" or "length") once nothing more may be added; ``close`` releases what is still held back.
+    """
+
+    def __init__(self, tokenizer: Any, eos: set[int], max_new: int, stops: Sequence[str]) -> None:
+        self.ids: list[int] = []
+        self.finish = ""
+        self._eos, self._max_new = eos, max_new
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stops = StopMatcher(stops)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish)
+
+    @property
+    def text(self) -> str:
+        return self._stops.text
+
+    def add(self, tokens: Sequence[int]) -> str:
+        kept: list[int] = []
+        for tok in tokens:
+            if tok in self._eos:
+                self.finish = "stop"
+                break
+            kept.append(tok)
+            if len(self.ids) + len(kept) >= self._max_new:
+                self.finish = "length"
+                break
+        self.ids.extend(kept)
+        text = self._stops.feed(self._detok.push(kept)) if kept else ""
+        if self._stops.stopped:
+            self.finish = "stop"
+        return text
+
+    def close(self) -> str:
+        """The held-back text (a dangling partial character, a partial stop string), at the end."""
+        if self._stops.stopped:
+            return ""
+        tail = self._stops.feed(self._detok.flush())
+        tail += "" if self._stops.stopped else self._stops.finish()
+        if self._stops.stopped:
+            self.finish = "stop"
+        return tail

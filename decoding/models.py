@@ -235,7 +235,8 @@ def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_onl
 
 
 def _load_quantized(source: str, gguf: Path | None, cpu_quant: str, kv_dtype: str, local_files_only: bool) -> Any:
-    from decoding.cpu_llama import CpuLlama, weights_from_gguf, weights_from_hf
+    from decoding.cpu_llama import CpuLlama
+    from decoding.llama_weights import weights_from_gguf, weights_from_hf
     from decoding.quant import NAMES, WeightType
 
     kind = NAMES.get(cpu_quant, WeightType.Q8_0)

@@ -34,7 +34,7 @@ def test_grouped_sdpa_tree_pass_matches_sequential_decoding() -> None:
     tree.add(a, 22, "x")
     with torch.inference_mode():
         cache = SlotCache(engine.num_layers, 32)
-        engine._prefill(prefix, cache)
+        engine.prefill(prefix, cache)
         base = cache.length
         layout = tree_layout(12, tree, base)
         logits = engine._forward(layout.input_ids, cache, layout.position_ids, engine._mask(layout.ancestor_mask, base))

@@ -1,0 +1,67 @@
+"""Measuring what a verify forward costs on this hardware, for the budget policy (``decoding.budget``).
+
+Kept apart from the engine: calibration runs the engine's forwards on random caches, it does not decode.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from decoding.generation import SamplingParams
+from decoding.kv_cache import SlotCache
+from decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from decoding.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def calibrate(engine: Engine, contexts: Sequence[int] = (256, 2048), repeats: int = 3) -> dict[int, float]:
+    """Measure the verify cost per budget bucket of ``engine.policy`` on random caches of each length in
+    ``contexts`` and hand them to the policy (which then follows a request's cache length between and
+    beyond them). Returns the costs at the longest context.
+
+    On a CPU, attention makes a verify's cost relative to a plain step grow with the context. Buckets are
+    measured round-robin, ``repeats`` times each, and the median kept, so a burst of load from elsewhere on
+    the machine hits every bucket alike instead of skewing one.
+    """
+    costs: dict[int, float] = {}
+    for context_tokens in contexts:
+        base, medians = verify_costs(engine, context_tokens, engine.policy.buckets, repeats)
+        costs = engine.policy.calibrate(medians.__getitem__, context=base)
+        logger.info("verify cost by draft nodes at a %d-token cache (s): %s", base,
+                    {k: round(v, 4) for k, v in medians.items()})
+    return costs
+
+
+def verify_costs(
+    engine: Engine, context_tokens: int, sizes: Sequence[int], repeats: int = 3
+) -> tuple[int, dict[int, float]]:
+    """Median seconds of a verify forward over a chain of each size in ``sizes`` (0: a plain decoding step)
+    on a random ``context_tokens``-token cache (clamped to the window), sizes measured round-robin.
+    Returns (the cache length used, {size: seconds})."""
+    vocab = int(engine.model.config.vocab_size)
+    longest = engine.max_context - max(sizes) - 2
+    context_tokens = max(1, min(context_tokens, longest))
+    gen = torch.Generator().manual_seed(context_tokens)
+    ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    with torch.inference_mode():
+        cache = SlotCache(engine.num_layers, context_tokens + max(sizes) + 2)
+        engine.prefill(ctx, cache)
+        base = cache.length
+        for _ in range(repeats):
+            for nodes, seen in times.items():
+                chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
+                t = time.perf_counter()
+                engine.verify(int(ctx[-1]), chain, cache, SamplingParams(), None)
+                seen.append(time.perf_counter() - t)
+                cache.truncate(base)
+    return base, {b: statistics.median(v) for b, v in times.items()}

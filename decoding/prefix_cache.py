@@ -1,0 +1,270 @@
+"""The shared prefix cache: the target's KV of prompt prefixes, kept across requests (and restarts).
+
+``PrefixCache`` keeps entries in an LRU bounded by bytes, optionally persisted to disk (safetensors) under a
+byte quota of its own, so a restart does not pay the prefill again. A prefix is cached as segments (a whole
+``[system][document]``, or the system part and each retrieved chunk of a document too long for the window),
+each keyed by its tokens chained to every key before it (``segment_keys``): the keys form a radix tree over
+segments, and a prompt reuses the KV of its longest cached run of leading segments (``match``). Entries
+are immutable: a generation copies them into its own ``SlotCache`` (``decoding.kv_cache``), so evicting one
+never breaks a running generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrefixEntry:
+    """Target KV of one prompt segment: per layer ``[1, heads, n, head_dim]``; ``topk`` ``[n, k]`` optional."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    topk: torch.Tensor | None
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        n = sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        if self.topk is not None:
+            n += self.topk.numel() * self.topk.element_size()
+        return n
+
+
+def prefix_cache_key(model_name: str, prefix_key: str, prefix_ids: Sequence[int]) -> str:
+    """Cache key binding the caller's key to the model and the exact prefix tokens."""
+    return segment_keys(model_name, prefix_key, prefix_ids, [len(prefix_ids)])[0]
+
+
+def segment_keys(model_name: str, prefix_key: str, ids: Sequence[int], ends: Sequence[int]) -> list[str]:
+    """Cache keys of the segments ``ids[0:ends[0]]``, ``ids[ends[0]:ends[1]]``...: each binds the model, the
+    caller's key, its own tokens and (chained) every token before it, so equal keys mean equal KV."""
+    tokens = np.asarray(ids, dtype=np.int64)
+    keys: list[str] = []
+    start = 0
+    for end in ends:
+        h = hashlib.sha256()
+        for part in (keys[-1] if keys else model_name, prefix_key):
+            h.update(part.encode())
+            h.update(b"\0")
+        h.update(tokens[start:end].tobytes())
+        keys.append(h.hexdigest()[:32])
+        start = end
+    return keys
+
+
+class PrefixCache:
+    """LRU of ``PrefixEntry`` bounded by ``byte_budget``; optional persistence under ``persist_dir``.
+
+    Thread-safe. ``tag`` groups entries (e.g. a document id) so ``drop(tag)`` removes all of them.
+    """
+
+    def __init__(self, byte_budget: int, persist_dir: Path | None = None, disk_budget: int | None = None) -> None:
+        self.byte_budget = byte_budget
+        self.persist_dir = persist_dir
+        self.disk_budget = disk_budget  # bytes of files under persist_dir (None: unbounded)
+        self._entries: OrderedDict[str, PrefixEntry] = OrderedDict()
+        self._tags: dict[str, set[str]] = {}
+        self._files: OrderedDict[str, int] = OrderedDict()  # persisted key -> bytes, least recently used first
+        self._writers: set[threading.Thread] = set()  # disk writes under way
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.disk_hits = 0
+        if persist_dir is not None:
+            persist_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in persist_dir.glob("*.tmp*"):
+                leftover.unlink(missing_ok=True)
+            found = [(p.stat(), p.stem) for p in persist_dir.glob("*.safetensors")]
+            for st, key in sorted(found, key=lambda f: f[0].st_mtime):  # file times carry recency over restarts
+                self._files[key] = st.st_size
+            with self._lock:
+                self._trim_disk()
+
+    @property
+    def disk_bytes(self) -> int:
+        with self._lock:
+            return sum(self._files.values())
+
+    @property
+    def bytes_used(self) -> int:
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _path(self, key: str) -> Path:
+        assert self.persist_dir is not None
+        return self.persist_dir / f"{key}.safetensors"
+
+    def get(self, key: str, device: torch.device | None = None) -> PrefixEntry | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry
+        entry = self._load(key, device)
+        with self._lock:
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self.disk_hits += 1
+        self._insert(key, entry, tag=None)
+        return entry
+
+    def match(self, keys: Sequence[str], device: torch.device | None = None) -> list[PrefixEntry]:
+        """The entries of the longest leading run of ``keys`` that is cached (memory, then disk).
+
+        The run is touched from its last entry back to its first, so a segment is always more recently used
+        than the segments after it: LRU eviction takes a branch's tail before the prefix others share.
+        """
+        found: list[PrefixEntry] = []
+        for key in keys:
+            entry = self.get(key, device)
+            if entry is None:
+                break
+            found.append(entry)
+        with self._lock:
+            for key in reversed(keys[: len(found)]):
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: str, entry: PrefixEntry, tag: str | None = None, persist: bool = True) -> None:
+        self._insert(key, entry, tag)
+        if persist and self.persist_dir is not None:
+            writer = threading.Thread(target=self._save, args=(key, entry, tag), daemon=True)
+            with self._lock:
+                self._writers.add(writer)
+            writer.start()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for the disk writes started so far."""
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            writer.join(timeout)
+
+    def _insert(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
+        if entry.nbytes > self.byte_budget:
+            logger.info("prefix %s (%d bytes) exceeds the KV cache budget; not kept in memory", key, entry.nbytes)
+            return
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            if tag is not None:
+                self._tags.setdefault(tag, set()).add(key)
+            used = sum(e.nbytes for e in self._entries.values())
+            while used > self.byte_budget and len(self._entries) > 1:
+                old_key, old = self._entries.popitem(last=False)
+                used -= old.nbytes
+                logger.debug("evicted prefix %s (%d bytes)", old_key, old.nbytes)
+
+    def drop(self, tag: str) -> int:
+        """Remove every entry recorded under ``tag`` (memory and disk); returns how many."""
+        with self._lock:
+            keys = self._tags.pop(tag, set())
+            for key in keys:
+                self._entries.pop(key, None)
+        if self.persist_dir is not None:
+            for path in self.persist_dir.glob("*.safetensors"):
+                if path.stem in keys or _file_tag(path) == tag:
+                    path.unlink(missing_ok=True)
+                    keys.add(path.stem)
+            with self._lock:
+                for key in keys:
+                    self._files.pop(key, None)
+        return len(keys)
+
+    def _save(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
+        path = self._path(key)
+        tensors: dict[str, torch.Tensor] = {}
+        for i, (k, v) in enumerate(zip(entry.keys, entry.values, strict=True)):
+            tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
+            tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
+        if entry.topk is not None:
+            tensors["topk"] = entry.topk.detach().to("cpu").contiguous()
+        fd, tmp = tempfile.mkstemp(prefix=f"{key}.tmp", dir=str(self.persist_dir))
+        os.close(fd)
+        size = None
+        try:
+            save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
+            os.replace(tmp, path)
+            size = path.stat().st_size
+        except Exception:
+            logger.exception("could not persist prefix %s", key)
+            Path(tmp).unlink(missing_ok=True)
+        with self._lock:
+            self._writers.discard(threading.current_thread())
+            if size is not None:
+                self._files[key] = size
+                self._files.move_to_end(key)
+                self._trim_disk()
+
+    def _trim_disk(self) -> None:
+        """Remove the least recently used files while the disk tier is over its quota (lock held)."""
+        if self.disk_budget is None or self.persist_dir is None:
+            return
+        used = sum(self._files.values())
+        while used > self.disk_budget and self._files:
+            key, size = self._files.popitem(last=False)
+            self._path(key).unlink(missing_ok=True)
+            used -= size
+            logger.debug("removed persisted prefix %s (%d bytes) over the disk quota", key, size)
+
+    def _load(self, key: str, device: torch.device | None) -> PrefixEntry | None:
+        if self.persist_dir is None:
+            return None
+        path = self._path(key)
+        if not path.exists():
+            return None
+        try:
+            data = load_file(str(path), device=str(device or "cpu"))
+            n = sum(1 for name in data if name.startswith("k."))
+            keys = tuple(data[f"k.{i}"] for i in range(n))
+            values = tuple(data[f"v.{i}"] for i in range(n))
+            tag = _file_tag(path)
+            with self._lock:
+                if tag:
+                    self._tags.setdefault(tag, set()).add(key)
+                if key in self._files:
+                    self._files.move_to_end(key)
+            os.utime(path)  # recency for the disk quota, across restarts too
+            return PrefixEntry(keys=keys, values=values, topk=data.get("topk"))
+        except Exception:
+            logger.warning("discarding unreadable prefix cache file %s", path, exc_info=True)
+            path.unlink(missing_ok=True)
+            with self._lock:
+                self._files.pop(key, None)
+            return None
+
+
+def _file_tag(path: Path) -> str:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return str((f.metadata() or {}).get("tag", ""))
+    except Exception:
+        return ""
