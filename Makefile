@@ -12,8 +12,10 @@ PORT ?= 8000
 
 .PHONY: serve test test-deps lint typecheck unit bench bench-quick models setup clean
 
+# The venv is (re)made when missing or without pip (e.g. left half-made by a python3 without Debian's
+# python3-venv, whose own message says to install it).
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
