@@ -43,6 +43,9 @@ class GatePolicy:
 
 
 class RequestGate:
+    """Pure ASGI middleware: 401 / 413 from the headers (or the first bytes over the limit), before the app
+    and before the body; streaming and disconnects pass through untouched."""
+
     def __init__(self, app: ASGIApp, policy: GatePolicy) -> None:
         self.app = app
         self.policy = policy
