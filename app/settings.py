@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-BUNDLED = "bundled"
+from decoding.bundled import BUNDLED  # the one definition of the bundled model names
 
 
 class Settings(BaseSettings):

