@@ -15,12 +15,15 @@ ARG VARIANT=cpu
 ARG CPU_BASE=python:3.11-slim
 ARG CUDA_BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
 
-# ---- base images: Python, no compiler; one per variant, picked by VARIANT -----------------------------
+# ---- base images: Python and the kernels' OpenMP runtime (libgomp1), no compiler; picked by VARIANT ------
 FROM ${CPU_BASE} AS base-cpu
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 
 FROM ${CUDA_BASE} AS base-cuda
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 ca-certificates \
+    && apt-get install -y --no-install-recommends python3 ca-certificates libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 
 # ---- builder: compiler, virtualenv, CPU kernels ---------------------------------------------------------
@@ -86,9 +89,12 @@ COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /opt/ragspec-kernels /opt/ragspec-kernels
 
 # No compiler here, and the kernels built in the builder stage are found as they are (`ragspec kernels`
-# would fail trying to run the absent gcc if they were not).
+# would fail trying to run the absent gcc if they were not) and load (their shared libraries are here).
 RUN if command -v gcc || command -v cc; then echo "the runtime image must not carry a compiler" >&2; exit 1; fi \
-    && if [ "$(uname -m)" = x86_64 ]; then ragspec kernels; fi
+    && if [ "$(uname -m)" = x86_64 ]; then \
+         lib="$(ragspec kernels)" \
+         && python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('kernels load:', sys.argv[1])" "$lib"; \
+       fi
 
 RUN useradd --create-home --uid 10001 --user-group ragspec \
     && mkdir -p /data "${RAGSPEC_MODELS_DIR}" \

@@ -292,9 +292,12 @@ def test_dockerfile_builds_kernels_in_a_builder_stage_and_runs_without_a_compile
     copies = [rest for word, rest in runtime if word == "COPY"]
     assert f"--from=builder {run_env['RAGSPEC_KERNEL_CACHE']} {run_env['RAGSPEC_KERNEL_CACHE']}" in copies
     assert f"--from=builder {run_env['VIRTUAL_ENV']} {run_env['VIRTUAL_ENV']}" in copies
-    # The runtime stage checks both: no compiler on its PATH, and the kernels found as built.
+    # The runtime stage checks: no compiler on its PATH, the kernels found as built, and loadable (their
+    # OpenMP runtime, libgomp.so.1, comes with the base images: the compiler brought it in the builder).
     check = runtime[_index(runtime, "RUN", r"command -v gcc")][1]
-    assert "exit 1" in check and "ragspec kernels" in check
+    assert "exit 1" in check and re.search(r'lib="\$\(ragspec kernels\)"\s+&&\s+python3 -c ".*ctypes\.CDLL', check)
+    for name in ("base-cpu", "base-cuda"):
+        assert _index(stages[name], "RUN", r"apt-get install .*\blibgomp1\b") > 0
 
 
 def test_dockerfile_environment_names_are_real_settings() -> None:
