@@ -21,7 +21,6 @@ from decoding.drafters.racer.cross_session import (
     CrossSessionConfig,
     InProcessSharedTier,
     Namespace,
-    RedisSharedTier,
     SharedTier,
     open_shared_tier,
 )
@@ -35,6 +34,7 @@ from decoding.drafters.racer.paths import (
     shared_paths,
 )
 from decoding.drafters.racer.racer import RacerConfig, RacerDrafter, RacerFactory
+from decoding.drafters.racer.redis_tier import RedisSharedTier
 from decoding.drafters.racer.snapshots import AutomatonCache
 
 __all__ = [

@@ -36,6 +36,7 @@ ROOT = 0
 NONE = -1
 _STRIDE = 1 << 32  # edge key = parent * _STRIDE + token
 _MAX_TOKEN = (1 << 31) - 1
+_COLUMNS = ("_token", "_parent", "_link", "_depth", "_count", "_stamp", "_refs", "_first", "_next", "_prev")
 
 
 def _column(values: np.ndarray | None = None, size: int = 0, fill: int = 0) -> array[int]:
@@ -336,84 +337,34 @@ class NgramAutomaton:
     @classmethod
     def build(cls, tokens: Sequence[int] | np.ndarray, max_ngram: int = 10, max_nodes: int = 262_144,
               ) -> NgramAutomaton:
-        """The automaton of ``tokens`` fed one by one, computed with numpy (same nodes, counts, links).
-
-        If the bound is exceeded, least recently touched leaves are evicted afterwards.
+        """The automaton of ``tokens`` fed one by one, computed with numpy (same nodes, counts, links;
+        ``automaton_build``). If the bound is exceeded, least recently touched leaves are evicted afterwards.
         """
+        from decoding.drafters.racer.automaton_build import bulk_columns
+
         auto = cls(max_ngram, max_nodes)
         text = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        n = int(text.size)
-        if n == 0:
+        if text.size == 0:
             return auto
         if int(text.min()) < 0 or int(text.max()) > _MAX_TOKEN:
             raise ValueError("token id out of range")
-        toks, parents, links, depths, counts, stamps = [np.array([NONE])], [np.array([NONE])], [
-            np.array([NONE])], [np.array([0])], [np.array([0])], [np.array([-1])]
-        offset = 1
-        prev_ids = np.zeros(n + 1, dtype=np.int64)  # level 0: every window is the root
-        cur = ROOT
-        cur_len = min(n, max_ngram - 1)
-        for d in range(1, min(max_ngram, n) + 1):
-            m = n - d + 1  # windows text[i : i + d], i < m
-            last_tok = text[d - 1 :]
-            key = prev_ids[:m] * _STRIDE + last_tok
-            # unique over the reversed windows: the first index found is the latest occurrence
-            uniq, first_rev, inverse_rev, cnt = np.unique(
-                key[::-1], return_index=True, return_inverse=True, return_counts=True)
-            inverse = inverse_rev.reshape(-1)[::-1]
-            u = int(uniq.size)
-            rep = (m - 1) - first_rev  # start of the latest occurrence of each string
-            last = rep + d - 1  # its end position: the node's stamp
-            toks.append(last_tok[rep])
-            parents.append(prev_ids[rep])
-            links.append(prev_ids[rep + 1])
-            depths.append(np.full(u, d, dtype=np.int64))
-            counts.append(cnt)
-            stamps.append(last)
-            ids = offset + inverse
-            if d == cur_len:
-                cur = int(ids[n - d])
-            prev_ids = ids
-            offset += u
-        tok = np.concatenate(toks)
-        par = np.concatenate(parents)
-        lnk = np.concatenate(links)
-        size = offset
-        refs = np.bincount(par[1:], minlength=size) + np.bincount(lnk[1:], minlength=size)
-        first = np.full(size, NONE, dtype=np.int64)
-        nxt = np.full(size, NONE, dtype=np.int64)
-        prv = np.full(size, NONE, dtype=np.int64)
-        order = np.argsort(par[1:], kind="stable") + 1
-        sp = par[order]
-        same = sp[1:] == sp[:-1]
-        nxt[order[:-1]] = np.where(same, order[1:], NONE)
-        prv[order[1:]] = np.where(same, order[:-1], NONE)
-        heads = np.concatenate([[True], ~same])
-        first[sp[heads]] = order[heads]
-        auto._token = _column(tok)
-        auto._parent = _column(par)
-        auto._link = _column(lnk)
-        auto._depth = _column(np.concatenate(depths))
-        auto._count = _column(np.concatenate(counts))
-        auto._stamp = _column(np.concatenate(stamps))
-        auto._refs = _column(refs)
-        auto._first = _column(first)
-        auto._next = _column(nxt)
-        auto._prev = _column(prv)
-        auto._edges = dict(zip((par[1:] * _STRIDE + tok[1:]).tolist(), range(1, size), strict=True))
+        cols = bulk_columns(text, max_ngram, _STRIDE)
+        for name in _COLUMNS:
+            setattr(auto, name, _column(getattr(cols, name.lstrip("_"))))
+        size = len(cols.token)
+        auto._edges = dict(zip((cols.parent[1:] * _STRIDE + cols.token[1:]).tolist(), range(1, size), strict=True))
         auto._size = size
-        auto._pos = n
-        auto._cur = cur
+        auto._pos = int(text.size)
+        auto._cur = cols.cur
         if size > max_nodes:
-            auto._evict(n - 1)
+            auto._evict(int(text.size) - 1)
         return auto
 
     def copy(self) -> NgramAutomaton:
         """An independent copy (memcpy of the columns, one dict copy)."""
         other = NgramAutomaton.__new__(NgramAutomaton)
         other.__dict__.update(self.__dict__)
-        for name in ("_token", "_parent", "_link", "_depth", "_count", "_stamp", "_refs", "_first", "_next",
-                     "_prev"):
+        for name in _COLUMNS:
             setattr(other, name, array("i", getattr(self, name)))
         other._edges = self._edges.copy()
         other._free = self._free.copy()

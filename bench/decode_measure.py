@@ -1,0 +1,263 @@
+"""bench.decode's measurements: losslessness, speed-ups and source shares per prompt and overall, the noise band,
+cold prefill, the verify-cost curve and TTFT of a repeated question."""
+
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import DocQA, median, rss_mb
+from bench.decode_cases import make_cases
+from bench.decode_methods import ENGINE_CONFIG, REFERENCES, Bench, Case, Run
+from decoding.calibration import verify_costs
+from decoding.engine import Engine
+from decoding.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.kv_cache import PrefixCache
+from decoding.models import LoadedModel
+
+logger = logging.getLogger("bench.decode")
+
+TTFT_DOC = "gpl-3.0"  # ~7.6K tokens
+VERIFY_NODES = (0, 2, 4, 8, 16)  # draft nodes per verify forward in the cost curve (0: a plain step)
+
+# ---- measurement ------------------------------------------------------------------------------------
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _sum_sources(rows: Sequence[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in rows:
+        for k, v in row.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def source_shares(results: Sequence[dict[str, Any]], name: str) -> dict[str, dict[str, float | int]]:
+    """Per draft source over all prompts: nodes verified, accepted, acceptance rate, share of accepted."""
+    drafted = _sum_sources([r["methods"][name]["drafted_by_source"] for r in results])
+    accepted = _sum_sources([r["methods"][name]["accepted_by_source"] for r in results])
+    total = sum(accepted.values())
+    return {
+        src: {
+            "verified_nodes": n,
+            "accepted": accepted.get(src, 0),
+            "acceptance_rate": round(accepted.get(src, 0) / n, 4) if n else 0.0,
+            "share_of_accepted": round(accepted.get(src, 0) / total, 4) if total else 0.0,
+        }
+        for src, n in drafted.items()
+    }
+
+
+def noise(runs: dict[str, dict[str, list[Run]]]) -> dict[str, float]:
+    """How much plain decoding's speed moves between repetitions of the same prompt (the noise band)."""
+    spreads = []
+    for per_method in runs.values():
+        tps = [r.decode_tps for r in per_method["autoregressive"]]
+        if len(tps) >= 2 and min(tps) > 0:
+            spreads.append(max(tps) / min(tps) - 1.0)
+    if not spreads:
+        return {}
+    return {"ar_repeat_spread_median": round(median(spreads), 4), "ar_repeat_spread_max": round(max(spreads), 4)}
+
+
+def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ar_tps = median([r.decode_tps for r in runs["autoregressive"]])
+    ar_total = median([r.total_s for r in runs["autoregressive"]])
+    for name, reps in runs.items():
+        mismatches = [first_mismatch(r.tokens, reference) for r in reps]
+        tps = median([r.decode_tps for r in reps])
+        total = median([r.total_s for r in reps])
+        out[name] = {
+            "lossless": all(m is None for m in mismatches),
+            "first_mismatch": next((m for m in mismatches if m is not None), None),
+            "reference": name in REFERENCES,  # not expected to equal our output (other numerics)
+            "new_tokens": len(reps[0].tokens),
+            "decode_tokens_per_s": round(tps, 3),
+            "speedup_vs_ar": round(tps / ar_tps, 4) if ar_tps else 0.0,
+            "ttft_s": round(median([r.ttft_s for r in reps]), 4),
+            "total_s": round(total, 4),
+            "e2e_speedup_vs_ar": round(ar_total / total, 4) if total else 0.0,
+            "acceptance_length": round(median([r.acceptance_length for r in reps]), 4),
+            "accepted_by_source": _sum_sources([r.accepted_by_source for r in reps]),
+            "drafted_by_source": _sum_sources([r.drafted_by_source for r in reps]),
+            "reps": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in reps],
+        }
+    return out
+
+
+def measure_ttft_repeat(
+    target: LoadedModel, doc: DocQA, repeats: int, max_doc_tokens: int | None = None
+) -> dict[str, Any]:
+    """Cold TTFT (prefix computed) vs repeated-question TTFT (prefix KV reused) on one long document."""
+    [case] = make_cases(target, [doc], 1, 32, max_doc_tokens)
+    config = GenerationConfig(max_new_tokens=16)
+    cold: list[float] = []
+    warm: list[float] = []
+    same = True
+    hits = True
+    for rep in range(repeats):
+        cache = PrefixCache(byte_budget=4 << 30)
+        engine = Engine(target, cache, config=ENGINE_CONFIG)
+        prompt = Prompt(case.prompt.prefix_ids, case.prompt.suffix_ids, prefix_key=f"{doc.name}-{rep}")
+        first = next(e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent))
+        again = next(e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent))
+        cold.append(first.stats.ttft_s)
+        warm.append(again.stats.ttft_s)
+        same &= first.token_ids == again.token_ids
+        hits &= again.stats.prefix_cache_hit and not first.stats.prefix_cache_hit
+    return {
+        "document": doc.name,
+        "prompt_tokens": len(case.prompt.ids),
+        "prefix_tokens": len(case.prompt.prefix_ids),
+        "cold_ttft_s": [round(x, 4) for x in cold],
+        "warm_ttft_s": [round(x, 4) for x in warm],
+        "prefix_cache_hit": hits,
+        "same_output": same,
+        "ratio": round(median(cold) / median(warm), 3) if median(warm) > 0 else 0.0,
+    }
+
+
+def gguf_of(spec: str, data_dir: Path) -> Path | None:
+    """The GGUF file a target spec is served from (what llama.cpp gets), if any."""
+    from decoding.bundled import GGUF_LINK, bundled_gguf_dir
+
+    if spec == "bundled":
+        return bundled_gguf_dir(data_dir / "models") / GGUF_LINK
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    found = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+def open_llama(gguf: Path | None, threads: int) -> tuple[Any, float]:
+    """llama.cpp on ``gguf`` (full window, this many threads) and the resident MB it added; None if unavailable."""
+    if gguf is None:
+        return None, 0.0
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        logger.warning("llama-cpp-python not installed (pip install -e .[bench]): no llama_cpp method")
+        return None, 0.0
+    before = rss_mb()
+    llm = Llama(model_path=str(gguf), n_ctx=8192, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                verbose=False)
+    return llm, rss_mb() - before
+
+
+def measure_prefill(bench: Bench, case: Case, repeats: int) -> dict[str, Any]:
+    """Cold prefill throughput of the case's whole prompt: ours (no cached prefix) and llama.cpp's."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    n = len(case.prompt.ids)
+    for _ in range(repeats):
+        engine = Engine(bench.target, None, config=ENGINE_CONFIG)
+        done = next(e for e in engine.generate(case.prompt, GenerationConfig(max_new_tokens=1))
+                    if isinstance(e, DoneEvent))
+        ours.append(n / done.stats.prefill_s)
+        if bench.llama is not None:
+            bench.llama.reset()
+            t = time.perf_counter()
+            bench.llama.eval(list(case.prompt.ids))
+            theirs.append(n / (time.perf_counter() - t))
+            bench.llama.reset()
+    out: dict[str, Any] = {"prompt_tokens": n, "ours_tokens_per_s": round(median(ours), 1)}
+    if theirs:
+        out["llama_cpp_tokens_per_s"] = round(median(theirs), 1)
+        out["ours_vs_llama_cpp"] = round(median(ours) / median(theirs), 3)
+    return out
+
+
+def verify_curve(bench: Bench, context: int, repeats: int) -> dict[str, Any]:
+    """A forward over 2 / 4 / 8 / 16 draft nodes (3 / 5 / 9 / 17 rows) relative to a plain step, ours and
+    llama.cpp's (evaluating as many tokens at once) on a ``context``-token cache."""
+    base, costs = verify_costs(bench.engine, context, VERIFY_NODES, repeats)
+    step = costs[0]
+    out: dict[str, Any] = {
+        "context_tokens": base,
+        "step_ms": round(1000 * step, 2),
+        "ours_vs_step": {str(k): round(v / step, 3) for k, v in costs.items() if k},
+    }
+    llm = bench.llama
+    if llm is not None:
+        gen = torch.Generator().manual_seed(context)
+        vocab = bench.target.vocab_size
+        llm.reset()
+        llm.eval(torch.randint(0, vocab, (base,), generator=gen).tolist())
+        times: dict[int, list[float]] = {k: [] for k in VERIFY_NODES}
+        for _ in range(repeats):
+            for nodes in VERIFY_NODES:
+                llm.n_tokens = base  # eval drops the KV beyond n_tokens first
+                batch = torch.randint(0, vocab, (nodes + 1,), generator=gen).tolist()
+                t = time.perf_counter()
+                llm.eval(batch)
+                times[nodes].append(time.perf_counter() - t)
+        llm.reset()
+        theirs = {k: median(v) for k, v in times.items()}
+        out["llama_cpp_step_ms"] = round(1000 * theirs[0], 2)
+        out["llama_cpp_vs_step"] = {str(k): round(v / theirs[0], 3) for k, v in theirs.items() if k}
+        out["ours_step_vs_llama_cpp_step"] = round(step / theirs[0], 3)
+    return out
+
+
+def summarize(results: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Medians over prompts per method, and the two comparisons the CPU runtime is judged by."""
+    methods = {}
+    for name in names:
+        rows = [r["methods"][name] for r in results]
+        methods[name] = {
+            "tokens_per_second_median": round(median([row["decode_tokens_per_s"] for row in rows]), 3),
+            "speedup_vs_ar_median": round(median([row["speedup_vs_ar"] for row in rows]), 4),
+            "speedup_vs_ar_min": round(min(row["speedup_vs_ar"] for row in rows), 4),
+            "acceptance_length_median": round(median([row["acceptance_length"] for row in rows]), 4),
+            "ttft_s_median": round(median([row["ttft_s"] for row in rows]), 4),
+        }
+        if name in REFERENCES:
+            methods[name]["agreement_with_ar_median"] = round(median([
+                (row["first_mismatch"] if row["first_mismatch"] is not None else row["new_tokens"])
+                / max(1, row["new_tokens"]) for row in rows]), 4)
+    out: dict[str, Any] = {
+        "prompts": len(results),
+        "all_lossless": all(
+            row["lossless"] for r in results for name, row in r["methods"].items() if name not in REFERENCES
+        ),
+        "methods": methods,
+    }
+    if "llama_cpp" in names:
+        llama = [r["methods"]["llama_cpp"]["decode_tokens_per_s"] for r in results]
+        ours = [n for n in names if n not in REFERENCES and not n.startswith("hf_")]
+
+        def vs_llama(name: str) -> float:
+            tps = [r["methods"][name]["decode_tokens_per_s"] for r in results]
+            return round(median([a / b for a, b in zip(tps, llama, strict=True) if b > 0]), 4)
+
+        ratios = {name: vs_llama(name) for name in ours}
+        out["vs_llama_cpp"] = {
+            "autoregressive": ratios["autoregressive"],
+            "best_speculative": max((v for k, v in ratios.items() if k != "autoregressive"), default=0.0),
+            "best_speculative_method": max((k for k in ratios if k != "autoregressive"), key=ratios.__getitem__,
+                                           default=""),
+            "by_method": ratios,
+        }
+    return out
+
+
+def llama_version() -> str:
+    import llama_cpp
+
+    return str(getattr(llama_cpp, "__version__", "?"))
+

@@ -1,0 +1,295 @@
+"""bench.decode's methods: the cases and the drafter sets it compares, and how one run of each is timed.
+
+``DRAFTERS`` names our speculative methods (one line each); ``all_methods`` adds plain decoding, the HF
+generate references on the torch runtime, llama.cpp and the other KV precision.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from decoding.drafter import Drafter
+from decoding.drafters import DraftingKit, DraftLM, build_drafters
+from decoding.drafters.prompt_lookup import PromptLookupDrafter
+from decoding.drafters.racer import (
+    AutomatonCache,
+    CrossSessionConfig,
+    InProcessSharedTier,
+    LogitsTable,
+    RacerConfig,
+    RacerFactory,
+)
+from decoding.engine import Engine, EngineConfig
+from decoding.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.models import LoadedModel
+
+if TYPE_CHECKING:
+    from decoding.cpu_llama import CpuLlama  # noqa: F401
+
+logger = logging.getLogger("bench.decode")
+
+SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
+REFERENCES = ("llama_cpp", "autoregressive_kv_fp32", "autoregressive_kv_fp16")  # not expected to equal ours
+@dataclass(frozen=True)
+class Case:
+    name: str
+    document: str
+    question: str
+    prompt: Prompt  # draft_ids: the RAG drafter's prompt at the default budget
+    context: int = 0  # the context length class the document was cut to
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # RAG drafter prompt per retrieved budget
+
+    def with_draft(self, budget: int) -> Case:
+        return dataclasses.replace(self, prompt=dataclasses.replace(self.prompt, draft_ids=self.drafts[budget]))
+
+
+@dataclass(frozen=True)
+class Bench:
+    target: LoadedModel
+    engine: Engine
+    max_new_tokens: int
+    cases: Sequence[Case] = ()
+    llama: Any = None  # a llama_cpp.Llama on the same GGUF, when the bench extra is installed
+    other_kv: Engine | None = None  # our engine on the same weights with the other KV cache precision
+
+
+# Our speculative methods: name -> drafters for one case (fresh per run). One line per method.
+DrafterFactory = Callable[[Bench, Case], list[Drafter]]
+RACER = RacerConfig()
+AUTOMATA = AutomatonCache()  # prompt automata are a pure function of the prompt: reused, as in the service
+
+
+def racer_single(bench: Bench, case: Case) -> list[Drafter]:
+    """RACER with per-request knowledge only: a fresh logits table, no shared tier."""
+    table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
+    return [RacerFactory(RACER, table, None, automata=AUTOMATA).drafter()]
+
+
+@dataclass
+class EarlierSessions:
+    """What earlier sessions on the same document left behind: the logits table and their answers."""
+
+    table: np.ndarray
+    filled: np.ndarray
+    answers: list[tuple[list[int], list[int]]]  # (prompt tail, answer ids) per earlier session
+
+
+_EARLIER: dict[str, EarlierSessions] = {}
+
+
+def earlier_sessions(bench: Bench, case: Case) -> EarlierSessions:
+    """Run the other questions on this case's document once (session 1), with RACER and a shared tier."""
+    if case.name not in _EARLIER:
+        table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
+        tier = InProcessSharedTier(CrossSessionConfig())
+        answers = []
+        for other in bench.cases:
+            if other.document == case.document and other.name != case.name:
+                factory = RacerFactory(RACER, table, tier, model_id=bench.target.name, automata=AUTOMATA)
+                out = run_engine(bench, other, [factory.drafter("bench")]).tokens
+                answers.append((list(other.prompt.ids[-tier.config.context_len :]), out))
+        _EARLIER[case.name] = EarlierSessions(table.table.copy(), table.filled.copy(), answers)
+    return _EARLIER[case.name]
+
+
+def racer_cross_session(bench: Bench, case: Case) -> list[Drafter]:
+    """A second session: the logits table and shared tier as the earlier sessions on this document left
+    them (rebuilt per run, so a run never learns from its own earlier repetitions)."""
+    past = earlier_sessions(bench, case)
+    table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
+    table.table[:] = past.table
+    table.filled[:] = past.filled
+    tier = InProcessSharedTier(CrossSessionConfig())
+    factory = RacerFactory(RACER, table, tier, model_id=bench.target.name, automata=AUTOMATA)
+    shared = tier.cache(bench.target.name, "", "bench")
+    for tail, answer in past.answers:
+        shared.learn([*tail, *answer], len(tail))
+    return [factory.drafter("bench")]
+
+
+def mode(name: str) -> DrafterFactory:
+    """A service mode from the drafter registry, with RACER's per-request knowledge as in ``racer_single``."""
+
+    def make(bench: Bench, case: Case) -> list[Drafter]:
+        table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
+        kit = DraftingKit(racer=RacerFactory(RACER, table, None, automata=AUTOMATA),
+                          draft_lm=lambda: DraftLM(bench.target.model, bench.target.device),
+                          target_model=bench.target.model)
+        return build_drafters(name, kit)
+
+    return make
+
+
+DRAFTERS: dict[str, DrafterFactory] = {
+    "prompt_lookup": lambda bench, case: [PromptLookupDrafter()],
+    "racer": racer_single,
+    "racer_cross_session": racer_cross_session,
+    "rapid": mode("rapid"),
+    "rapid_kv": mode("rapid_kv"),
+    "combined": mode("combined"),
+    "auto": mode("auto"),
+}
+RAPID_SWEEP = (512, 2048)  # other RAG drafter budgets, as methods rapid@512, rapid@2048
+RAPID_BUDGET = 1024  # retrieved tokens in the RAG drafter's prompt (the service's RAGSPEC_RAPID_CONTEXT_TOKENS)
+# The engine as the service configures it: RACER's logits table learns from the prompt's top-k.
+ENGINE_CONFIG = EngineConfig(prompt_topk=RACER.topk)
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    ttft_s: float  # prefill + first token
+    decode_s: float  # after the first emission
+    total_s: float
+    decode_tokens: int  # tokens emitted after the first emission
+    forwards: int  # target forwards after the first emission
+    acceptance_length: float
+    drafted_by_source: dict[str, int] = field(default_factory=dict)  # nodes verified, per source
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+# ---- methods ----------------------------------------------------------------------------------------
+
+
+def run_engine(bench: Bench, case: Case, drafters: Sequence[Drafter]) -> Run:
+    config = GenerationConfig(max_new_tokens=bench.max_new_tokens)
+    done = next(e for e in bench.engine.generate(case.prompt, config, drafters) if isinstance(e, DoneEvent))
+    s = done.stats
+    return Run(
+        tokens=list(done.token_ids),
+        ttft_s=s.ttft_s,
+        decode_s=s.decode_s,
+        total_s=s.total_s,
+        decode_tokens=max(0, s.completion_tokens - 1),
+        forwards=s.steps,
+        acceptance_length=s.acceptance_length or 1.0,
+        drafted_by_source=dict(s.drafted_by_source),
+        accepted_by_source=dict(s.accepted_by_source),
+    )
+
+
+class _Clock(BaseStreamer):
+    """Records when HF generate emits tokens (its first put() is the prompt)."""
+
+    def __init__(self) -> None:
+        self.prompt_seen = False
+        self.times: list[float] = []
+        self.counts: list[int] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.counts.append(int(value.numel()))
+
+    def end(self) -> None:
+        return None
+
+
+def run_hf(bench: Bench, case: Case, **generate_kwargs: Any) -> Run:
+    target = bench.target
+    ids = torch.tensor([case.prompt.ids], device=target.device)  # [1, n]
+    clock = _Clock()
+    eos = list(target.eos_token_ids)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(  # type: ignore[operator]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=bench.max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            streamer=clock,
+            **generate_kwargs,
+        )
+    end = time.perf_counter()
+    new = out[0, ids.shape[1] :].tolist()
+    # Cut at EOS; HF assisted generation can overshoot max_new_tokens by one accepted token: cut there too.
+    tokens = new[: next((i for i, t in enumerate(new) if t in eos), len(new))][: bench.max_new_tokens]
+    first = clock.times[0] if clock.times else end
+    first_n = min(clock.counts[0], len(tokens)) if clock.counts else len(tokens)
+    return Run(
+        tokens=tokens,
+        ttft_s=first - t0,
+        decode_s=end - first,
+        total_s=end - t0,
+        decode_tokens=len(tokens) - first_n,
+        forwards=max(0, len(clock.times) - 1),
+        acceptance_length=(sum(clock.counts[1:]) / (len(clock.times) - 1)) if len(clock.times) > 1 else 1.0,
+    )
+
+
+def run_llama_cpp(bench: Bench, case: Case) -> Run:
+    """llama.cpp's own greedy decoding of the same prompt ids (it reuses its KV of a shared prompt prefix)."""
+    llm = bench.llama
+    if llm is None:
+        raise RuntimeError("llama_cpp needs llama-cpp-python (pip install -e .[bench]) and a GGUF target")
+    eos = set(bench.target.eos_token_ids)
+    tokens: list[int] = []
+    t0 = time.perf_counter()
+    first = end = t0
+    for tok in llm.generate(list(case.prompt.ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+        end = time.perf_counter()
+        if not tokens:
+            first = end
+        if tok in eos:
+            break
+        tokens.append(int(tok))
+        if len(tokens) >= bench.max_new_tokens:
+            break
+    return Run(
+        tokens=tokens,
+        ttft_s=first - t0,
+        decode_s=end - first,
+        total_s=end - t0,
+        decode_tokens=max(0, len(tokens) - 1),
+        forwards=max(0, len(tokens) - 1),
+        acceptance_length=1.0,
+    )
+
+
+def run_other_kv(bench: Bench, case: Case) -> Run:
+    assert bench.other_kv is not None
+    return run_engine(Bench(bench.target, bench.other_kv, bench.max_new_tokens), case, [])
+
+
+Method = Callable[[Bench, Case], Run]
+
+
+def all_methods(target: LoadedModel) -> dict[str, Method]:
+    methods: dict[str, Method] = {"autoregressive": lambda bench, case: run_engine(bench, case, [])}
+    if target.runtime.startswith("torch"):
+        methods["hf_generate"] = lambda bench, case: run_hf(bench, case)
+        methods["hf_prompt_lookup"] = lambda bench, case: run_hf(bench, case, prompt_lookup_num_tokens=10)
+    for name, make in DRAFTERS.items():
+        methods[name] = lambda bench, case, make=make: run_engine(bench, case, make(bench, case))  # type: ignore[misc]
+    for budget in RAPID_SWEEP:
+        methods[f"rapid@{budget}"] = lambda bench, case, b=budget: run_engine(  # type: ignore[misc]
+            bench, case.with_draft(b), mode("rapid")(bench, case))
+    methods["llama_cpp"] = run_llama_cpp
+    if target.runtime.startswith("cpu-quantized"):
+        other = "fp32" if target.runtime.endswith("float16") else "fp16"
+        methods[f"autoregressive_kv_{other}"] = run_other_kv
+    return methods
+
+
+def default_methods(methods: dict[str, Method], has_llama: bool) -> list[str]:
+    """Everything but the other-KV reference (a separate question: ``--methods autoregressive_kv_...``)."""
+    return [m for m in methods if not m.startswith("autoregressive_kv") and (has_llama or m != "llama_cpp")]
+

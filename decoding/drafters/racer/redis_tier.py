@@ -1,0 +1,314 @@
+"""The cross-session tier in Redis (redis-py), read through an in-process mirror; the decode loop never waits.
+
+A background thread owns the connection. Each decode step submits at most one *prefetch* (one pipelined
+round trip of HGETALLs, coalesced with any fetch still queued) for the contexts the next step may need,
+and reads only what has already arrived in the mirror. ``learn`` (at the end of an answer) adds to the
+mirror's local part at once and sends one script call per 512 contexts in the background; a fetch that
+lands meanwhile never hides those local counts. A dead or slow Redis (short socket timeouts) is logged
+once; the tier then serves from the mirror and retries the connection with exponential backoff. Keys and
+the update script: ``redis_schema``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from decoding.drafters.racer.cross_session import Context, Continuation, CrossSessionConfig, Namespace, SharedTier
+from decoding.drafters.racer.redis_schema import (
+    LEARN_LUA,
+    context_hash,
+    context_prefix,
+    decode_continuation,
+    encode_continuation,
+    index_key,
+    redact_url,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class _Mirrored:
+    """A context as this process knows it: what Redis returned, plus increments Redis has not confirmed."""
+
+    __slots__ = ("fetched_at", "local", "ranked", "remote")
+
+    def __init__(self) -> None:
+        self.fetched_at = 0.0  # monotonic time of the last fetch (0: never fetched)
+        self.remote: dict[tuple[int, ...], float] = {}
+        self.local: dict[tuple[int, ...], float] = {}
+        self.ranked: list[Continuation] = []
+
+    def rank(self, limit: int) -> None:
+        merged = dict(self.remote)
+        for c, v in self.local.items():
+            merged[c] = merged.get(c, 0.0) + v
+        self.ranked = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+
+
+@dataclass
+class _Job:
+    kind: str  # "fetch" | "learn"
+    ns: Namespace
+    contexts: list[Context] = field(default_factory=list)
+    items: dict[Context, dict[tuple[int, ...], float]] = field(default_factory=dict)
+
+
+class RedisSharedTier(SharedTier):
+    """Continuations in Redis (key schema in the module doc), read through an in-process mirror."""
+
+    remote = True
+
+    def __init__(self, config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> None:
+        if not config.redis_url:
+            raise ValueError("RedisSharedTier needs config.redis_url")
+        super().__init__(config, clock)
+        self._mirror: OrderedDict[tuple[str, Context], _Mirrored] = OrderedDict()
+        self._inflight: set[tuple[str, Context]] = set()
+        self._jobs: deque[_Job] = deque()
+        self._cv = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self._client: Any = None
+        self._script: Any = None
+        self._down = False
+        self._retry_at = 0.0
+        self._backoff = config.retry_initial_s
+        self.counters = {"fetches": 0, "fetched_contexts": 0, "learns": 0, "errors": 0, "dropped": 0}
+        self._thread = threading.Thread(target=self._work, name="racer-shared-tier", daemon=True)
+        self._thread.start()
+
+    # ---- decode-loop side (never blocks on I/O) ----------------------------------------------------
+
+    def get(self, ns: Namespace, context: Context) -> list[Continuation]:
+        with self._cv:
+            hit = self._mirror.get((ns.tag, context))
+            if hit is None:
+                return []
+            self._mirror.move_to_end((ns.tag, context))
+            return hit.ranked
+
+    def prefetch(self, ns: Namespace, contexts: Sequence[Context]) -> None:
+        tag = ns.tag
+        now = time.monotonic()
+        with self._cv:
+            if self._closed or (self._down and now < self._retry_at):
+                return
+            want = []
+            for ctx in contexts:
+                key = (tag, ctx)
+                hit = self._mirror.get(key)
+                if key in self._inflight or (hit is not None and now - hit.fetched_at < self.config.mirror_ttl_s):
+                    continue
+                want.append(ctx)
+                self._inflight.add(key)
+                if len(want) >= self.config.max_fetch_keys:
+                    break
+            if not want:
+                return
+            last = self._jobs[-1] if self._jobs else None
+            if last is not None and last.kind == "fetch" and last.ns == ns and \
+                    len(last.contexts) + len(want) <= self.config.max_fetch_keys:
+                last.contexts.extend(want)  # coalesce: still one round trip
+            else:
+                self._enqueue(_Job("fetch", ns, contexts=want))
+
+    def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]]) -> None:
+        if not items:
+            return
+        tag = ns.tag
+        with self._cv:
+            for ctx, incs in items.items():  # write-through: this process sees it at once
+                entry = self._entry((tag, ctx))
+                for c, v in incs.items():
+                    entry.local[c] = entry.local.get(c, 0.0) + v
+                entry.rank(self.config.max_continuations)
+            if not self._closed:
+                self._enqueue(_Job("learn", ns, items=items))
+
+    def _entry(self, key: tuple[str, Context]) -> _Mirrored:
+        """The mirror entry of ``key`` (made if missing; LRU-bounded). Caller holds ``_cv``."""
+        entry = self._mirror.get(key)
+        if entry is None:
+            entry = self._mirror[key] = _Mirrored()
+            while len(self._mirror) > self.config.mirror_size:
+                self._mirror.popitem(last=False)
+        else:
+            self._mirror.move_to_end(key)
+        return entry
+
+    def _enqueue(self, job: _Job) -> None:
+        """Caller holds ``_cv``. Beyond ``max_pending`` the oldest queued fetch (else the oldest job) goes."""
+        self._jobs.append(job)
+        while len(self._jobs) > self.config.max_pending:
+            victim = next((j for j in self._jobs if j.kind == "fetch"), self._jobs[0])
+            self._jobs.remove(victim)
+            self._forget(victim)
+            self.counters["dropped"] += 1
+        self._cv.notify_all()
+
+    def _forget(self, job: _Job) -> None:
+        tag = job.ns.tag
+        for ctx in job.contexts:
+            self._inflight.discard((tag, ctx))
+
+    # ---- background worker -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._busy = True
+            try:
+                self._execute(job)
+            except Exception:  # never let the worker die; the decode loop does not depend on it
+                logger.exception("cross-session cache: unexpected error")
+            finally:
+                with self._cv:
+                    self._forget(job)
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _connect(self) -> Any:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        client = redis.Redis.from_url(
+            self.config.redis_url,  # type: ignore[arg-type]
+            socket_timeout=self.config.socket_timeout_s,
+            socket_connect_timeout=self.config.connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        self._script = client.register_script(LEARN_LUA)
+        return client
+
+    def _execute(self, job: _Job) -> None:
+        import redis
+
+        if self._down and time.monotonic() < self._retry_at:
+            with self._cv:
+                self.counters["dropped"] += 1
+            return
+        try:
+            if self._client is None:
+                self._client = self._connect()
+            if job.kind == "fetch":
+                self._fetch(job)
+            else:
+                self._learn(job)
+        except (redis.RedisError, OSError) as exc:
+            self._failed(exc)
+            return
+        if self._down:
+            logger.info("cross-session cache: Redis reachable again at %s", redact_url(self.config.redis_url))
+            self._down = False
+            self._backoff = self.config.retry_initial_s
+
+    def _failed(self, exc: Exception) -> None:
+        with self._cv:
+            self.counters["errors"] += 1
+        if not self._down:
+            logger.warning(
+                "cross-session cache: Redis at %s unavailable (%s); drafting from the local tiers, "
+                "retrying in %.1fs",
+                redact_url(self.config.redis_url), exc, self._backoff,
+            )
+        else:
+            logger.debug("cross-session cache: Redis still unavailable (%s)", exc)
+        self._down = True
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.config.retry_max_s)
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # closing a broken connection may fail too; it is gone either way
+                logger.debug("closing the Redis client failed", exc_info=True)
+
+    def index_key(self, ns: Namespace) -> str:
+        return index_key(self.config.key_prefix, ns.tag)
+
+    def context_key(self, ns: Namespace, context: Sequence[int]) -> str:
+        return context_prefix(self.config.key_prefix, ns.tag) + context_hash(context)
+
+    def _fetch(self, job: _Job) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for ctx in job.contexts:
+            pipe.hgetall(self.context_key(job.ns, ctx))
+        replies = pipe.execute()  # one round trip
+        now = time.monotonic()
+        tag = job.ns.tag
+        with self._cv:
+            self.counters["fetches"] += 1
+            self.counters["fetched_contexts"] += len(job.contexts)
+            for ctx, reply in zip(job.contexts, replies, strict=True):
+                entry = self._entry((tag, ctx))
+                entry.remote = {decode_continuation(f): float(v) for f, v in reply.items() if f != b"_t"}
+                entry.fetched_at = now
+                entry.rank(self.config.max_continuations)
+
+    def _learn(self, job: _Job) -> None:
+        cfg = self.config
+        ctxs = list(job.items.items())
+        prefix = context_prefix(cfg.key_prefix, job.ns.tag)
+        for start in range(0, len(ctxs), 512):
+            keys = [self.index_key(job.ns)]
+            args: list[Any] = [repr(self.clock()), int(max(1, cfg.ttl_s)), cfg.half_life_s,
+                               cfg.max_continuations, cfg.max_contexts, prefix]
+            for ctx, incs in ctxs[start : start + 512]:
+                h = context_hash(ctx)
+                keys.append(prefix + h)
+                args.extend([h, len(incs)])
+                for cont, inc in incs.items():
+                    args.extend([encode_continuation(cont), repr(float(inc))])
+            self._script(keys=keys, args=args, client=self._client)
+        with self._cv:
+            self.counters["learns"] += 1
+            tag = job.ns.tag
+            for ctx, incs in job.items.items():  # confirmed: from the local part to the remote part
+                entry = self._mirror.get((tag, ctx))
+                if entry is None:
+                    continue
+                for c, v in incs.items():
+                    left = entry.local.get(c, 0.0) - v
+                    if left > 1e-9:
+                        entry.local[c] = left
+                    else:
+                        entry.local.pop(c, None)
+                    entry.remote[c] = entry.remote.get(c, 0.0) + v
+                entry.rank(self.config.max_continuations)
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._jobs or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5.0)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def status(self) -> dict[str, Any]:
+        with self._cv:
+            return {"backend": "redis", "available": not self._down, "queued": len(self._jobs),
+                    "mirrored": len(self._mirror), **self.counters}
