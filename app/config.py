@@ -21,17 +21,13 @@ class RequestLimits:
 @dataclass(frozen=True)
 class SessionConfig:
     session_ttl_s: int
-    draft_cache_ttl_s: int
     max_turns: int = 8  # turns of history fed back to the target
-    answers_per_tenant: int = 64  # earlier answers kept in a tenant's cross-session draft cache
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
     limits: RequestLimits
     sessions: SessionConfig
-    queue_size: int
-    draft_budget: int | None
     api_keys: tuple[str, ...]
 
     @classmethod
@@ -44,10 +40,6 @@ class ServiceConfig:
                 max_new_tokens=settings.max_new_tokens,
                 default_max_tokens=min(settings.default_max_tokens, settings.max_new_tokens),
             ),
-            sessions=SessionConfig(
-                session_ttl_s=settings.session_ttl_s, draft_cache_ttl_s=settings.draft_cache_ttl_s
-            ),
-            queue_size=settings.queue_size,
-            draft_budget=settings.draft_budget_max,
+            sessions=SessionConfig(session_ttl_s=settings.session_ttl_s),
             api_keys=tuple(settings.api_keys),
         )

