@@ -1,4 +1,4 @@
-"""Shared fixtures: a real redis-server on a free loopback port, and the bundled model assets."""
+"""Shared fixtures and helpers: a real redis-server on a free loopback port, the bundled model assets, PDFs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,15 +71,29 @@ def _spawn_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
     pytest.fail(f"redis-server did not start on port {port}")
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A fresh real redis-server per test on a free loopback port."""
+@contextmanager
+def running_redis(workdir: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, killed on exit."""
     port = free_port()
-    server = RedisServer(port=port, proc=_spawn_redis(port, tmp_path), workdir=tmp_path)
+    server = RedisServer(port=port, proc=_spawn_redis(port, workdir), workdir=workdir)
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh real redis-server per test."""
+    with running_redis(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def module_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for a whole module: for a module-scoped service that outlives each test."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -97,3 +112,18 @@ def bundled_target_dir(bundled_gguf_dir: Path) -> Path:
     from decoding.bundled import ensure_converted
 
     return ensure_converted(bundled_gguf_dir.parent)
+
+
+def make_pdf(pages: list[str], title: str | None = None) -> bytes:
+    """A PDF with one page per string (an empty string: a page without text)."""
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=12)
+    if title:
+        pdf.set_title(title)
+    for text in pages:
+        pdf.add_page()
+        if text:
+            pdf.multi_cell(0, 8, text)
+    return bytes(pdf.output())

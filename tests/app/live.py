@@ -1,4 +1,5 @@
 """Real servers for the service tests: uvicorn on a free loopback port, in a thread or a subprocess.
+A test module's usual server is the ``server`` fixture of tests/app/conftest.py, built from these.
 
 Every server uses the bundled SmolLM2 target (its GGUF dir under the repo's data dir), the bundled MiniLM
 embedder and its own temporary data dir. Deadlines below bound "it never happened" waits (a stuck job,

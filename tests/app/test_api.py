@@ -1,5 +1,5 @@
-"""The service over real HTTP: one uvicorn server for the module (bundled SmolLM2 + MiniLM, no auth, no
-Redis), a real SSE parser (httpx-sse) and the official OpenAI client."""
+"""The service over real HTTP: one uvicorn server for the module (tests/app/conftest.py; bundled SmolLM2 +
+MiniLM, no auth, no Redis), a real SSE parser (httpx-sse) and the official OpenAI client."""
 
 from __future__ import annotations
 
@@ -12,16 +12,8 @@ import pytest
 from httpx_sse import connect_sse
 from openai import OpenAI
 
-from tests.app.live import (
-    LANDMARKS,
-    ThreadServer,
-    metric,
-    service_settings,
-    thread_server,
-    upload_text,
-    wait_for,
-    wait_indexed,
-)
+from tests.app.live import LANDMARKS, ThreadServer, metric, upload_text, wait_for, wait_indexed
+from tests.conftest import make_pdf
 
 pytestmark = pytest.mark.real_model
 
@@ -29,25 +21,8 @@ UPLOAD_LIMIT_MB = 0.25
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
-    settings = service_settings(
-        tmp_path_factory.mktemp("api"), max_upload_mb=UPLOAD_LIMIT_MB, max_question_chars=300, max_document_ids=3
-    )
-    with thread_server(settings) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server: ThreadServer) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def doc(client: httpx.Client) -> str:
-    doc_id = upload_text(client, LANDMARKS, title="Landmarks")
-    assert wait_indexed(client, doc_id)["status"] == "ready"
-    return doc_id
+def server_settings() -> dict[str, Any]:
+    return {"max_upload_mb": UPLOAD_LIMIT_MB, "max_question_chars": 300, "max_document_ids": 3}
 
 
 def ask(client: httpx.Client, **body: Any) -> httpx.Response:
@@ -105,17 +80,6 @@ def test_upload_json_lifecycle(client: httpx.Client) -> None:
     assert accepted["id"] in [d["id"] for d in client.get("/v1/documents").json()["documents"]]
 
 
-def _pdf_bytes(pages: list[str]) -> bytes:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("Helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 10, text)
-    return bytes(pdf.output())
-
-
 @pytest.mark.parametrize("charset", ["rot13", "base64", "zlib_codec"])
 def test_upload_with_a_transform_codec_as_charset_is_refused(client: httpx.Client, charset: str) -> None:
     response = client.post("/v1/documents", files={"file": ("a.txt", b"hello there", f"text/plain; charset={charset}")})
@@ -140,7 +104,7 @@ def test_upload_with_a_transform_codec_as_charset_is_refused(client: httpx.Clien
 def test_upload_multipart_kinds(
     client: httpx.Client, name: str, media: str, payload: bytes | None, needle: str
 ) -> None:
-    data = payload if payload is not None else _pdf_bytes(["The first page.", "The second page is here."])
+    data = payload if payload is not None else make_pdf(["The first page.", "The second page is here."])
     response = client.post("/v1/documents", files={"file": (name, data, media)})
     assert response.status_code == 202, response.text
     doc_id = response.json()["id"]

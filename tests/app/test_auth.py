@@ -1,21 +1,27 @@
-"""Bearer keys: every route but /healthz (and the web page's files) needs one; each key is a tenant that
-cannot see, ask over or delete another tenant's documents, and never shares its draft cache."""
+"""Bearer keys: every route but /healthz, /readyz (and the web page's files) needs one; each key is a
+tenant that cannot see, ask over or delete another tenant's documents, and never shares its draft cache."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from openai import OpenAI
 
-from tests.app.live import LANDMARKS, ThreadServer, service_settings, thread_server, upload_text, wait_indexed
+from tests.app.live import LANDMARKS, ThreadServer, upload_text, wait_indexed
 
 pytestmark = pytest.mark.real_model
 
 KEY_A, KEY_B = "key-alpha-123", "key-bravo-456"
 
+OPEN = [
+    "/healthz",
+    "/readyz",  # for orchestrators' probes
+    "/",  # the page loads; its API calls carry the key
+    "/static/app.js",
+]
 PROTECTED = [
     ("GET", "/v1/documents"),
     ("POST", "/v1/documents"),
@@ -24,24 +30,21 @@ PROTECTED = [
     ("POST", "/v1/ask"),
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/models"),
-    ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
 ]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
-    settings = service_settings(tmp_path_factory.mktemp("auth"), api_keys=f"{KEY_A},{KEY_B}")
-    with thread_server(settings) as live:
-        yield live
+def server_settings() -> dict[str, Any]:
+    return {"api_keys": f"{KEY_A},{KEY_B}"}
 
 
-def test_open_routes(server: ThreadServer) -> None:
-    with server.client() as anonymous:
-        assert anonymous.get("/healthz").status_code == 200
-        assert anonymous.get("/").status_code == 200  # the page loads; its API calls carry the key
-        assert anonymous.get("/static/app.js").status_code == 200
+@pytest.mark.parametrize("path", OPEN)
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_open_routes_answer_whatever_the_key(server: ThreadServer, path: str, key: str | None) -> None:
+    with server.client(key) as client:
+        assert client.get(path).status_code == 200
 
 
 @pytest.mark.parametrize(("method", "path"), PROTECTED)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.app.live import ThreadServer, metric, service_settings, thread_server, upload_text, wait_for, wait_indexed
+from tests.app.live import metric, upload_text, wait_for, wait_indexed
 
 pytestmark = pytest.mark.real_model
 
@@ -33,23 +33,13 @@ def chronicle() -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
-    settings = service_settings(
-        tmp_path_factory.mktemp("long"), max_context=WINDOW, long_document_budget=0, long_document_lead=LEAD,
-        default_max_tokens=8,
-    )
-    with thread_server(settings) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server: ThreadServer) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
+def server_settings() -> dict[str, Any]:
+    return {"max_context": WINDOW, "long_document_budget": 0, "long_document_lead": LEAD, "default_max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
 def doc(client: httpx.Client) -> str:
+    """The chronicle (instead of the conftest's short document), indexed, its lead's KV computed."""
     doc_id = upload_text(client, chronicle(), title="chronicle")
     record = wait_indexed(client, doc_id)
     assert record["status"] == "ready" and record["tokens"] > WINDOW

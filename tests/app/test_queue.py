@@ -3,22 +3,13 @@ Retry-After; a streaming client that disconnects cancels its generation and free
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.app.live import (
-    LANDMARKS,
-    ThreadServer,
-    metric,
-    service_settings,
-    thread_server,
-    upload_text,
-    wait_for,
-    wait_indexed,
-)
+from tests.app.live import LANDMARKS, ThreadServer, metric, upload_text, wait_for, wait_indexed
 
 pytestmark = pytest.mark.real_model
 
@@ -28,10 +19,8 @@ LONG_QUESTION = "Write the numbers from 1 to 200, one per line."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
-    settings = service_settings(tmp_path_factory.mktemp("queue"), queue_size=0, max_new_tokens=256)
-    with thread_server(settings) as live:
-        yield live
+def server_settings() -> dict[str, Any]:
+    return {"queue_size": 0, "max_new_tokens": 256}
 
 
 def test_full_queue_is_429_and_a_disconnect_frees_the_slot(server: ThreadServer) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,16 +14,8 @@ import redis
 from httpx_sse import connect_sse
 
 from app.redis_link import RedisLink
-from tests.app.live import (
-    LANDMARKS,
-    ThreadServer,
-    service_settings,
-    thread_server,
-    upload_text,
-    wait_for,
-    wait_indexed,
-)
-from tests.conftest import RedisServer, _spawn_redis, free_port
+from tests.app.live import wait_for
+from tests.conftest import RedisServer
 
 pytestmark = [pytest.mark.real_model, pytest.mark.redis]
 
@@ -31,34 +23,8 @@ LONG_QUESTION = "Write the numbers from 1 to 200, one per line."
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    workdir = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    server = RedisServer(port=port, proc=_spawn_redis(port, workdir), workdir=workdir)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[ThreadServer]:
-    settings = service_settings(tmp_path_factory.mktemp("redis-app"), redis_url=redis_server.url)
-    with thread_server(settings) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server: ThreadServer) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def doc(client: httpx.Client) -> str:
-    doc_id = upload_text(client, LANDMARKS)
-    assert wait_indexed(client, doc_id)["status"] == "ready"
-    return doc_id
+def server_settings(module_redis_server: RedisServer) -> dict[str, Any]:
+    return {"redis_url": module_redis_server.url}
 
 
 def ask(client: httpx.Client, doc: str, question: str, session: str | None = None) -> dict[str, object]:
@@ -75,24 +41,26 @@ def session_turns(redis_server: RedisServer, session: str) -> int:
         return int(r.llen(f"ragspec:session:default:{session}"))
 
 
-def test_sessions_and_draft_cache_live_in_redis(client: httpx.Client, doc: str, redis_server: RedisServer) -> None:
+def test_sessions_and_draft_cache_live_in_redis(
+    client: httpx.Client, doc: str, module_redis_server: RedisServer
+) -> None:
     assert client.get("/readyz").json()["checks"]["redis"] == "ok"
     ask(client, doc, "Where is the Eiffel Tower?", session="s-1")
     ask(client, doc, "How tall is it?", session="s-1")
-    assert session_turns(redis_server, "s-1") == 2
-    with redis.Redis.from_url(redis_server.url) as r:
+    assert session_turns(module_redis_server, "s-1") == 2
+    with redis.Redis.from_url(module_redis_server.url) as r:
         assert r.ttl("ragspec:session:default:s-1") > 0
         # the answers' n-grams reach the tenant's cross-session tier (written in the background)
         wait_for(lambda: any(True for _ in r.scan_iter("ragspec:dc:*")), "draft cache keys in Redis")
 
 
-def test_redis_killed_mid_stream(client: httpx.Client, doc: str, redis_server: RedisServer) -> None:
+def test_redis_killed_mid_stream(client: httpx.Client, doc: str, module_redis_server: RedisServer) -> None:
     body = {"question": LONG_QUESTION, "document_ids": [doc], "max_tokens": 48, "stream": True, "session_id": "outage"}
     with connect_sse(client, "POST", "/v1/ask", json=body) as source:
         events = source.iter_sse()
         assert next(events).event == "sources"
         assert next(e for e in events if e.event != "progress").event == "token"
-        redis_server.stop()  # Redis dies while the answer is being generated
+        module_redis_server.stop()  # Redis dies while the answer is being generated
         rest = list(events)
     names = [e.event for e in rest]
     assert "error" not in names and names[-2:] == ["stats", "done"]
@@ -107,10 +75,10 @@ def test_redis_killed_mid_stream(client: httpx.Client, doc: str, redis_server: R
     fresh = ask(client, doc, "Where is the Colosseum?")
     assert follow["usage"]["prompt_tokens"] > fresh["usage"]["prompt_tokens"]  # type: ignore[index]
 
-    redis_server.start()
+    module_redis_server.start()
     wait_for(lambda: client.get("/readyz").json()["status"] == "ready", "readiness after Redis is back")
     ask(client, doc, "Where is the Great Wall?", session="after")
-    assert session_turns(redis_server, "after") == 1  # written to Redis again
+    assert session_turns(module_redis_server, "after") == 1  # written to Redis again
 
 
 def test_the_redis_password_never_reaches_the_log(caplog: pytest.LogCaptureFixture) -> None:

@@ -25,16 +25,12 @@ from typing import Any
 
 import pytest
 
-from tests.app.live import ThreadServer, service_settings, thread_server
+from tests.app.live import DEADLINE_S, ThreadServer
 from tests.conftest import REPO
 
 STATIC = REPO / "app" / "static"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NODE = shutil.which("node")
-
-# A long enough liveness bound for indexing or answering with the real models on 2 shared cores;
-# these are deadlines for "it never happened", not speed assertions.
-DEADLINE_S = 300.0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,14 +181,12 @@ def launch_chromium() -> Browser:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The real service (tests/app/live.py: uvicorn on a free loopback port, bundled models, fresh data dir).
+# The real service: the module's `server` (tests/app/conftest.py), with these settings.
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
-    settings = service_settings(tmp_path_factory.mktemp("web-data"), max_new_tokens=512)
-    with thread_server(settings) as server:
-        yield server
+def server_settings() -> dict[str, Any]:
+    return {"max_new_tokens": 512}  # the page asks for a 512-token answer, to stop it midway
 
 
 @pytest.fixture(scope="module")
@@ -236,13 +230,13 @@ DOCUMENT = (
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_page_uploads_asks_and_streams_an_answer_with_sources(
-    live_server: ThreadServer, browser: Browser, tmp_path: Path
+    server: ThreadServer, browser: Browser, tmp_path: Path
 ) -> None:
     page = browser.page
-    index = urllib.request.urlopen(live_server.url + "/", timeout=10)
+    index = urllib.request.urlopen(server.url + "/", timeout=10)
     assert index.status == 200 and "text/html" in index.headers["Content-Type"]
 
-    page.call("Page.navigate", url=live_server.url + "/")
+    page.call("Page.navigate", url=server.url + "/")
     page.wait_for("document.documentElement.dataset.ready === '1'", "the page script starting")
     page.wait_for("document.getElementById('health').dataset.state === 'ok'", "the health badge turning ok")
 
@@ -267,7 +261,7 @@ def test_page_uploads_asks_and_streams_an_answer_with_sources(
     assert page.js(f"{item}.querySelector('.doc-check').checked"), "an uploaded document is ticked once ready"
     assert page.js(f"{item}.querySelector('.doc-progress').hidden"), "the progress bar goes away when ready"
     doc_id = page.js(f"{item}.dataset.id")
-    assert doc_id in _listed_ids(live_server)
+    assert doc_id in _listed_ids(server)
 
     # Ask; count the answer's text updates as they stream in.
     page.js(
@@ -376,16 +370,16 @@ def test_page_uploads_asks_and_streams_an_answer_with_sources(
     assert page.js(f"{item}.querySelector('.doc-delete').textContent") == "Confirm delete"
     page.js(f"{item}.querySelector('.doc-delete').click()")
     page.wait_for("document.querySelectorAll('#doc-list li.doc').length === 0", "the document being deleted")
-    assert doc_id not in _listed_ids(live_server)
+    assert doc_id not in _listed_ids(server)
     assert page.exceptions() == []
 
 
 @pytest.mark.browser
 @pytest.mark.real_model
-def test_page_shows_errors_as_text(live_server: ThreadServer, browser: Browser) -> None:
+def test_page_shows_errors_as_text(server: ThreadServer, browser: Browser) -> None:
     """A failed upload and a server error are shown as plain text; markup in them is never rendered."""
     page = browser.page
-    page.call("Page.navigate", url=live_server.url + "/")
+    page.call("Page.navigate", url=server.url + "/")
     page.wait_for("document.documentElement.dataset.ready === '1'", "the page script starting")
 
     # Asking with nothing ticked is refused on the page.
