@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from decoding import bundled as assets
+from tests.conftest import DATA_DIR
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download anything in tests
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parents[2]
-DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
 TOKENIZER_DIRS = (assets.bundled_gguf_dir(DATA_DIR / "models"), assets.bundled_target_dir(DATA_DIR / "models"))
 GGUF_FILE = assets.SMOLLM2_GGUF
 

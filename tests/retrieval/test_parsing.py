@@ -6,20 +6,7 @@ import pytest
 
 from retrieval.errors import EmptyDocument, RetrievalError, UnreadableDocument, UnsupportedDocumentType
 from retrieval.parsing import detect_kind, page_of, parse_document
-
-
-def make_pdf(pages: list[str], title: str | None = None) -> bytes:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("helvetica", size=12)
-    if title:
-        pdf.set_title(title)
-    for text in pages:
-        pdf.add_page()
-        if text:
-            pdf.multi_cell(0, 8, text)
-    return bytes(pdf.output())
+from tests.conftest import make_pdf
 
 
 def test_txt_keeps_text_and_normalizes_line_ends() -> None:

@@ -26,8 +26,7 @@ from retrieval.errors import (
 )
 from retrieval.index import VectorIndex
 from retrieval.store import INTERRUPTED, DocumentStore
-from tests.retrieval.conftest import REPO
-from tests.retrieval.test_parsing import make_pdf
+from tests.conftest import REPO, make_pdf
 
 TEXT = "\n\n".join(
     f"Section {i}. " + " ".join(f"Sentence {j} of section {i} is about topic {i * 7 + j}." for j in range(6))
