@@ -1,21 +1,30 @@
-"""Tiny random-weight Llama targets for fast, exact decoding tests."""
+"""Tiny random-weight Llama targets for fast, exact decoding tests, and the helpers several test modules
+share: a greedy reference, an engine run, a tiny trained tokenizer, total variation distance."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding import kernels
 from decoding.attention import use_grouped_sdpa
 from decoding.cpu_llama import CpuLlama, weights_from_hf
+from decoding.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
 from decoding.kernels import use_cpu_kernels
 from decoding.quant import WeightType
 
+if TYPE_CHECKING:  # the fixtures of modules that never run an engine need not import it
+    from decoding.engine import Engine
+
 VOCAB = 97
+PROMPT = Prompt(prefix_ids=[5, 17, 3, 42, 8, 8, 23, 61, 5, 17], suffix_ids=[3, 42, 9], prefix_key=None)
 
 
 @dataclass
@@ -96,3 +105,72 @@ def tiny(request: pytest.FixtureRequest) -> TinyTarget:
             pytest.skip("CPU kernels unavailable: no quantized runtime")
         return tiny_target(0, quantized=True)
     return tiny_target(0, cpu_kernels=request.param == "cpu_kernels")
+
+
+def naive_greedy(model: torch.nn.Module, ids: Sequence[int], n: int, eos: tuple[int, ...] = ()) -> list[int]:
+    """Reference: full recomputation without any cache, one token at a time."""
+    seq = list(ids)
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(torch.tensor([seq])).logits[0, -1]
+            tok = int(logits.argmax())
+            if tok in eos:
+                break
+            out.append(tok)
+            seq.append(tok)
+    return out
+
+
+def run(
+    engine: Engine, prompt: Prompt, n: int, drafters: Sequence[object] = (), budget: int | None = None
+) -> DoneEvent:
+    """Generate ``n`` tokens; the streamed text must be the final text."""
+    events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=n, draft_budget=budget), drafters))  # type: ignore[arg-type]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert streamed == done.text
+    return done
+
+
+def tv(counts: Counter[Any], probs: Mapping[Any, float], n: int) -> float:
+    """Total variation distance between ``n`` draws' ``counts`` and the distribution ``probs``."""
+    keys = set(counts) | set(probs)
+    return 0.5 * sum(abs(counts.get(k, 0) / n - probs.get(k, 0.0)) for k in keys)
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.",
+    "Licenses grant permission to copy, modify and distribute the software.",
+    "Question: what does the document say? Answer: it says many things.",
+] * 4
+
+
+def make_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer with ChatML specials, trained in milliseconds."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        chat_template=CHATML,
+        clean_up_tokenization_spaces=False,
+    )

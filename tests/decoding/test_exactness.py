@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
-import torch
 
 from decoding.budget import BudgetPolicy
 from decoding.calibration import calibrate
@@ -19,33 +18,7 @@ from decoding.engine import Engine, EngineConfig
 from decoding.generation import DoneEvent, GenerationConfig, PrefillEvent, Prompt, TokenEvent
 from decoding.kv_cache import PrefixCache
 from decoding.tree import ROOT, DraftTree
-from tests.decoding.conftest import VOCAB, TinyTarget
-
-
-def naive_greedy(model: torch.nn.Module, ids: Sequence[int], n: int, eos: tuple[int, ...] = ()) -> list[int]:
-    """Reference: full recomputation without any cache, one token at a time."""
-    seq = list(ids)
-    out: list[int] = []
-    with torch.inference_mode():
-        for _ in range(n):
-            logits = model(torch.tensor([seq])).logits[0, -1]
-            tok = int(logits.argmax())
-            if tok in eos:
-                break
-            out.append(tok)
-            seq.append(tok)
-    return out
-
-
-def run(
-    engine: Engine, prompt: Prompt, n: int, drafters: Sequence[object] = (), budget: int | None = None
-) -> DoneEvent:
-    events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=n, draft_budget=budget), drafters))  # type: ignore[arg-type]
-    done = events[-1]
-    assert isinstance(done, DoneEvent)
-    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
-    assert streamed == done.text
-    return done
+from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, naive_greedy, run
 
 
 class ScriptedDrafter:
@@ -126,7 +99,6 @@ class RandomTreeDrafter:
         pass
 
 
-PROMPT = Prompt(prefix_ids=[5, 17, 3, 42, 8, 8, 23, 61, 5, 17], suffix_ids=[3, 42, 9], prefix_key=None)
 N = 40
 
 

@@ -8,48 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding import bundled, bundled_build, kernels
 from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.kernels import kernels_active
 from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
-
-CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.",
-    "Licenses grant permission to copy, modify and distribute the software.",
-    "Question: what does the document say? Answer: it says many things.",
-] * 4
-
-
-def make_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    """A small byte-level BPE tokenizer with ChatML specials, trained in milliseconds."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-        chat_template=CHATML,
-        clean_up_tokenization_spaces=False,
-    )
+from tests.decoding.conftest import make_tokenizer
 
 
 def save_tiny_model(

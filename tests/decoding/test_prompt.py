@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from decoding.errors import DecodingError
 from decoding.prompt import build_prompt, render_chat
-from tests.decoding.test_models import make_tokenizer
+from tests.decoding.conftest import make_tokenizer
 
 SYSTEM = "Answer the question from the document."
 DOC = "The GNU General Public License is a free, copyleft license.\n\nIt guarantees freedom to share."

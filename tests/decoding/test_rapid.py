@@ -18,9 +18,7 @@ from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
 from decoding.tree import DraftTree
 from decoding.verify import Verdict, target_probs
-from tests.decoding.conftest import VOCAB, TinyTarget, needs_kernels, tiny_target
-from tests.decoding.test_exactness import PROMPT, naive_greedy, run
-from tests.decoding.test_sampling import tv
+from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, naive_greedy, needs_kernels, run, tiny_target, tv
 
 N = 40
 DRAFT_IDS = [5, 17, 3, 3, 42, 9]  # a shorter "retrieved" context than PROMPT's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,14 +13,9 @@ from decoding.engine import Engine
 from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
 from decoding.tree import ROOT, DraftTree, merge_trees
 from decoding.verify import target_probs, transfer, verify_sampling
-from tests.decoding.conftest import TinyTarget, tiny_target
+from tests.decoding.conftest import TinyTarget, tiny_target, tv
 
 TV_TOLERANCE = 0.03  # with 20k draws the TV of an exact sampler stays well below this (expected ~0.01)
-
-
-def tv(counts: Counter[Any], probs: Mapping[Any, float], n: int) -> float:
-    keys = set(counts) | set(probs)
-    return 0.5 * sum(abs(counts.get(k, 0) / n - probs.get(k, 0.0)) for k in keys)
 
 
 def test_verify_sampling_first_two_tokens_follow_target() -> None:
