@@ -49,17 +49,15 @@ SOCKET_TIMEOUT_S = 60.0  # a server waiting for the announced body would never a
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
-    settings = service_settings(
-        tmp_path_factory.mktemp("hardening"),
-        api_keys=f"{KEY_A},{KEY_B}",
-        metrics_token=SCRAPER,
-        max_json_mb=JSON_LIMIT_MB,
-        max_upload_mb=UPLOAD_LIMIT_MB,
-        max_pdf_pages=3,
-    )
-    with thread_server(settings) as live:
-        yield live
+def server_settings() -> dict[str, Any]:
+    """The module's server (tests/app/conftest.py): API keys, a metrics token and small limits."""
+    return {
+        "api_keys": f"{KEY_A},{KEY_B}",
+        "metrics_token": SCRAPER,
+        "max_json_mb": JSON_LIMIT_MB,
+        "max_upload_mb": UPLOAD_LIMIT_MB,
+        "max_pdf_pages": 3,
+    }
 
 
 # ---- raw HTTP ---------------------------------------------------------------------------------------
