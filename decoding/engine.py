@@ -1,8 +1,12 @@
-"""The engine: prefill (with the shared document prefix cache), then autoregressive or speculative decoding.
+"""The engine: read the prompt (through the shared prefix cache), then autoregressive or speculative decoding.
 
-A ladder of small steps, gpt-fast style:
+gpt-fast style, a generation is the prompt read once and one short step function repeated:
 
-    prefill -> first root -> [propose -> merge -> verify forward -> accept -> compact KV -> observe]* -> done
+    read prompt (decoding.prefill) -> first root -> [_step: draft -> pick -> verify -> accept and commit]* -> done
+
+``_step`` drafts (every drafter's tree, merged), picks the part worth verifying (the budget policy), runs
+one verify forward, keeps the accepted path's KV and tells the policy and the drafters what was accepted.
+Measuring verify costs for the policy is not the engine's job (``decoding.calibration``).
 
 Every step verifies ``root + draft tree`` in one target forward with a tree attention mask on top of the
 cached prefix. With no drafters (or a budget of 0) the tree is empty and the step is one plain
