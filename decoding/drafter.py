@@ -31,7 +31,6 @@ class PromptInfo:
 
     prompt_ids: Sequence[int]
     prompt_topk: torch.Tensor | None = None
-    prefix_len: int = 0  # tokens of the stable [system][document] prefix at the start of prompt_ids
     draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt ([system][retrieved chunks][question])
     draft_rows: Sequence[tuple[int, int]] | None = None  # prompt rows [start, end) a KV-subset drafter reads
     target_cache: Any = None  # the target's KV cache (a KV-subset drafter drafts over it, then cuts it back)

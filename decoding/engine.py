@@ -207,8 +207,8 @@ class Engine:
         if text:
             yield TokenEvent(text, answer.ids[:])
         if not answer.done and drafters:
-            info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, prefix_len=len(prompt.prefix_ids),
-                              draft_ids=prompt.draft_ids, draft_rows=prompt.draft_rows, target_cache=cache)
+            info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, draft_ids=prompt.draft_ids,
+                              draft_rows=prompt.draft_rows, target_cache=cache)
             for d in drafters:
                 d.begin(info)
         while not answer.done:
