@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,7 +39,6 @@ def needs_draft_rows(mode: str) -> bool:
 
 @dataclass(frozen=True)
 class DraftingConfig:
-    racer_dir: Path | None  # where the logits table is saved (None: in memory only)
     redis_url: str | None  # cross-session tier in Redis when set, in process otherwise
     draft_cache_ttl_s: float
     model_id: str
@@ -57,9 +55,7 @@ class Drafters:
     def __init__(self, config: DraftingConfig) -> None:
         self.config = config
         self.racer_config = RacerConfig()
-        table = LogitsTable.open(
-            config.racer_dir, config.model_id, config.vocab_size, k=self.racer_config.topk
-        )
+        table = LogitsTable(config.vocab_size, k=self.racer_config.topk, model_id=config.model_id)
         self.shared_tier: SharedTier = open_shared_tier(
             CrossSessionConfig(redis_url=config.redis_url, ttl_s=float(config.draft_cache_ttl_s))
         )

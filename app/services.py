@@ -172,7 +172,6 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         target = dataclasses.replace(target, max_context=settings.max_context)
     drafters = Drafters(
         DraftingConfig(
-            racer_dir=data_dir / "racer",
             redis_url=settings.redis_url,
             draft_cache_ttl_s=settings.draft_cache_ttl_s,
             model_id=target.name,

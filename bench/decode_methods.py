@@ -118,11 +118,13 @@ def racer_cross_session(bench: Bench, case: Case) -> list[Drafter]:
 
 
 def mode(name: str) -> DrafterFactory:
-    """A service mode from the drafter registry, with RACER's per-request knowledge as in ``racer_single``."""
+    """A service mode from the drafter registry, with RACER's per-request knowledge as in ``racer_single`` and
+    an empty cross-session tier (a tenant's first question: ``bench.racer_parts`` measures repeated ones)."""
 
     def make(bench: Bench, case: Case) -> list[Drafter]:
         table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
-        kit = DraftingKit(racer=RacerFactory(RACER, table, None, automata=AUTOMATA),
+        tier = InProcessSharedTier(CrossSessionConfig())
+        kit = DraftingKit(racer=RacerFactory(RACER, table, tier, model_id=bench.target.name, automata=AUTOMATA),
                           draft_lm=lambda: DraftLM(bench.target.model, bench.target.device),
                           target_model=bench.target.model)
         return build_drafters(name, kit)

@@ -1,21 +1,20 @@
-"""RACER: retrieval (n-gram automaton) + logit cues (context + logits tables) + a cross-session tier, one draft tree.
+"""RACER: retrieval (n-gram automaton) + logit cues (logits table) + a cross-session tier, one draft tree.
 
 Typical wiring (``app`` does this once per process and target model)::
 
-    table = LogitsTable.open(data_dir / "racer", model_id, vocab_size, k=8)  # loaded if saved before
+    table = LogitsTable(vocab_size, k=8, model_id=model_id)  # in memory, shared by the process's requests
     tier = open_shared_tier(CrossSessionConfig(redis_url=settings.redis_url, ttl_s=...))
     racer = RacerFactory(RacerConfig(), table, tier, model_id=model_id, tokenizer_hash=tok_hash)
     ...
     drafter = racer.drafter(tenant)          # per request: RacerDrafter(config, table, tier.cache(...))
     engine.generate(prompt, config, [drafter])   # EngineConfig(prompt_topk=8) feeds the table at prefill
     ...
-    racer.close()                            # at shutdown: saves the table, stops the Redis worker
+    racer.close()                            # at shutdown: stops the Redis worker
 
 Node sources in the engine's stats: ``racer.retrieval``, ``racer.cross_session``, ``racer.logits``.
 """
 
 from decoding.drafters.racer.automaton import NgramAutomaton
-from decoding.drafters.racer.context_table import ContextTable
 from decoding.drafters.racer.cross_session import (
     CrossSessionCache,
     CrossSessionConfig,
@@ -24,7 +23,7 @@ from decoding.drafters.racer.cross_session import (
     SharedTier,
     open_shared_tier,
 )
-from decoding.drafters.racer.logits_table import LogitsTable, LogitsTableError
+from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.drafters.racer.paths import (
     SOURCE_CROSS_SESSION,
     SOURCE_LOGITS,
@@ -36,18 +35,18 @@ from decoding.drafters.racer.paths import (
 from decoding.drafters.racer.racer import RacerConfig, RacerDrafter, RacerFactory
 from decoding.drafters.racer.redis_tier import RedisSharedTier
 from decoding.drafters.racer.snapshots import AutomatonCache
+from decoding.drafters.racer.tier_drafter import CrossSessionDrafter
 
 __all__ = [
     "SOURCE_CROSS_SESSION",
     "SOURCE_LOGITS",
     "SOURCE_RETRIEVAL",
     "AutomatonCache",
-    "ContextTable",
     "CrossSessionCache",
     "CrossSessionConfig",
+    "CrossSessionDrafter",
     "InProcessSharedTier",
     "LogitsTable",
-    "LogitsTableError",
     "Namespace",
     "NgramAutomaton",
     "RacerConfig",

@@ -7,10 +7,9 @@ labelled with a stable source name so the engine's stats show each source's shar
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from decoding.drafters.racer.automaton import NONE, NgramAutomaton
-from decoding.drafters.racer.context_table import ContextTable
 from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.tree import ROOT, DraftTree
 
@@ -82,59 +81,38 @@ def retrieval_paths(
 
 def logits_paths(
     table: LogitsTable, root: int, budget: int, breadth: int = 8, source: str = SOURCE_LOGITS,
-    into: DraftTree | None = None, contexts: ContextTable | None = None, before: Sequence[int] = (),
+    into: DraftTree | None = None,
 ) -> DraftTree:
-    """Breadth-first through the logit cues from ``root``.
+    """Breadth-first through the logit cues from ``root``: a node's candidates are the target's top-k after
+    its token (the ``table``).
 
-    A node's candidates are the target's top-k after its trigram, then after its bigram (``contexts``, the
-    request's context table; ``before`` holds the tokens preceding the root), then after its token (the
-    shared ``table``), without repeats. A node of breadth b proposes its first b candidates; its j-th child
-    (0-based) gets breadth max(1, b >> (j + 1)). The root has breadth ``breadth``. A node's kind names
-    the context length its token came from and its rank (``racer.logits/o3r0`` ...), so the budget policy
-    learns each one's acceptance. Stops when the tree holds ``budget`` nodes. With ``into``, the paths are
-    merged into a copy of that tree: a path already there costs nothing and the search goes on below the
-    existing node, so the budget counts unique nodes (the result equals
-    ``merge_trees([into, logits tree], budget)``).
+    A node of breadth b proposes its first b candidates; its j-th child (0-based) gets breadth
+    max(1, b >> (j + 1)). The root has breadth ``breadth``. A node's kind names its rank
+    (``racer.logits/r0`` ...), so the budget policy learns each one's acceptance. Stops when the tree holds
+    ``budget`` nodes. With ``into``, the paths are merged into a copy of that tree: a path already there
+    costs nothing and the search goes on below the existing node, so the budget counts unique nodes (the
+    result equals ``merge_trees([into, logits tree], budget)``).
     """
     tree = DraftTree()
     index: dict[tuple[int, int], int] = {}
     if into is not None:
         tree = into.copy()
         index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True))}
-    start = (*before[-2:], root) if contexts is not None else (root,)
-    level: list[tuple[int, tuple[int, ...], int]] = [(ROOT, start, breadth)]  # (tree node, context, breadth)
+    level: list[tuple[int, int, int]] = [(ROOT, root, breadth)]  # (tree node, its token, breadth)
     next_tokens = table.next_tokens
     while level and len(tree) < budget:
-        below: list[tuple[int, tuple[int, ...], int]] = []
-        for parent, ctx, b in level:
-            for j, (order, nxt) in enumerate(_candidates(contexts, next_tokens, ctx, b)):
+        below: list[tuple[int, int, int]] = []
+        for parent, token, b in level:
+            for j, nxt in enumerate(next_tokens(token, b)):
                 node = index.get((parent, nxt))
                 if node is None:
                     if len(tree) >= budget:
                         break
-                    node = tree.add(parent, nxt, source, kind=f"{source}/o{order}r{min(j, 3)}")
+                    node = tree.add(parent, nxt, source, kind=f"{source}/r{min(j, 3)}")
                     index[(parent, nxt)] = node
-                below.append((node, (*ctx[-2:], nxt), max(1, b >> (j + 1))))
+                below.append((node, nxt, max(1, b >> (j + 1))))
         level = below
     return tree
-
-
-def _candidates(
-    contexts: ContextTable | None, next_tokens: Callable[[int, int], list[int]], ctx: tuple[int, ...], b: int
-) -> list[tuple[int, int]]:
-    """The first ``b`` distinct next tokens after ``ctx``, longest known context first: (order, token)."""
-    if contexts is None:
-        return [(1, t) for t in next_tokens(ctx[-1], b)]
-    out: list[tuple[int, int]] = []
-    seen: set[int] = set()
-    for order, row in [*contexts.lookup(ctx), (1, next_tokens(ctx[-1], b))]:
-        for t in row:
-            if t not in seen:
-                seen.add(t)
-                out.append((order, t))
-                if len(out) >= b:
-                    return out
-    return out
 
 
 def shared_paths(

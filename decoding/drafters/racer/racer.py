@@ -5,22 +5,20 @@ Per step (``propose``), below the root (the target's already decided next token)
 1. retrieval paths from this request's n-gram automaton (prompt + output, root included), longest
    matched contexts first, then counts; paths found under a long (strong) context may take the whole
    budget, those from short contexts at most ``retrieval_share`` of it;
-2. cross-session paths: continuations that followed the same context in this tenant's earlier
-   answers; ``cross_session_share`` of the budget plus whatever retrieval left unused;
-3. logits paths: breadth-first through the logit cues from the root, filling the rest: the target's
-   top-k after the node's trigram / bigram (this request's ``ContextTable``), then after its token (the
-   model's ``LogitsTable``).
+2. cross-session paths (``tier_drafter``): continuations that followed the same context in this
+   tenant's earlier answers; ``cross_session_share`` of the budget plus whatever retrieval left unused;
+3. logits paths: breadth-first through the logits table from the root (the target's top-k after each
+   token, learned from this prompt's prefill and every verified node), filling the rest.
 
 The trees are merged in that priority order (``merge_trees``, then the logits search runs *into* the
 merged tree), so the budget counts *unique* nodes after de-duplication and the logits part fills
-exactly what is left. Nodes are labelled
-``racer.retrieval``, ``racer.cross_session`` and ``racer.logits`` (a node found by several keeps the
-first label), so the engine's per-source stats show each part's share.
+exactly what is left. Nodes are labelled ``racer.retrieval``, ``racer.cross_session`` and
+``racer.logits`` (a node found by several keeps the first label), so the engine's per-source stats show
+each part's share.
 
 ``observe`` writes the target's top-k after the root and after every verified node (rejected ones too)
-into the logits table and, keyed by the node's context, into the context table. The automaton is kept
-in step with the output at each ``propose`` (the engine's ``generated`` is the truth). ``end`` sends the
-answer's n-grams to the shared tier (in the background) and lets the logits table save itself when due.
+into the logits table. The automaton is kept in step with the output at each ``propose`` (the engine's
+``generated`` is the truth). ``end`` sends the answer's n-grams to the shared tier (in the background).
 """
 
 from __future__ import annotations
@@ -32,11 +30,11 @@ from dataclasses import dataclass
 
 from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.racer.automaton import NgramAutomaton
-from decoding.drafters.racer.context_table import ContextTable
 from decoding.drafters.racer.cross_session import CrossSessionCache, SharedTier
 from decoding.drafters.racer.logits_table import LogitsTable
-from decoding.drafters.racer.paths import logits_paths, retrieval_paths, shared_paths
+from decoding.drafters.racer.paths import logits_paths, retrieval_paths
 from decoding.drafters.racer.snapshots import AutomatonCache
+from decoding.drafters.racer.tier_drafter import CrossSessionDrafter, TierDraft
 from decoding.tree import DraftTree, merge_trees
 
 logger = logging.getLogger(__name__)
@@ -52,10 +50,6 @@ class RacerConfig:
     retrieval_strong_context: int = 4  # contexts this long (root included) may take the whole budget
     cross_session_share: float = 0.25  # most of the budget the shared tier may take (+ retrieval's unused)
     cross_session_prefetch: int = 8  # tree nodes whose next-step contexts are prefetched from the shared tier
-    # logit cues keyed by the last 3 / 2 tokens, ahead of the token's own row. Off by default: measured on the
-    # bundled model (bench.decode, 12 prompts, 1 rep) it did not raise acceptance (1.34 vs 1.40 without):
-    # a context ending with the root is only known where the text repeats, and there retrieval already drafts.
-    context_cues: bool = False
 
     def __post_init__(self) -> None:
         if self.max_ngram < 2:
@@ -94,9 +88,7 @@ class RacerDrafter(BaseDrafter):
     def reset(self) -> None:
         self.automaton: NgramAutomaton | None = None
         self._fed = 0  # generated tokens already fed to the automaton
-        self._prompt_tail: list[int] = []
-        self._prompt_last: list[int] = []  # the prompt's last two tokens: the first root's context
-        self.contexts: ContextTable | None = None
+        self.tier = TierDraft(self.shared, self.config.cross_session_prefetch) if self.shared is not None else None
 
     def begin(self, prompt: PromptInfo) -> None:
         self.reset()
@@ -111,14 +103,8 @@ class RacerDrafter(BaseDrafter):
             self.automaton = NgramAutomaton.build(ids, cfg.max_ngram, cfg.max_nodes)
         if prompt.prompt_topk is not None:
             self.table.update(ids, prompt.prompt_topk)
-        self._prompt_last = ids[-2:]
-        if cfg.context_cues:
-            self.contexts = ContextTable(k=cfg.topk)
-            self.contexts.feed_prompt(ids, prompt.prompt_topk)
-        keep = self.shared.context_len if self.shared is not None else 0
-        self._prompt_tail = ids[-keep:] if keep else []
-        if self.shared is not None:
-            self.shared.prefetch([self._prompt_tail])  # context of the first root
+        if self.tier is not None:
+            self.tier.begin(ids)
 
     def propose(self, request: DraftRequest) -> DraftTree:
         auto = self._sync(request.generated)
@@ -130,40 +116,24 @@ class RacerDrafter(BaseDrafter):
         r_cap = min(budget, math.ceil(budget * cfg.retrieval_share))
         trees = [retrieval_paths(auto, budget, cfg.min_context, weak_budget=r_cap,
                                  strong_context=cfg.retrieval_strong_context)]
-        text_tail: list[int] = []
-        if self.shared is not None:
-            text_tail = self._tail(request.generated, self.shared.context_len)  # ends with the root
-            conts = self.shared.continuations(text_tail[:-1])
-            if conts:
-                c_cap = math.ceil(budget * cfg.cross_session_share) + max(0, r_cap - len(trees[0]))
-                trees.append(shared_paths(conts, root, min(budget, c_cap)))
+        if self.tier is not None:
+            c_cap = math.ceil(budget * cfg.cross_session_share) + max(0, r_cap - len(trees[0]))
+            shared = self.tier.paths(request.generated, min(budget, c_cap))
+            if len(shared):
+                trees.append(shared)
         head = trees[0] if len(trees) == 1 else merge_trees(trees, budget)
         # logits paths fill what is left after de-duplication (a path already proposed costs nothing)
-        merged = logits_paths(self.table, root, budget, cfg.topk, into=head, contexts=self.contexts,
-                              before=self._before_root(request.generated))
-        if self.shared is not None and self.shared.remote:
-            self._prefetch(text_tail, merged)
+        merged = logits_paths(self.table, root, budget, cfg.topk, into=head)
+        if self.tier is not None:
+            self.tier.prefetch_after(request.generated, merged)
         return merged
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        tree = outcome.tree
-        rows = [int(outcome.root), *tree.tokens]
-        self.table.update(rows, outcome.node_topk)
-        if self.contexts is not None and outcome.generated:
-            # each row's context: the text up to the root, then the node's path (parents come first)
-            start = (*self._before_root(outcome.generated), int(outcome.root))
-            ctxs: list[tuple[int, ...]] = [start]
-            for parent, token in zip(tree.parents, tree.tokens, strict=True):
-                ctxs.append((*ctxs[parent + 1][-2:], token))
-            self.contexts.feed(ctxs, outcome.node_topk)
+        self.table.update([int(outcome.root), *outcome.tree.tokens], outcome.node_topk)
 
     def end(self, output_ids: Sequence[int]) -> None:
-        if self.shared is not None and output_ids:
-            tail = self._prompt_tail
-            self.shared.learn([*tail, *output_ids], len(tail))
-        self.table.autosave()
-
-    # ---- helpers -----------------------------------------------------------------------------------
+        if self.tier is not None:
+            self.tier.learn(output_ids)
 
     def _sync(self, generated: Sequence[int]) -> NgramAutomaton:
         if self.automaton is None:  # propose without begin: an automaton of the output only
@@ -173,32 +143,6 @@ class RacerDrafter(BaseDrafter):
             self.automaton.extend(generated[self._fed :])
             self._fed = len(generated)
         return self.automaton
-
-    def _before_root(self, generated: Sequence[int]) -> list[int]:
-        """The (up to) two tokens before the root, the last of ``generated``."""
-        return _text_tail(self._prompt_last, generated, 3)[:-1]
-
-    def _tail(self, generated: Sequence[int], n: int) -> list[int]:
-        """The last ``n + 1`` tokens of prompt + generated (the root last)."""
-        return _text_tail(self._prompt_tail, generated, n + 1)
-
-    def _prefetch(self, text_tail: list[int], tree: DraftTree) -> None:
-        """Contexts the next step may need: after the root alone, or after accepting a path of ``tree``."""
-        assert self.shared is not None
-        n = self.shared.context_len
-        contexts = [text_tail[-n:]]
-        for node in range(min(len(tree), self.config.cross_session_prefetch)):
-            path = [tree.tokens[i] for i in tree.path_to(node)]
-            contexts.append((text_tail + path)[-n:])
-        self.shared.prefetch(contexts)
-
-
-def _text_tail(prompt_tail: list[int], generated: Sequence[int], n: int) -> list[int]:
-    """The last ``n`` tokens of prompt + generated, from the prompt's kept tail and the output."""
-    got = list(generated[-n:])
-    if len(got) < n:
-        got = prompt_tail[max(0, len(prompt_tail) - (n - len(got))) :] + got
-    return got
 
 
 class RacerFactory:
@@ -231,7 +175,13 @@ class RacerFactory:
             shared = self.shared_tier.cache(self.model_id, self.tokenizer_hash, tenant)
         return RacerDrafter(self.config, self.table, shared, automata=self.automata)
 
+    def cross_session_drafter(self, tenant: str = "") -> CrossSessionDrafter | None:
+        """The tier's paths alone for ``tenant`` (a mode without RACER); None without a tier."""
+        if self.shared_tier is None:
+            return None
+        shared = self.shared_tier.cache(self.model_id, self.tokenizer_hash, tenant)
+        return CrossSessionDrafter(shared, self.config.cross_session_prefetch)
+
     def close(self) -> None:
-        self.table.autosave(force=True)
         if self.shared_tier is not None:
             self.shared_tier.close()
