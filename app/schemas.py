@@ -105,7 +105,40 @@ class Source(BaseModel):
                               "window of ~60 words; the retrieval threshold applies to it")
     start: int
     end: int
-    page: int | None = None
+    page: int | None = Field(None, description="PDFs: the page of the chunk's first character")
+    page_end: int | None = Field(
+        None, description="PDFs: the page of the chunk's last character (= page when the chunk is on one page; "
+        "null for a PDF indexed before page ranges were recorded: `ragspec reindex` fills it)"
+    )
+    highlights: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="Spans [start, end) of `text` (character offsets) that support the answer: the sentences of "
+        "this source that answer sentences citing it match best, whole words only; empty when no sentence of the "
+        "answer cites this source (and in the stream's first `sources` event: see the `citations` event)",
+    )
+
+
+class Citation(BaseModel):
+    """One sentence of the answer and the source that supports it (attributed after generation)."""
+
+    start: int = Field(description="Character offset of the sentence in the answer")
+    end: int = Field(description="End (exclusive) of the sentence in the answer")
+    source: int = Field(ge=0, description="Index of the supporting source in `sources` (0-based; its marker is "
+                        "[source + 1])")
+    support: float = Field(ge=0, le=1, description="Share of the sentence's content words (weighted by how "
+                           "distinctive they are among the sources) that the source's text holds")
+
+
+class Citations(BaseModel):
+    """What attribution adds to an answer: the ``citations`` event of the ``/v1/ask`` stream, and the same fields
+    of the JSON answer."""
+
+    citations: list[Citation]
+    cited_answer: str = Field(description="The answer with an [n] marker after each cited sentence (n: the "
+                              "source's 1-based position in `sources`); `answer` stays the model's text")
+    highlights: list[list[tuple[int, int]]] = Field(
+        description="Per source, in the order of `sources`: its `highlights`"
+    )
 
 
 class Usage(BaseModel):
@@ -131,7 +164,9 @@ class AskStats(BaseModel):
 
 
 class AskResponse(BaseModel):
-    answer: str
+    answer: str = Field(description="The model's text, exactly as generated")
+    cited_answer: str = Field("", description="The answer with [n] markers after the sentences that cite source n")
+    citations: list[Citation] = Field(default_factory=list)
     session_id: str
     sources: list[Source]
     usage: Usage
@@ -192,6 +227,10 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: ChatUsage
     sources: list[Source]
+    citations: list[Citation] = Field(
+        default_factory=list, description="Sentences of the message's content and their sources (the content "
+        "itself is the model's text, without markers)"
+    )
     stats: AskStats
 
 

@@ -58,6 +58,7 @@ class Chunk:
     end: int
     n_tokens: int
     page: int | None = None
+    page_end: int | None = None  # PDFs: the page of the chunk's last character (= page within one page)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ def chunk_text(
     """Split ``text`` into chunks of at most ``max_tokens`` target tokens (see module doc).
 
     ``tokens`` is the text's tokenization when the caller already has it (the store keeps the ids), so
-    the text is tokenized only once. ``pages`` (PDF) gives each chunk the page of its first token.
+    the text is tokenized only once. ``pages`` (PDF) gives each chunk its page range: the pages of its first
+    and last visible characters (whitespace at its edges, such as the blank line between two pages, does not
+    count; a blank chunk takes the page of its start).
     A text without any token (empty, or whitespace for some tokenizers) gives no chunk.
     """
     if max_tokens < 1:
@@ -128,12 +131,27 @@ def chunk_text(
     for cid, (i, j) in enumerate(spans):
         start = 0 if i == 0 else int(starts[i])
         end = len(text) if j == n else int(starts[j])
-        page = None
+        page = page_end = None
         if pages:
-            k = bisect.bisect_right(page_starts, int(starts[i])) - 1
-            page = pages[max(k, 0)][0]
-        chunks.append(Chunk(id=cid, text=text[start:end], start=start, end=end, n_tokens=j - i, page=page))
+            page, page_end = _page_range(pages, page_starts, text, start, end)
+        chunks.append(
+            Chunk(id=cid, text=text[start:end], start=start, end=end, n_tokens=j - i, page=page, page_end=page_end)
+        )
     return chunks
+
+
+def _page_range(pages: list[PageSpan], page_starts: list[int], text: str, start: int, end: int) -> tuple[int, int]:
+    """Pages of the first and last non-whitespace characters of ``text[start:end]``."""
+    piece = text[start:end]
+    first = start + (len(piece) - len(piece.lstrip()))
+    last = start + len(piece.rstrip()) - 1
+    if last < first:  # nothing but whitespace
+        first = last = start
+
+    def page_at(pos: int) -> int:
+        return pages[max(bisect.bisect_right(page_starts, pos) - 1, 0)][0]
+
+    return page_at(first), page_at(last)
 
 
 def _best_cut(levels: np.ndarray, floor: int, lo: int, hi: int) -> int:

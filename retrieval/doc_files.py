@@ -73,7 +73,7 @@ def write_derived(
     with (derived / CHUNKS_FILE).open("w", encoding="utf-8") as f:
         for c in chunks:
             f.write(json.dumps({"id": c.id, "start": c.start, "end": c.end, "n_tokens": c.n_tokens,
-                                "page": c.page, "text": c.text}, ensure_ascii=False) + "\n")
+                                "page": c.page, "page_end": c.page_end, "text": c.text}, ensure_ascii=False) + "\n")
     np.save(derived / TOKENS_FILE, tokens.ids)
     np.save(derived / PASSAGES_FILE, passages)
     lexical.save(derived)

@@ -65,6 +65,7 @@ class Hit:
     page: int | None
     n_tokens: int
     similarity: float | None = None
+    page_end: int | None = None  # PDFs: the page of the chunk's last character
 
 
 @dataclass(frozen=True)
@@ -305,5 +306,6 @@ class Retriever:
 
 def _hit(doc_id: str, chunk: Chunk, score: float, similarity: float) -> Hit:
     return Hit(document_id=doc_id, chunk_id=chunk.id, text=chunk.text, score=score, start=chunk.start,
-               end=chunk.end, page=chunk.page, n_tokens=chunk.n_tokens, similarity=similarity)
+               end=chunk.end, page=chunk.page, n_tokens=chunk.n_tokens, similarity=similarity,
+               page_end=chunk.page_end)
 
