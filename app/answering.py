@@ -229,7 +229,9 @@ async def finish(services: Services, p: Plan) -> None:
     if "racer" not in MODES[p.question.mode]:  # RACER's drafter feeds the tier itself where it runs
         await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
     if p.question.session_id is not None:
-        await services.sessions.append(p.tenant, p.question.session_id, Turn(p.question.question, done.text))
+        await services.sessions.append(p.tenant, p.question.session_id, Turn(
+            p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in p.sources)
+        ))
 
 
 def progress_out(event: PrefillEvent) -> dict[str, object]:

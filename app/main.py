@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import fastapi_offline
 import uvicorn
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.auth import KeyRing
@@ -25,13 +25,15 @@ from app.deps import TenantDep
 from app.errors import install_error_handlers
 from app.gate import GatePolicy, RequestGate
 from app.metrics import Metrics, RequestMetricsMiddleware
-from app.routes import ask, documents, health, openai
+from app.routes import ask, capabilities, documents, health, openai, sessions
 from app.services import Services, load_services
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+# Swagger UI's JS and CSS as the fastapi-offline package ships them: /docs needs no CDN
+SWAGGER_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 
 
 @asynccontextmanager
@@ -88,17 +90,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     install_error_handlers(app)
 
-    for module in (health, documents, ask, openai):
+    for module in (health, documents, ask, capabilities, sessions, openai):
         app.include_router(module.router)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_schema(tenant: TenantDep) -> JSONResponse:
         return JSONResponse(app.openapi())
 
+    # /docs is public and holds no data: its script asks for /openapi.json with the API key the page keeps
+    # (entered there or on the main page), and adds it to the requests "Try it out" sends
     @app.get("/docs", include_in_schema=False)
-    async def swagger() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="ragspec API")
+    async def docs() -> FileResponse:
+        return FileResponse(STATIC_DIR / "docs.html", headers={"Cache-Control": "no-cache"})
 
+    app.mount("/static/swagger", StaticFiles(directory=SWAGGER_DIR), name="swagger")  # before /static
     if (STATIC_DIR / "index.html").exists():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 

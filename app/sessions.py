@@ -1,9 +1,20 @@
 """Conversation history per (tenant, session): Redis when configured and up, in process otherwise.
 
-Writes go to both (the in-process copy is what keeps a conversation going through a Redis outage);
-reads prefer Redis and fall back to the in-process copy. The in-process copy is a ``cachetools.TTLCache``:
-at most ``max_sessions`` conversations, each kept ``ttl_s`` after its last write (a read does not extend it,
-as Redis's EXPIRE, set on append, does not); when full, the least recently used one goes first.
+A conversation is its last ``max_turns`` turns (question, answer, the documents asked and, unless
+``keep_sources`` is off, the sources shown) plus a summary kept whole: its title (the first question),
+when it began and was last written, and how many questions it had. The same turns are what a follow-up
+question feeds back to the target.
+
+Writes go to both stores (the in-process copy is what keeps a conversation going through a Redis outage);
+reads prefer Redis and fall back to the in-process copy, which wins when it was written later (its last
+turn was written while Redis was down). The in-process copy is a ``cachetools.TTLCache``: at most
+``max_sessions`` conversations, each kept ``ttl_s`` after its last write (a read does not extend it, as
+Redis's EXPIRE, set on append, does not); when full, the least recently used one goes first.
+
+In Redis a conversation is three keys: its turns (a list), its summary (a hash) and the tenant's index of
+conversations (a sorted set scored by last write); all expire ``ttl_s`` after the last write. A delete
+while Redis is down is remembered (a tombstone, as long as a conversation lives) and done when Redis is
+back, so a deleted conversation never comes back.
 """
 
 from __future__ import annotations
@@ -12,20 +23,48 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from cachetools import TTLCache
+from cachetools import Cache, TTLCache
 
 from app.redis_link import RedisLink, RedisUnavailable
 
 logger = logging.getLogger(__name__)
+
+TITLE_CHARS = 200  # a conversation's title: its first question, cut here
 
 
 @dataclass(frozen=True)
 class Turn:
     question: str
     answer: str
+    documents: tuple[str, ...] = ()  # the documents asked about
+    sources: tuple[Mapping[str, Any], ...] = ()  # the sources shown (empty when not kept)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "documents": list(self.documents), "sources": list(self.sources)})
+
+    @classmethod
+    def from_json(cls, raw: str) -> Turn:
+        data = json.loads(raw)
+        return cls(
+            question=str(data["question"]),
+            answer=str(data["answer"]),
+            documents=tuple(str(d) for d in data.get("documents", ())),
+            sources=tuple(dict(s) for s in data.get("sources", ())),
+        )
+
+
+@dataclass
+class Conversation:
+    id: str
+    title: str
+    created: float  # wall-clock seconds
+    updated: float
+    asked: int  # questions asked in it (turns beyond the last max_turns are no longer kept)
+    turns: list[Turn] = field(default_factory=list)
 
 
 class SessionStore:
@@ -38,44 +77,181 @@ class SessionStore:
         max_turns: int,
         max_sessions: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        keep_sources: bool = True,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.link = link
         self.ttl_s = ttl_s
         self.max_turns = max_turns
-        self._memory: TTLCache[str, list[Turn]] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
+        self.keep_sources = keep_sources
+        self._wall = wall
+        self._memory: TTLCache[str, Conversation] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
+        self._deleted: TTLCache[str, bool] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
 
     @staticmethod
     def _key(tenant: str, session_id: str) -> str:
         return f"ragspec:session:{tenant}:{session_id}"
 
+    @staticmethod
+    def _meta_key(tenant: str, session_id: str) -> str:
+        return f"ragspec:session-meta:{tenant}:{session_id}"
+
+    @staticmethod
+    def _index_key(tenant: str) -> str:
+        return f"ragspec:sessions:{tenant}"
+
     async def history(self, tenant: str, session_id: str) -> list[Turn]:
+        """The turns a follow-up question is asked after (oldest first); none for an unknown session."""
+        conversation = await self.get(tenant, session_id)
+        return conversation.turns[-self.max_turns :] if conversation is not None else []
+
+    async def get(self, tenant: str, session_id: str) -> Conversation | None:
+        """The tenant's conversation ``session_id``, or None (unknown, expired, deleted or another's)."""
         key = self._key(tenant, session_id)
-        local = list(self._memory.get(key) or [])
-        try:
-            raw = await self.link.run(lambda c: c.lrange(key, -self.max_turns, -1))  # type: ignore[arg-type]
-            shared = [Turn(**json.loads(item)) for item in raw]
-        except RedisUnavailable:
-            return local
-        except (ValueError, TypeError):
-            logger.warning("discarding a malformed session %s", key)
-            return local
-        # the local copy is newer when its last turn was written while Redis was down
-        if local and local[-1] not in shared:
-            return local
-        return shared or local
+        local = self._memory.get(key)  # a read: counts as a use for the LRU order
+        shared = await self._shared(tenant, session_id)
+        return _newer(local, shared)
+
+    async def recent(self, tenant: str, limit: int = 100) -> list[Conversation]:
+        """The tenant's conversations, last written first (turns not loaded)."""
+        found: dict[str, Conversation] = {}
+        prefix = self._key(tenant, "")
+        for key in self._memory:  # iterating neither touches the LRU order nor returns expired ones
+            if key.startswith(prefix):
+                local: Conversation = Cache.__getitem__(self._memory, key)  # a peek, not a use
+                found[local.id] = local
+        with contextlib.suppress(RedisUnavailable):
+            for shared in await self._shared_list(tenant, limit):
+                newer = _newer(found.get(shared.id), shared)
+                if newer is not None:
+                    found[shared.id] = newer
+        ordered = sorted(found.values(), key=lambda c: (-c.updated, c.id))[:limit]
+        return [Conversation(c.id, c.title, c.created, c.updated, c.asked) for c in ordered]
 
     async def append(self, tenant: str, session_id: str, turn: Turn) -> None:
+        if not self.keep_sources:
+            turn = Turn(turn.question, turn.answer, turn.documents)
         key = self._key(tenant, session_id)
-        turns = [*(self._memory.get(key) or []), turn][-self.max_turns :]
-        self._memory[key] = turns
-        payload = json.dumps(asdict(turn))
+        now = self._wall()
+        self._deleted.pop(key, None)  # an id asked again after a delete is a new conversation
+        local = self._memory.get(key)
+        if local is None:
+            local = Conversation(session_id, turn.question[:TITLE_CHARS], now, now, 0)
+        local = Conversation(
+            session_id, local.title, local.created, now, local.asked + 1, [*local.turns, turn][-self.max_turns :]
+        )
+        self._memory[key] = local
+        meta_key, index_key = self._meta_key(tenant, session_id), self._index_key(tenant)
 
         async def write(client):  # type: ignore[no-untyped-def]
             async with client.pipeline(transaction=True) as pipe:
-                pipe.rpush(key, payload)
+                pipe.rpush(key, turn.to_json())
                 pipe.ltrim(key, -self.max_turns, -1)
                 pipe.expire(key, self.ttl_s)
+                pipe.hsetnx(meta_key, "title", local.title)
+                pipe.hsetnx(meta_key, "created", repr(local.created))
+                pipe.hset(meta_key, "updated", repr(now))
+                pipe.hincrby(meta_key, "asked", 1)
+                pipe.expire(meta_key, self.ttl_s)
+                pipe.zadd(index_key, {session_id: now})
+                pipe.zremrangebyscore(index_key, "-inf", now - self.ttl_s)
+                pipe.expire(index_key, self.ttl_s)
                 return await pipe.execute()
 
         with contextlib.suppress(RedisUnavailable):
             await self.link.run(write)
+
+    async def delete(self, tenant: str, session_id: str) -> bool:
+        """Forget the conversation; False when the tenant has no such conversation."""
+        existed = await self.get(tenant, session_id) is not None
+        key = self._key(tenant, session_id)
+        self._memory.pop(key, None)
+        self._deleted[key] = True
+        with contextlib.suppress(RedisUnavailable):
+            await self._delete_shared(tenant, session_id)
+        return existed
+
+    async def _delete_shared(self, tenant: str, session_id: str) -> None:
+        key = self._key(tenant, session_id)
+
+        async def drop(client):  # type: ignore[no-untyped-def]
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.delete(key, self._meta_key(tenant, session_id))
+                pipe.zrem(self._index_key(tenant), session_id)
+                return await pipe.execute()
+
+        await self.link.run(drop)
+        self._deleted.pop(key, None)
+
+    async def _shared(self, tenant: str, session_id: str) -> Conversation | None:
+        """The conversation as Redis has it (None when Redis lacks it, is down or off)."""
+        key, meta_key = self._key(tenant, session_id), self._meta_key(tenant, session_id)
+        if await self._tombstoned(tenant, session_id):
+            return None
+
+        async def read(client):  # type: ignore[no-untyped-def]
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.lrange(key, -self.max_turns, -1)
+                pipe.hgetall(meta_key)
+                return await pipe.execute()
+
+        try:
+            raw, meta = await self.link.run(read)
+            turns = [Turn.from_json(item) for item in raw]
+        except RedisUnavailable:
+            return None
+        except (ValueError, TypeError, KeyError):
+            logger.warning("discarding a malformed session %s", key)
+            return None
+        if not turns:
+            return None
+        return _conversation(session_id, meta, turns)
+
+    async def _shared_list(self, tenant: str, limit: int) -> list[Conversation]:
+        index_key = self._index_key(tenant)
+        since = self._wall() - self.ttl_s
+        ids: list[str] = await self.link.run(
+            lambda c: c.zrevrangebyscore(index_key, "+inf", since, start=0, num=limit)  # type: ignore[arg-type, return-value]
+        )
+        ids = [i for i in ids if not await self._tombstoned(tenant, i)]
+        if not ids:
+            return []
+
+        async def read(client):  # type: ignore[no-untyped-def]
+            async with client.pipeline(transaction=False) as pipe:
+                for session_id in ids:
+                    pipe.hgetall(self._meta_key(tenant, session_id))
+                return await pipe.execute()
+
+        metas: Sequence[Mapping[str, str]] = await self.link.run(read)
+        found = []
+        for session_id, meta in zip(ids, metas, strict=True):
+            if meta:  # gone (expired) since the index was written
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    found.append(_conversation(session_id, meta, []))
+        return found
+
+    async def _tombstoned(self, tenant: str, session_id: str) -> bool:
+        """Whether the conversation was deleted while Redis was down; retries that delete."""
+        if self._key(tenant, session_id) not in self._deleted:
+            return False
+        with contextlib.suppress(RedisUnavailable):
+            await self._delete_shared(tenant, session_id)
+        return True
+
+
+def _conversation(session_id: str, meta: Mapping[str, str], turns: list[Turn]) -> Conversation:
+    """A conversation from its Redis summary hash (a list written before summaries: titled by its turns)."""
+    updated = float(meta.get("updated", 0.0))
+    title = meta.get("title") or (turns[0].question[:TITLE_CHARS] if turns else "")
+    return Conversation(
+        session_id, title, float(meta.get("created", updated)), updated, int(meta.get("asked", len(turns))), turns
+    )
+
+
+def _newer(local: Conversation | None, shared: Conversation | None) -> Conversation | None:
+    """The later written of the two copies (this process's on a tie: it wrote both, and its copy outlives a
+    Redis that lost its data)."""
+    if local is None or shared is None:
+        return local or shared
+    return local if local.updated >= shared.updated else shared

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     draft_budget_max: int = Field(64, ge=0, le=512, description="Most draft-tree nodes per verify step")
     calibrate: bool = Field(True, description="Measure verify cost per draft size at start (background)")
     session_ttl_s: int = Field(24 * 3600, ge=60, description="Session history lifetime")
+    session_sources: bool = Field(
+        True, description="Keep each answer's sources in its session, so a resumed conversation shows them"
+    )
     draft_cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Cross-session draft cache TTL")
 
     @field_validator("api_keys", "trusted_proxies", mode="before")

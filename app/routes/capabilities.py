@@ -1,0 +1,54 @@
+"""``GET /v1/capabilities``: what this server answers, so a client offers only that. The page reads it to
+hide the decoding modes this process cannot serve (they answer 400 ``not_available_yet``) and to bound its
+inputs by the server's limits."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from app.deps import ServicesDep, TenantDep
+from app.errors import NotAvailableYet
+from app.schemas import AskMode
+
+router = APIRouter(tags=["ask"])
+
+
+class ModeInfo(BaseModel):
+    name: str
+    available: bool
+    reason: str | None = Field(None, description="Why not, when not available (the error /v1/ask would give)")
+
+
+class Capabilities(BaseModel):
+    modes: list[ModeInfo] = Field(description="Every mode /v1/ask takes, in its order")
+    max_new_tokens: int = Field(description="The largest max_tokens a request may ask for")
+    default_max_tokens: int = Field(description="max_tokens when a request gives none")
+    max_question_chars: int
+    max_document_ids: int
+    max_upload_bytes: int
+
+
+@router.get("/v1/capabilities", response_model=Capabilities)
+async def capabilities(services: ServicesDep, tenant: TenantDep) -> Capabilities:
+    """Each mode is tried as a request would be (its drafters built for the caller, then dropped), so
+    "available" is what /v1/ask would do, not a guess."""
+    modes = []
+    for mode in get_args(AskMode):
+        try:
+            services.drafters.for_mode(mode, tenant)
+        except NotAvailableYet as exc:
+            modes.append(ModeInfo(name=mode, available=False, reason=exc.message))
+        else:
+            modes.append(ModeInfo(name=mode, available=True, reason=None))
+    limits = services.config.limits
+    return Capabilities(
+        modes=modes,
+        max_new_tokens=limits.max_new_tokens,
+        default_max_tokens=limits.default_max_tokens,
+        max_question_chars=limits.max_question_chars,
+        max_document_ids=limits.max_document_ids,
+        max_upload_bytes=limits.max_upload_bytes,
+    )
