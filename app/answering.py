@@ -11,17 +11,20 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from starlette.requests import Request
 
+from app.citations import cite
 from app.drafting import needs_draft_prompt, needs_draft_rows
 from app.errors import InvalidRequest, Overloaded
+from app.followup import follow_up_query, merge_hits
 from app.prompts import SYSTEM_PROMPT, document_texts
-from app.scheduler import JobHandle
-from app.schemas import AskStats, Source, Usage
+from app.scheduler import JobHandle, Queued
+from app.schemas import AskStats, Citations, Source, Usage
 from app.services import Services
 from app.sessions import Turn
 from decoding.drafter import Drafter
@@ -71,6 +74,8 @@ class Plan:
     handle: JobHandle | None = None
     done: DoneEvent | None = None
     text: list[str] = field(default_factory=list)
+    citations: Citations | None = None  # set by ``finish`` (it also sets the sources' highlights)
+    arrived: float = field(default_factory=time.perf_counter)  # perf_counter() at the request's arrival
 
 
 def check_limits(
@@ -103,11 +108,22 @@ def source_of(hit: Hit) -> Source:
         start=hit.start,
         end=hit.end,
         page=hit.page,
+        page_end=hit.page_end,
     )
 
 
-async def plan(services: Services, tenant: str, q: Question) -> Plan:
-    """Everything up to the generation: raises the request's 4xx errors before any streaming starts."""
+async def plan(services: Services, tenant: str, q: Question, arrived: float | None = None) -> Plan:
+    """Everything up to the generation (``admit``, then retrieval and the prompt)."""
+    return await admit(services, tenant, q, arrived)()
+
+
+def admit(
+    services: Services, tenant: str, q: Question, arrived: float | None = None
+) -> Callable[[], Awaitable[Plan]]:
+    """The request's checks, which raise its 4xx errors before any streaming starts; returns what builds the
+    plan (retrieval and the prompt), which a stream awaits after its first bytes have left. ``arrived``
+    (``time.perf_counter()`` at the request's arrival, default now) is where ``ttft_ms`` counts from."""
+    arrived = time.perf_counter() if arrived is None else arrived
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
     drafters = services.drafters.for_mode(q.mode, tenant, q.sampling)
     _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
@@ -128,8 +144,10 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
         sources: list[Source] = []
         hits: list[Hit] = []
         if doc_ids:
-            result = services.retriever.retrieve(q.question, doc_ids, tenant=tenant)
-            hits = result.hits
+            hits = services.retriever.retrieve(q.question, doc_ids, tenant=tenant).hits
+            follow_up = follow_up_query(q.question, q.history)  # app/followup.py: why a follow-up asks twice
+            if follow_up is not None:
+                hits = merge_hits(hits, services.retriever.retrieve(follow_up, doc_ids, tenant=tenant).hits)
             sources = [source_of(h) for h in sorted(hits, key=lambda h: -h.score)]  # best first
         docs = document_texts(services.store, records)
         prompt = services.prompts.fit(
@@ -149,9 +167,15 @@ async def plan(services: Services, tenant: str, q: Question) -> Plan:
             prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
         return prompt, sources
 
-    prompt, sources = await asyncio.to_thread(build)
-    config = GenerationConfig(max_new_tokens=max_tokens, sampling=q.sampling, stop=q.stop)
-    return Plan(tenant=tenant, question=q, prompt=prompt, config=config, drafters=drafters, sources=sources)
+    async def prepare() -> Plan:
+        prompt, sources = await asyncio.to_thread(build)
+        config = GenerationConfig(max_new_tokens=max_tokens, sampling=q.sampling, stop=q.stop)
+        return Plan(
+            tenant=tenant, question=q, prompt=prompt, config=config, drafters=drafters, sources=sources,
+            arrived=arrived,
+        )
+
+    return prepare
 
 
 def start(services: Services, p: Plan) -> JobHandle:
@@ -159,13 +183,23 @@ def start(services: Services, p: Plan) -> JobHandle:
     engine, metrics, mode = services.engine, services.metrics, p.question.mode
 
     def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
+        began = time.perf_counter()
         for event in engine.generate(p.prompt, p.config, p.drafters, cancel=cancel):
             if isinstance(event, DoneEvent):  # observed here: a cancelled stream has no reader left
+                event = _ttft_from_arrival(event, began - p.arrived)
                 metrics.observe_generation(mode, event.stats, p.tenant)
             yield event
 
     p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key))
     return p.handle
+
+
+def _ttft_from_arrival(done: DoneEvent, before_s: float) -> DoneEvent:
+    """The engine times its first token from the generation's start; the client waited ``before_s`` more
+    (retrieval, the prompt's build, the queue) since its request arrived."""
+    if done.stats.completion_tokens == 0:  # no first token: nothing to time
+        return done
+    return replace(done, stats=replace(done.stats, ttft_s=done.stats.ttft_s + before_s))
 
 
 def _counted(services: Services, admit: Callable[[], T]) -> T:
@@ -176,8 +210,10 @@ def _counted(services: Services, admit: Callable[[], T]) -> T:
         raise
 
 
-async def events(p: Plan, request: Request | None = None) -> AsyncIterator[TokenEvent | PrefillEvent]:
-    """The generation's text and prefill-progress events; records the final ``DoneEvent`` on the plan. A
+async def events(
+    p: Plan, request: Request | None = None
+) -> AsyncIterator[TokenEvent | PrefillEvent | Queued]:
+    """The generation's text, queue and prefill-progress events; records the final ``DoneEvent`` on the plan. A
     client that goes away (``request`` disconnects) cancels the generation within one decode step or one
     prefill chunk."""
     assert p.handle is not None
@@ -190,7 +226,7 @@ async def events(p: Plan, request: Request | None = None) -> AsyncIterator[Token
             elif isinstance(event, TokenEvent):
                 p.text.append(event.text)
                 yield event
-            elif isinstance(event, PrefillEvent):
+            elif isinstance(event, PrefillEvent | Queued):
                 yield event
     finally:
         handle.cancel()
@@ -222,9 +258,13 @@ async def complete(services: Services, p: Plan, request: Request) -> DoneEvent:
 
 
 async def finish(services: Services, p: Plan) -> None:
-    """After the last event: the session's history and the tenant's cross-session draft cache."""
+    """After the last event: the answer's citations (app/citations.py), the session's history and the
+    tenant's cross-session draft cache."""
     done = p.done
-    if done is None or done.finish_reason == "cancelled":
+    if done is None:
+        return
+    p.citations = await asyncio.to_thread(cite, done.text, p.sources)
+    if done.finish_reason == "cancelled":
         return
     if "racer" not in MODES[p.question.mode]:  # RACER's drafter feeds the tier itself where it runs
         await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
@@ -234,9 +274,19 @@ async def finish(services: Services, p: Plan) -> None:
         ))
 
 
-def progress_out(event: PrefillEvent) -> dict[str, object]:
-    """The payload of a progress event: the prompt's prefill, ``done`` of ``total`` tokens (``reused`` of
-    them from the KV prefix cache)."""
+def citations_of(p: Plan) -> Citations:
+    """The plan's citations (none before ``finish`` has run, or for a generation that never ran)."""
+    if p.citations is not None:
+        return p.citations
+    text = p.done.text if p.done is not None else ""
+    return Citations(citations=[], cited_answer=text, highlights=[[] for _ in p.sources])
+
+
+def progress_out(event: PrefillEvent | Queued) -> dict[str, object]:
+    """The payload of a progress event: waiting for the engine (``position`` 1 runs next), or the prompt's
+    prefill, ``done`` of ``total`` tokens (``reused`` of them from the KV prefix cache)."""
+    if isinstance(event, Queued):
+        return {"stage": "queued", "position": event.position}
     return {"stage": "prefill", "done": event.done, "total": event.total, "reused": event.reused}
 
 

@@ -27,6 +27,7 @@ from app.gate import NO_TENANT, TENANT
 from decoding.stats import GenerationStats
 
 TENANT_LABEL = "tenant"
+ARRIVED = "ragspec.arrived"  # scope key: time.perf_counter() when the request reached the app (ttft counts from it)
 View = Literal["all", "total", "tenant"]
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -195,7 +196,7 @@ class RequestMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        t0 = time.perf_counter()
+        t0 = scope[ARRIVED] = time.perf_counter()
         status = 500
 
         async def send_wrapper(message: Message) -> None:

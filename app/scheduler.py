@@ -4,6 +4,8 @@ The engine's ``generate`` is a synchronous generator; the worker thread iterates
 to the request's event loop (``call_soon_threadsafe`` into an ``asyncio.Queue``). Past ``queue_size``
 waiting generations, ``submit`` raises ``Overloaded`` (429 with Retry-After). A request that goes away
 sets its cancel event: a waiting job leaves the queue at once, a running one stops within one decode step.
+A job that has to wait gets a ``Queued`` event first and another each time its place in the queue changes,
+so a stream can tell its client where it stands before the first token.
 
 Background jobs (warming a document's KV prefix) run only when no generation waits, never count against
 the queue, and a running one is asked to stop when a generation for another prefix arrives.
@@ -30,6 +32,13 @@ RunFn = Callable[[threading.Event], Iterator[Any]]
 
 class _End:
     """Marks the end of a job's event stream (after its last event, or when it never ran)."""
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting generation's place in the queue: ``position`` 1 runs next."""
+
+    position: int
 
 
 @dataclass
@@ -121,8 +130,10 @@ class GenerationScheduler:
         job = Job(run=run, key=key, background=False, loop=loop, queue=asyncio.Queue())
         with self._cond:
             self._refuse_if_full_locked()
-            self._waiting.append(job)
             running = self._running
+            if self._waiting or (running is not None and not running.background):  # it has to wait
+                job.push(Queued(len(self._waiting) + 1))
+            self._waiting.append(job)
             if running is not None and running.background and running.key != key:
                 running.cancel.set()  # a warm-up never holds up a question on another document
             self._cond.notify_all()
@@ -165,14 +176,23 @@ class GenerationScheduler:
         job.cancel.set()
         with self._cond:
             if job in self._waiting:  # never started: leave the queue now and free the slot
+                place = self._waiting.index(job)
                 self._waiting.remove(job)
                 job.finished = True
                 job.push(_End())
+                self._announce_locked(place)
 
     # --- worker ------------------------------------------------------------------------------------
+    def _announce_locked(self, start: int = 0) -> None:
+        """Tell the waiting jobs from index ``start`` on their new places (one ahead of them left)."""
+        for place in range(start, len(self._waiting)):
+            self._waiting[place].push(Queued(place + 1))
+
     def _next_locked(self) -> Job | None:
         if self._waiting:
-            return self._waiting.popleft()
+            job = self._waiting.popleft()
+            self._announce_locked()
+            return job
         if self._background:
             return self._background.popleft()
         return None

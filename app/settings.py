@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     max_new_tokens: int = Field(1024, ge=1, description="Upper bound on max_tokens per answer")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     queue_size: int = Field(8, ge=0, description="Waiting generations beyond the running one -> 429 above")
+    sse_ping_s: float = Field(
+        15.0, gt=0, le=300, description="Seconds between SSE keep-alive comments (`: ping`) on answer streams, "
+        "from the moment a request is accepted: a proxy's read timeout never sees a silent stream"
+    )
 
     kv_cache_bytes: int = Field(2 << 30, ge=0, description="Byte budget of the document KV cache (LRU)")
     kv_cache_persist: bool = Field(True, description="Persist document KV caches to disk across restarts")

@@ -1,22 +1,30 @@
-"""``POST /v1/ask``: a question over documents; JSON, or SSE (sources, token..., stats, done)."""
+"""``POST /v1/ask``: a question over documents; JSON, or SSE (sources, progress..., token..., stats, done).
+
+A stream starts as soon as the request's checks pass: its first bytes (a comment) leave before retrieval,
+and pings (comments) every ``RAGSPEC_SSE_PING_S`` keep it alive until the first token.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sse_starlette import ServerSentEvent
 
 from app import answering
 from app.answering import Plan, Question
 from app.deps import ServicesDep, TenantDep
 from app.errors import error_body, translate
+from app.metrics import ARRIVED
 from app.routes.documents import ERRORS
+from app.scheduler import Queued
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
-from app.sse import frame, sse_response
+from app.sse import comment, frame, sse_response
 from decoding.generation import PrefillEvent, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -26,9 +34,13 @@ router = APIRouter(tags=["ask"])
 STREAM_DOC: dict[int | str, dict[str, Any]] = {
     "200": {
         "description": "JSON answer, or with `stream: true` a text/event-stream of `sources`, `progress` "
-        '(data `{"stage": "prefill", "done", "total", "reused"}`: prompt tokens whose KV is ready, of which '
-        "reused from the prefix cache; sent while the prompt is read), `token` "
-        '(data `{"text"}`), `stats` and `done` events (`error` then `done` on a failure mid-stream)',
+        '(data `{"stage": "queued", "position"}` while the generation waits for the engine, position 1 next; '
+        '`{"stage": "prefill", "done", "total", "reused"}`: prompt tokens whose KV is ready, of which '
+        "reused from the prefix cache, while the prompt is read), `token` "
+        '(data `{"text"}`), `citations` (data `{"citations", "cited_answer", "highlights"}`: the answer\'s '
+        "sentences cited to sources, attributed after the last token), `stats` and `done` events (`error` then "
+        "`done` on a failure mid-stream); "
+        "comment frames (`: ping`) keep the connection alive until the first token",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }
 }
@@ -36,6 +48,7 @@ STREAM_DOC: dict[int | str, dict[str, Any]] = {
 
 @router.post("/v1/ask", response_model=AskResponse, responses={**ERRORS, **STREAM_DOC})
 async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant: TenantDep) -> Any:
+    arrived = arrival(request)
     session_id = body.session_id or uuid.uuid4().hex
     history = []
     if body.session_id is not None:
@@ -49,13 +62,17 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
         history=history,
         session_id=session_id,
     )
-    plan = await answering.plan(services, tenant, question)
-    answering.start(services, plan)
+    prepare = answering.admit(services, tenant, question, arrived)  # 4xx here, before any streaming
     if body.stream:
-        return sse_response(_stream(services, plan, session_id))
+        return sse_response(_stream(services, prepare, session_id), services.settings.sse_ping_s)
+    plan = await prepare()
+    answering.start(services, plan)
     done = await answering.complete(services, plan, request)
+    cited = answering.citations_of(plan)
     return AskResponse(
         answer=done.text,
+        cited_answer=cited.cited_answer,
+        citations=cited.citations,
         session_id=session_id,
         sources=plan.sources,
         usage=answering.usage_out(done.stats),
@@ -63,16 +80,29 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
     )
 
 
-async def _stream(services: Services, plan: Plan, session_id: str) -> AsyncIterator[str]:
+def arrival(request: Request) -> float:
+    """``time.perf_counter()`` when the request reached the app (stamped by the outermost middleware), else
+    now."""
+    stamp = request.scope.get(ARRIVED)
+    return stamp if isinstance(stamp, float) else time.perf_counter()
+
+
+async def _stream(
+    services: Services, prepare: Callable[[], Awaitable[Plan]], session_id: str
+) -> AsyncIterator[ServerSentEvent]:
     try:
+        yield comment("accepted")  # the first bytes, before retrieval and the queue
+        plan = await prepare()
         yield frame([s.model_dump() for s in plan.sources], "sources")
+        answering.start(services, plan)
         async for event in answering.events(plan):
-            if isinstance(event, PrefillEvent):
+            if isinstance(event, PrefillEvent | Queued):
                 yield frame(answering.progress_out(event), "progress")
             elif event.text:
                 yield frame({"text": event.text}, "token")
         await answering.finish(services, plan)
         if plan.done is not None:
+            yield frame(answering.citations_of(plan).model_dump(), "citations")  # app/citations.py
             yield frame(answering.stats_out(plan.done.stats, plan.question.mode).model_dump(), "stats")
             usage = answering.usage_out(plan.done.stats).model_dump()
             yield frame(

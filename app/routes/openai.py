@@ -1,8 +1,12 @@
 """OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``.
 
-Extra request field ``document_ids``; extra response fields ``sources`` and ``stats`` (in the final chunk
-when streaming). The last user message is the question, earlier user/assistant pairs the history, system
+Extra request field ``document_ids``; extra response fields ``sources``, ``citations`` (sentences of the
+content and their sources; the content is the model's text unchanged) and ``stats`` (in the final chunk when
+streaming). The last user message is the question, earlier user/assistant pairs the history, system
 messages replace the service's system prompt.
+
+A stream's first chunk (the assistant role) leaves as soon as the request's checks pass, before retrieval;
+until the first token its progress (queued, prefill) and pings go as SSE comments, which OpenAI clients skip.
 """
 
 from __future__ import annotations
@@ -11,17 +15,20 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sse_starlette import ServerSentEvent
 
 from app import answering
 from app.answering import Plan, Question
 from app.deps import ServicesDep, TenantDep
 from app.errors import InvalidRequest, translate
 from app.prompts import SYSTEM_PROMPT
+from app.routes.ask import arrival
 from app.routes.documents import ERRORS
+from app.scheduler import Queued
 from app.schemas import (
     ChatChoice,
     ChatChoiceMessage,
@@ -108,6 +115,7 @@ async def list_models(services: ServicesDep, tenant: TenantDep) -> ModelList:
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, services: ServicesDep, tenant: TenantDep
 ) -> Any:
+    arrived = arrival(request)
     system, history, question = conversation(body.messages)
     if body.model and body.model != services.target.name:
         logger.debug("chat request names model %r; serving %s", body.model, services.target.name)
@@ -120,12 +128,14 @@ async def chat_completions(
         history=history,
         system=system,
     )
-    plan = await answering.plan(services, tenant, q)
-    answering.start(services, plan)
+    prepare = answering.admit(services, tenant, q, arrived)  # 4xx here, before any streaming
     completion_id = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     if body.stream:
-        return sse_response(_stream(services, plan, completion_id, created))
+        stream = _stream(services, prepare, completion_id, created)
+        return sse_response(stream, services.settings.sse_ping_s)
+    plan = await prepare()
+    answering.start(services, plan)
     done = await answering.complete(services, plan, request)
     stats = done.stats
     return ChatCompletionResponse(
@@ -144,6 +154,7 @@ async def chat_completions(
             total_tokens=stats.prompt_tokens + stats.completion_tokens,
         ),
         sources=plan.sources,
+        citations=answering.citations_of(plan).citations,
         stats=answering.stats_out(stats, plan.question.mode),
     )
 
@@ -161,12 +172,16 @@ def _chunk(
     }
 
 
-async def _stream(services: Services, plan: Plan, completion_id: str, created: int) -> AsyncIterator[str]:
+async def _stream(
+    services: Services, prepare: Callable[[], Awaitable[Plan]], completion_id: str, created: int
+) -> AsyncIterator[ServerSentEvent]:
     model = services.target.name
-    try:
+    try:  # the role chunk first: the stream's first bytes, before retrieval and the queue
         yield frame(_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None))
+        plan = await prepare()
+        answering.start(services, plan)
         async for event in answering.events(plan):
-            if isinstance(event, PrefillEvent):  # a comment: OpenAI clients skip it, proxies see bytes flow
+            if isinstance(event, PrefillEvent | Queued):  # a comment: OpenAI clients skip it, proxies see bytes
                 yield comment(json.dumps(answering.progress_out(event), separators=(",", ":")))
             elif event.text:
                 yield frame(_chunk(completion_id, created, model, {"content": event.text}, None))
@@ -187,6 +202,7 @@ async def _stream(services: Services, plan: Plan, completion_id: str, created: i
                     FINISH_REASONS.get(plan.done.finish_reason, "stop"),
                     usage=usage,
                     sources=[s.model_dump() for s in plan.sources],
+                    citations=[c.model_dump() for c in answering.citations_of(plan).citations],
                     stats=answering.stats_out(stats, plan.question.mode).model_dump(),
                 )
             )

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from app.errors import Overloaded
-from app.scheduler import GenerationScheduler
+from app.scheduler import GenerationScheduler, Queued
 
 
 def gated(gate: threading.Event, started: threading.Event, steps: int = 3):  # type: ignore[no-untyped-def]
@@ -53,7 +53,7 @@ def test_runs_jobs_in_order_and_rejects_past_the_queue() -> None:
             assert info.value.status == 429 and int(info.value.headers["Retry-After"]) >= 1
             gate.set()
             assert await collect(first) == ["e0", "e1", "e2"]
-            assert await collect(second) == ["second"]
+            assert await collect(second) == [Queued(1), "second"]  # it waited, first in line
             assert sched.rejected == 1 and sched.completed == 2
         finally:
             sched.stop()
@@ -90,11 +90,39 @@ def test_cancel_waiting_job_leaves_the_queue_at_once() -> None:
             waiting = sched.submit(instant("never"))
             waiting.cancel()
             assert sched.waiting == 0
-            assert await collect(waiting) == []
+            assert await collect(waiting) == [Queued(1)]  # where it stood, then the end: it never ran
             queued = sched.submit(instant("after"))  # the freed place is usable while job 1 still runs
             gate.set()
             assert await collect(running) == ["e0", "e1", "e2"]
-            assert await collect(queued) == ["after"]
+            assert await collect(queued) == [Queued(1), "after"]
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_waiting_jobs_hear_their_place_in_the_queue() -> None:
+    """A job submitted to an idle engine starts without a ``Queued`` event; one that waits hears its place
+    at once, and again each time a job ahead of it starts or leaves the queue, until it runs."""
+
+    async def main() -> None:
+        sched = GenerationScheduler(queue_size=3)
+        try:
+            gate, started = threading.Event(), threading.Event()
+            first = sched.submit(gated(gate, started, steps=1))
+            await asyncio.to_thread(started.wait, 5)
+            gate2, started2 = threading.Event(), threading.Event()
+            second = sched.submit(gated(gate2, started2, steps=1))
+            third = sched.submit(instant("third"))
+            fourth = sched.submit(instant("fourth"))
+            third.cancel()  # leaves the queue: the fourth moves up
+            gate.set()  # the first ends; the second starts: the fourth moves up again
+            assert await collect(first) == ["e0"]
+            await asyncio.to_thread(started2.wait, 5)
+            gate2.set()
+            assert await collect(second) == [Queued(1), "e0"]
+            assert await collect(third) == [Queued(2)]
+            assert await collect(fourth) == [Queued(3), Queued(2), Queued(1), "fourth"]
         finally:
             sched.stop()
 
