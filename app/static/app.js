@@ -708,7 +708,9 @@
         el('p', { class: 'answer-text', 'aria-busy': 'true' }, answerText),
         el('p', { class: 'answer-status', role: 'status', text: 'Waiting for the first token…' }),
         el('p', { class: 'warning', role: 'alert', hidden: true }),
-        el('dl', { class: 'stats', hidden: true }),
+        el('details', { class: 'stats-box', hidden: true },
+          el('summary', { text: 'Engineering stats' }),
+          el('dl', { class: 'stats' })),
         el('section', { class: 'sources', hidden: true, 'aria-label': 'Sources' },
           el('h3', { class: 'sources-heading', text: 'Sources' }),
           el('ol', { class: 'source-list' }))));
@@ -798,7 +800,7 @@
     for (const [name, value] of rows) {
       dl.append(el('div', { class: 'stat' }, el('dt', { text: name }), el('dd', { text: value })));
     }
-    dl.hidden = false;
+    turn.querySelector('.stats-box').hidden = false; // collapsed: opened by its summary
     if (s.context_truncated) {
       const warning = turn.querySelector('.warning');
       warning.textContent =
@@ -1008,6 +1010,7 @@
       }
       setAsking(false);
       renderSessionLine();
+      document.dispatchEvent(new CustomEvent('ragspec:answered', { detail: { sessionId: state.sessionId } }));
     }
   }
 
@@ -1039,7 +1042,11 @@
     setupDropZone();
     checkHealth();
     setInterval(checkHealth, HEALTH_MS);
-    refreshDocuments();
+    // what history.js (conversations) and capabilities.js (modes, limits) build on
+    globalThis.RagspecPage = {
+      state, api, el, buildTurn, renderSources, finishTurn, renderSessionLine, newConversation,
+      documentsLoaded: refreshDocuments(),
+    };
     document.documentElement.dataset.ready = '1';
   }
 

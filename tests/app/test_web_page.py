@@ -9,175 +9,23 @@ start a new conversation and delete the document. The SSE parser the page uses i
 
 from __future__ import annotations
 
-import base64
-import itertools
 import json
 import re
 import shutil
 import subprocess
-import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.app.live import DEADLINE_S, ThreadServer
+from tests.app.browser import Browser, open_browser
+from tests.app.live import ThreadServer
 from tests.conftest import REPO
 
 STATIC = REPO / "app" / "static"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NODE = shutil.which("node")
-
-
-# ---------------------------------------------------------------------------------------------------
-# A small DevTools-protocol client (websocket JSON-RPC), enough to drive one page.
-
-
-class CDPError(RuntimeError):
-    pass
-
-
-class Page:
-    """One Chromium page target, spoken to over its DevTools websocket."""
-
-    def __init__(self, ws_url: str) -> None:
-        from websockets.sync.client import connect
-
-        self._ws = connect(ws_url, max_size=None, open_timeout=30)
-        self._ids = itertools.count(1)
-        self.events: list[dict[str, Any]] = []
-
-    def close(self) -> None:
-        self._ws.close()
-
-    def call(self, method: str, timeout: float = 60.0, **params: Any) -> dict[str, Any]:
-        msg_id = next(self._ids)
-        self._ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CDPError(f"{method}: no reply in {timeout} s")
-            reply = json.loads(self._ws.recv(timeout=remaining))
-            if reply.get("id") == msg_id:
-                if "error" in reply:
-                    raise CDPError(f"{method}: {reply['error']}")
-                return dict(reply.get("result", {}))
-            if "method" in reply:
-                self.events.append(reply)
-
-    def js(self, expression: str) -> Any:
-        """Evaluate an expression in the page (promises awaited) and return its JSON value."""
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
-        if "exceptionDetails" in result:
-            raise CDPError(f"page exception in {expression!r}: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, what: str, timeout: float = DEADLINE_S) -> Any:
-        """Poll ``expression`` until it is truthy; fail the test with ``what`` and the page state if never."""
-        deadline = time.monotonic() + timeout
-        last_error = ""
-        while True:
-            try:
-                value = self.js(expression)
-            except CDPError as exc:  # e.g. the document is being replaced during a navigation
-                value, last_error = None, str(exc)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"{what} did not happen within {timeout:.0f} s; last error: {last_error[:500]}; "
-                    f"page state: {self.snapshot()}"
-                )
-            time.sleep(0.1)
-
-    def snapshot(self) -> str:
-        return str(self.js("document.querySelector('main') ? document.querySelector('main').innerText : ''"))[
-            :2000
-        ]
-
-    def exceptions(self) -> list[str]:
-        self.call("Runtime.evaluate", expression="0")  # flush pending events into self.events
-        return [
-            json.dumps(e["params"].get("exceptionDetails", {}))[:500]
-            for e in self.events
-            if e.get("method") == "Runtime.exceptionThrown"
-        ]
-
-    def screenshot(self, path: Path) -> None:
-        data = self.call("Page.captureScreenshot", format="png")["data"]
-        path.write_bytes(base64.b64decode(data))
-
-
-@dataclass
-class Browser:
-    proc: subprocess.Popen[bytes]
-    profile: Path
-    page: Page
-    logs: list[str] = field(default_factory=list)
-
-    def close(self) -> None:
-        try:
-            self.page.close()
-        finally:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(10)
-            shutil.rmtree(self.profile, ignore_errors=True)
-
-
-def launch_chromium() -> Browser:
-    profile = Path(tempfile.mkdtemp(prefix="ragspec-chromium-"))
-    args = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--no-default-browser-check",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,900",
-        f"--user-data-dir={profile}",
-        "--remote-debugging-address=127.0.0.1",
-        "--remote-debugging-port=0",
-        "about:blank",
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    port_file = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + 60
-    while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            shutil.rmtree(profile, ignore_errors=True)
-            pytest.fail(f"chromium did not start (exit code {proc.poll()})")
-        time.sleep(0.05)
-    port = int(port_file.read_text().splitlines()[0])
-    ws_url = ""
-    while not ws_url:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
-            targets = json.load(resp)
-        ws_url = next((t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page"), "")
-        if not ws_url:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("chromium has no page target")
-            time.sleep(0.05)
-    page = Page(ws_url)
-    page.call("Page.enable")
-    page.call("Runtime.enable")
-    page.call("DOM.enable")
-    return Browser(proc=proc, profile=profile, page=page)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -191,13 +39,8 @@ def server_settings() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("chromium is not installed (apt-get install chromium); .ci/run installs it")
-    b = launch_chromium()
-    try:
+    with open_browser() as b:
         yield b
-    finally:
-        b.close()
 
 
 def _api(server: ThreadServer, method: str, path: str) -> Any:
@@ -416,16 +259,23 @@ def test_page_shows_errors_as_text(server: ThreadServer, browser: Browser) -> No
 def test_static_files_are_self_contained() -> None:
     """No CDN or remote asset: the page works offline; scripts parse."""
     html = (STATIC / "index.html").read_text(encoding="utf-8")
-    for ref in ("static/style.css", "static/sse.js", "static/app.js"):
+    refs = ("static/style.css", "static/sse.js", "static/app.js", "static/history.js", "static/capabilities.js",
+            "static/favicon.svg")
+    for ref in refs:
         assert ref in html
         assert (STATIC / ref.removeprefix("static/")).is_file()
-    for name in ("index.html", "app.js", "style.css", "sse.js"):
+    docs = (STATIC / "docs.html").read_text(encoding="utf-8")
+    for ref in ("static/docs.js", "static/docs.css", "static/swagger/swagger-ui-bundle.js", "static/favicon.svg"):
+        assert ref in docs
+    scripts = ("app.js", "sse.js", "history.js", "capabilities.js", "docs.js")
+    for name in ("index.html", "style.css", "docs.html", "docs.css", *scripts):
         text = (STATIC / name).read_text(encoding="utf-8")
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
-    app_js = (STATIC / "app.js").read_text(encoding="utf-8")
-    assert "innerHTML" not in app_js and "insertAdjacentHTML" not in app_js and "document.write" not in app_js
+    for name in scripts:
+        text = (STATIC / name).read_text(encoding="utf-8")
+        assert "innerHTML" not in text and "insertAdjacentHTML" not in text and "document.write" not in text, name
     if NODE:
-        for name in ("app.js", "sse.js"):
+        for name in scripts:
             run = subprocess.run([NODE, "--check", str(STATIC / name)], capture_output=True, text=True)
             assert run.returncode == 0, run.stderr
 
@@ -500,3 +350,147 @@ def test_mode_choices_are_the_api_modes() -> None:
     html = (STATIC / "index.html").read_text()
     select = html[html.index('<select id="mode"') : html.index("</select>", html.index('<select id="mode"'))]
     assert re.findall(r'<option value="([a-z_]+)"', select) == list(get_args(AskMode))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Conversation history, the page's limits and modes, a narrow window.
+
+
+def _open(page: Any, url: str) -> None:
+    page.call("Page.navigate", url=url)
+    page.wait_for("document.documentElement.dataset.loaded === '1'", "the page loading its data")
+
+
+def _ask(page: Any, question: str, turns: int) -> str:
+    page.js("document.getElementById('max-tokens').value = '8'")
+    page.call("Runtime.evaluate", expression="document.getElementById('question').focus()")
+    page.call("Input.insertText", text=question)
+    page.js("document.getElementById('ask-btn').click()")
+    turn = "document.querySelector('#turns li.turn:last-child')"
+    state = page.wait_for(
+        f"document.querySelectorAll('#turns li.turn').length === {turns} && {turn}.dataset.state !== 'streaming' "
+        f"&& {turn}.dataset.state",
+        f"the answer to {question!r}",
+    )
+    assert state == "done", page.js(f"{turn}.querySelector('.answer-status').textContent")
+    return str(page.js(f"{turn}.querySelector('.answer-text').textContent"))
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_conversation_survives_a_reload_continues_and_is_deleted(server: ThreadServer, browser: Browser) -> None:
+    from tests.app.live import upload_text, wait_indexed
+
+    with server.client() as client:
+        doc_id = upload_text(client, DOCUMENT, title="Varnholm")
+        assert wait_indexed(client, doc_id)["status"] == "ready"
+    page = browser.page
+    _open(page, server.url + "/")
+    assert page.js("document.getElementById('page-loading').hidden") is True
+    assert page.js("document.documentElement.dataset.loading") is None
+    item = f"document.querySelector('#doc-list li.doc[data-id=\"{doc_id}\"]')"
+    page.wait_for(f"!!{item}", "the document being listed")
+    page.js(f"{item}.querySelector('.doc-check').click()")
+    page.js("document.getElementById('new-conversation').click()")
+
+    first = _ask(page, "Who built the lighthouse of Varnholm?", 1)
+    session_id = page.js("RagspecPage.state.sessionId")
+    # the engineering stats come collapsed under their toggle
+    box = "document.querySelector('#turns li.turn:last-child .stats-box')"
+    assert page.js(f"!{box}.hidden && !{box}.open") is True
+    page.js(f"{box}.querySelector('summary').click()")
+    assert page.js(f"{box}.open") is True
+
+    # a reload shows the conversation again, its sources too, and lists it as the current one
+    _open(page, server.url + "/")
+    assert page.js("document.querySelectorAll('#turns li.turn').length") == 1
+    assert page.js("document.querySelector('#turns .question-bubble').textContent").endswith(
+        "Who built the lighthouse of Varnholm?"
+    )
+    resumed = page.js("document.querySelector('#turns .answer-text').textContent")
+    assert resumed == re.sub(r"\[\d+\]", "", first)  # the text as generated (live, it carried [n] links)
+    assert page.js("document.querySelectorAll('#turns .source').length") >= 1
+    assert page.js("RagspecPage.state.sessionId") == session_id
+    assert "1 question" in page.js("document.getElementById('session-line').textContent")
+    entry = f"document.querySelector('#history-list li[data-id=\"{session_id}\"]')"
+    assert page.js(f"{entry}.querySelector('.history-title').textContent") == "Who built the lighthouse of Varnholm?"
+    assert page.js(f"{entry}.querySelector('.history-open').getAttribute('aria-current')") == "true"
+    assert page.js(f"{item}.querySelector('.doc-check').checked"), "the conversation's document is ticked again"
+
+    # ... and continues: the follow-up joins the same session on the server
+    _ask(page, "When was it automated?", 2)
+    assert page.js("RagspecPage.state.sessionId") == session_id
+    assert "2 questions" in page.js("document.getElementById('session-line').textContent")
+    kept = _api(server, "GET", f"/v1/sessions/{session_id}")
+    assert [t["question"] for t in kept["turns"]] == [
+        "Who built the lighthouse of Varnholm?", "When was it automated?"
+    ]
+    page.wait_for(f"{entry} && {entry}.querySelector('.history-meta').textContent.startsWith('2 questions')",
+                  "the list counting the follow-up")
+
+    # a new conversation, then the old one resumed from the list
+    page.js("document.getElementById('new-conversation').click()")
+    assert page.js("document.querySelectorAll('#turns li.turn').length") == 0
+    page.js(f"{entry}.querySelector('.history-open').click()")
+    page.wait_for("document.querySelectorAll('#turns li.turn').length === 2", "the conversation being resumed")
+    assert page.js("RagspecPage.state.sessionId") == session_id
+
+    # delete takes two clicks; the conversation is gone from the page, the server and the next reload
+    page.js(f"{entry}.querySelector('.history-delete').click()")
+    assert page.js(f"{entry}.querySelector('.history-delete').textContent") == "Confirm delete"
+    page.js(f"{entry}.querySelector('.history-delete').click()")
+    page.wait_for(f"!{entry}", "the conversation leaving the list")
+    assert page.js("document.querySelectorAll('#turns li.turn').length") == 0
+    assert page.js("RagspecPage.state.sessionId") != session_id
+    try:
+        _api(server, "GET", f"/v1/sessions/{session_id}")
+        raise AssertionError("the deleted session is still served")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404
+    _open(page, server.url + "/")
+    assert page.js("document.querySelectorAll('#turns li.turn').length") == 0
+    assert page.exceptions() == []
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_page_offers_the_servers_modes_and_limits_and_fits_a_narrow_window(
+    server: ThreadServer, browser: Browser, tmp_path: Path
+) -> None:
+    page = browser.page
+    drafters = server.app.state.services.drafters
+    config = drafters.config
+    drafters.config = type(config)(**{**config.__dict__, "draft_model": None})  # as a process without RAPID's LM
+    try:
+        page.call("Emulation.setDeviceMetricsOverride", width=400, height=800, deviceScaleFactor=1, mobile=False)
+        _open(page, server.url + "/")
+    finally:
+        drafters.config = config
+    try:
+        options = page.js(
+            "Array.from(document.getElementById('mode').options).map((o) => [o.value, o.hidden && o.disabled])"
+        )
+        assert dict(options) == {
+            "auto": False, "autoregressive": False, "racer": False, "rapid": True, "rapid_kv": False,
+            "combined": False,
+        }
+        assert page.js("document.getElementById('max-tokens').max") == str(server.settings.max_new_tokens)
+        assert page.js("document.querySelector('link[rel=icon]').href").endswith("/static/favicon.svg")
+
+        # 400 px wide: nothing overflows sideways, and the question box can be scrolled to and typed in
+        assert page.js("document.documentElement.scrollWidth") <= 400
+        page.js("document.getElementById('question').scrollIntoView({block: 'center'})")
+        box = page.js(
+            "(() => { const r = document.getElementById('question').getBoundingClientRect();"
+            " return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width}; })()"
+        )
+        assert box["left"] >= 0 and box["right"] <= 400 and box["width"] >= 200, box
+        assert box["top"] >= 0 and box["bottom"] <= 800, box
+        hit = page.js(
+            f"document.elementFromPoint({(box['left'] + box['right']) / 2}, {(box['top'] + box['bottom']) / 2}).id"
+        )
+        assert hit == "question", "something covers the question box"
+        page.screenshot(tmp_path / "narrow.png")
+    finally:
+        page.call("Emulation.clearDeviceMetricsOverride")
+    assert page.exceptions() == []
