@@ -25,6 +25,8 @@ Per variant: tokens per target step, verified draft nodes and accepted tokens pe
 drafter's thread CPU time per step (begin apart), decode tokens/s over our autoregressive decoding on the
 same prompt (median of repetitions, then median / min / max over prompts) and whether every output equals
 the autoregressive one. The noise band is how far autoregressive decoding moved between repetitions.
+Apart (``--prefill-repeats``): cold prefill of the first prompt with and without the prompt top-k the
+logits table learns from.
 """
 
 from __future__ import annotations
@@ -255,6 +257,21 @@ def noise(runs: dict[str, dict[str, list[Run]]]) -> dict[str, float]:
     return {"ar_repeat_spread_median": round(median(spreads), 4), "ar_repeat_spread_max": round(max(spreads), 4)}
 
 
+def prefill_cost(target: LoadedModel, case: Case, repeats: int) -> dict[str, Any]:
+    """Cold prefill of ``case``'s prompt with and without the prompt top-k the logits table learns from (its
+    cost: the LM head and a top-k at every prompt row instead of the last one), alternated, medians."""
+    times: dict[int, list[float]] = {0: [], ENGINE_CONFIG.prompt_topk: []}
+    for _ in range(repeats):
+        for k in times:
+            engine = Engine(target, None, config=dataclasses.replace(ENGINE_CONFIG, prompt_topk=k))
+            done = next(e for e in engine.generate(case.prompt, GenerationConfig(max_new_tokens=1))
+                        if isinstance(e, DoneEvent))
+            times[k].append(done.stats.ttft_s)
+    without, with_topk = median(times[0]), median(times[ENGINE_CONFIG.prompt_topk])
+    return {"prompt_tokens": len(case.prompt.ids), "ttft_s_without_topk": round(without, 4),
+            "ttft_s_with_topk": round(with_topk, 4), "ratio": round(with_topk / without, 4)}
+
+
 def _policy_copy(policy: BudgetPolicy) -> BudgetPolicy:
     """The calibrated verify costs, with fresh acceptance statistics."""
     return dataclasses.replace(policy, cost_s=dict(policy.cost_s), cost_slope=dict(policy.cost_slope),
@@ -294,8 +311,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 runs[c.name][n].append(r)
                 logger.info("rep %d %s %-20s %6.1f tok/s  %.2f tok/step  draft %.2f ms/step", rep + 1, c.name,
                             n, r.tps, r.decode_tokens / max(1, r.steps), 1000 * r.draft_cpu_s / max(1, r.steps))
+    prefill = prefill_cost(target, cases[0], args.prefill_repeats) if args.prefill_repeats else None
     return {
         "benchmark": "racer_parts",
+        "prefill_topk_cost": prefill,
         "config": {"model": target.name, "runtime": target.runtime, "threads": torch.get_num_threads(),
                    "context": args.context, "documents": [d.name for d in docs], "prompts": len(cases),
                    "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "variants": names},
@@ -314,6 +333,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=3500, help="documents cut to this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prefill-repeats", type=int, default=2,
+                   help="cold prefills with and without the prompt top-k, each (0: skip)")
     p.add_argument("--variants", nargs="+", default=None, help=f"subset of {', '.join(VARIANTS)}")
     p.add_argument("--data-dir", default=str(REPO / "data"))
     return p.parse_args(argv)
@@ -325,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_benchmark(args)
     if args.json:
         write_json(args.json, result)
-    sys.stdout.write(f"noise: {result['noise']}\n")
+    sys.stdout.write(f"noise: {result['noise']}\nprefill: {result['prefill_topk_cost']}\n")
     for name, row in result["variants"].items():
         sys.stdout.write(
             f"{name:20s} x{row['speedup_vs_ar_median']:.3f} [{row['speedup_vs_ar_min']:.3f}, "

@@ -2,11 +2,12 @@
 
 Per step (``propose``), below the root (the target's already decided next token):
 
-1. retrieval paths from this request's n-gram automaton (prompt + output, root included), longest
+1. cross-session paths (``tier_drafter``): continuations that followed the same context in this
+   tenant's earlier answers. They only exist where the answer retraces an earlier one (a repeated
+   question), and there they are the best drafts, so they come first;
+2. retrieval paths from this request's n-gram automaton (prompt + output, root included), longest
    matched contexts first, then counts; paths found under a long (strong) context may take the whole
    budget, those from short contexts at most ``retrieval_share`` of it;
-2. cross-session paths (``tier_drafter``): continuations that followed the same context in this
-   tenant's earlier answers; ``cross_session_share`` of the budget plus whatever retrieval left unused;
 3. logits paths: breadth-first through the logits table from the root (the target's top-k after each
    token, learned from this prompt's prefill and every verified node), filling the rest.
 
@@ -48,7 +49,6 @@ class RacerConfig:
     min_context: int = 2  # shortest matched context (root included) that may propose retrieval paths
     retrieval_share: float = 0.5  # most of the budget retrieval paths from short (weak) contexts may take
     retrieval_strong_context: int = 4  # contexts this long (root included) may take the whole budget
-    cross_session_share: float = 0.25  # most of the budget the shared tier may take (+ retrieval's unused)
     cross_session_prefetch: int = 8  # tree nodes whose next-step contexts are prefetched from the shared tier
 
     def __post_init__(self) -> None:
@@ -58,9 +58,8 @@ class RacerConfig:
             raise ValueError("topk and retrieval_strong_context must be >= 1")
         if not 1 <= self.min_context <= self.max_ngram - 1:
             raise ValueError("min_context must be in [1, max_ngram - 1]")
-        for name in ("retrieval_share", "cross_session_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]")
+        if not 0.0 <= self.retrieval_share <= 1.0:
+            raise ValueError("retrieval_share must be in [0, 1]")
         NgramAutomaton(self.max_ngram, self.max_nodes)  # validates the bound
 
 
@@ -113,14 +112,14 @@ class RacerDrafter(BaseDrafter):
             return DraftTree()
         cfg = self.config
         root = int(request.root)
-        r_cap = min(budget, math.ceil(budget * cfg.retrieval_share))
-        trees = [retrieval_paths(auto, budget, cfg.min_context, weak_budget=r_cap,
-                                 strong_context=cfg.retrieval_strong_context)]
+        trees = []
         if self.tier is not None:
-            c_cap = math.ceil(budget * cfg.cross_session_share) + max(0, r_cap - len(trees[0]))
-            shared = self.tier.paths(request.generated, min(budget, c_cap))
+            shared = self.tier.paths(request.generated, budget)
             if len(shared):
                 trees.append(shared)
+        r_cap = min(budget, math.ceil(budget * cfg.retrieval_share))
+        trees.append(retrieval_paths(auto, budget, cfg.min_context, weak_budget=r_cap,
+                                     strong_context=cfg.retrieval_strong_context))
         head = trees[0] if len(trees) == 1 else merge_trees(trees, budget)
         # logits paths fill what is left after de-duplication (a path already proposed costs nothing)
         merged = logits_paths(self.table, root, budget, cfg.topk, into=head)
