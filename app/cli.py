@@ -2,15 +2,20 @@
 
 Subcommands live in ``SUBCOMMANDS``: name -> builder that adds its argparse sub-parser and sets
 ``handler(args, settings) -> exit code``. Adding one is one function and one entry; the service commands
-(``ingest``, ``ask``, ``reindex``) come from ``app.commands``. Heavy imports (torch, transformers,
-uvicorn) happen inside handlers, so ``ragspec models`` is quick once the assets are in place.
+(``ingest``, ``ask``, ``reindex``, ``list``, ``delete``) come from ``app.commands``. Heavy imports (torch,
+transformers, uvicorn) happen inside handlers, so ``ragspec models`` is quick once the assets are in place.
+
+Logs go to stderr: ragspec's own at ``RAGSPEC_LOG_LEVEL``, other libraries' (httpx's line per request,
+transformers, faiss, ...) only from WARNING up unless ``--verbose``, so command output stays readable.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,10 +76,25 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.host
     port = args.port or settings.port
-    logger.info("serving on http://%s:%d (data dir %s)", host, port, settings.data_dir)
-    server = uvicorn.Server(serve_config(settings, host, port))
+
+    class Server(uvicorn.Server):
+        """Says "serving" once the service is loaded and the socket is bound (uvicorn's startup done)."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                logger.info("serving on %s (data dir %s)", bound_url(self.servers, host), settings.data_dir)
+
+    logger.info("starting on %s:%d: loading the service (data dir %s)", host, port, settings.data_dir)
+    server = Server(serve_config(settings, host, port))
     server.run()
     return 0 if server.started else 3  # uvicorn's exit status when the app failed to start
+
+
+def bound_url(servers: Sequence[asyncio.Server], host: str) -> str:
+    """``http://host:port`` of the first listening socket (the port the OS gave when 0 was asked)."""
+    port = next(s.getsockname()[1] for server in servers for s in server.sockets)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def add_serve(sub: SubParsers) -> None:
@@ -100,16 +120,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data-dir", default=None, help="override RAGSPEC_DATA_DIR (default: ./data)")
     parser.add_argument("--log-level", default=None, help="override RAGSPEC_LOG_LEVEL (default: INFO)")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="also show other libraries' logs below WARNING (httpx, transformers, faiss, ...)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for build in SUBCOMMANDS.values():
         build(sub)
     return parser
 
 
-def configure_logging(level: str) -> None:
+OWN_LOGGERS = ("app", "retrieval", "decoding", "bench", "__main__")  # ragspec's packages
+
+
+def configure_logging(level: str, verbose: bool = False) -> None:
+    """ragspec's loggers at ``level``; everything else at ``level`` too with ``verbose``, else at WARNING or
+    above (their INFO lines, such as httpx's one per request, are not the command's output)."""
+    own = logging.getLevelName(level.upper())
+    own = own if isinstance(own, int) else logging.INFO
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=own if verbose else max(own, logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(own)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log_level is not None:
         os.environ["RAGSPEC_LOG_LEVEL"] = str(args.log_level)
     settings = Settings()  # type: ignore[call-arg]  # fields come from the environment
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, args.verbose)
     handler: Handler = args.handler
     return handler(args, settings)
 

@@ -1,8 +1,9 @@
-"""Service subcommands of ``ragspec``: ``ingest``, ``ask`` and ``reindex`` (plugged into ``app.cli``).
+"""Service subcommands of ``ragspec``: ``ingest``, ``ask``, ``reindex``, ``kernels``, and from
+``app.remote`` ``list`` and ``delete`` (plugged into ``app.cli``).
 
-``ingest`` and ``reindex`` work directly on the document store under the data dir (no server needed; the
-target's tokenizer and the embedder are loaded, not the target model). ``ask`` talks HTTP to a running
-server with ``--url``, or loads the whole service in process.
+``ingest`` and ``ask`` talk HTTP to a running server with ``--url`` (``app.remote``). Without it, ``ingest``
+and ``reindex`` work directly on the document store under the data dir (no server needed; the target's
+tokenizer and the embedder are loaded, not the target model) and ``ask`` loads the whole service in process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
+from app.remote import REMOTE_SUBCOMMANDS, ask_http, ingest_http
 from app.schemas import AskMode
 from app.settings import BUNDLED, Settings
 
@@ -73,6 +75,11 @@ def _ingest_one(
 
 
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    if args.url:
+        return ingest_http(args, settings)
+    if args.no_wait:
+        sys.stderr.write("--no-wait needs --url (without a server the files are indexed now)\n")
+        return 2
     from retrieval.errors import RetrievalError
 
     store, tokenizer, embedder = _open_store(settings)
@@ -96,12 +103,22 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_ingest(sub: SubParsers) -> None:
-    p = sub.add_parser("ingest", help="store and index documents now (prints one id per file)")
+    p = sub.add_parser(
+        "ingest",
+        help="upload documents to a server with --url and follow their indexing, else index them into the "
+        "data dir now (prints id, status, file, detail per file)",
+    )
     p.add_argument("files", nargs="+", metavar="FILE", help="txt, md, html or pdf files")
     p.add_argument("--title", default=None, help="title for every file (default: from the file)")
     p.add_argument(
-        "--api-key", default=None, help="store under this key's tenant (when the server uses keys)"
+        "--url", default=None,
+        help="base URL of a running server, e.g. http://127.0.0.1:8000 (default: no server, the local store)",
     )
+    p.add_argument(
+        "--api-key", default=None,
+        help="Bearer key of the server (with --url), else store under this key's tenant",
+    )
+    p.add_argument("--no-wait", action="store_true", help="with --url: print the ids once uploaded, do not follow")
     p.set_defaults(handler=_ingest)
 
 
@@ -135,48 +152,6 @@ def add_reindex(sub: SubParsers) -> None:
 
 
 # ---- ask ------------------------------------------------------------------------------------------
-
-
-def _ask_http(args: argparse.Namespace) -> int:
-    import httpx
-    from httpx_sse import connect_sse
-
-    body = {
-        "question": args.question,
-        "document_ids": args.doc,
-        "max_tokens": args.max_tokens,
-        "mode": args.mode,
-        "stream": args.stream,
-    }
-    if args.session:
-        body["session_id"] = args.session
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    url = args.url.rstrip("/") + "/v1/ask"
-    with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), headers=headers) as client:
-        if not args.stream:
-            response = client.post(url, json=body)
-            if response.status_code != 200:
-                sys.stderr.write(f"HTTP {response.status_code}: {response.text}\n")
-                return 1
-            _print_answer(response.json(), args.json)
-            return 0
-        with connect_sse(client, "POST", url, json=body) as events:
-            if events.response.status_code != 200:
-                events.response.read()
-                sys.stderr.write(f"HTTP {events.response.status_code}: {events.response.text}\n")
-                return 1
-            failed = False
-            for sse in events.iter_sse():
-                if sse.event == "token":
-                    sys.stdout.write(json.loads(sse.data)["text"])
-                    sys.stdout.flush()
-                elif sse.event == "error":
-                    failed = True
-                    sys.stderr.write(f"\nerror: {sse.data}\n")
-                elif sse.event == "stats" and args.json:
-                    sys.stderr.write(f"\n{sse.data}\n")
-            say("")
-            return 1 if failed else 0
 
 
 def _print_answer(body: dict[str, Any], as_json: bool) -> None:
@@ -238,7 +213,7 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ask(args: argparse.Namespace, settings: Settings) -> int:
-    return _ask_http(args) if args.url else _ask_local(args, settings)
+    return ask_http(args, _print_answer) if args.url else _ask_local(args, settings)
 
 
 def add_ask(sub: SubParsers) -> None:
@@ -279,4 +254,5 @@ SERVICE_SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "ask": add_ask,
     "reindex": add_reindex,
     "kernels": add_kernels,
+    **REMOTE_SUBCOMMANDS,  # list, delete (app.remote)
 }

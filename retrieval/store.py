@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
 INTERRUPTED = "interrupted by restart"
 MAX_TITLE_CHARS = 512  # a title longer than this (from a file name or PDF metadata) is cut
+# An indexing document's message names its stage: chunking, embedding (per batch, embedding_stage), indexing.
+STAGE_CHUNKING = "chunking the text"
+STAGE_INDEXING = "building the index"
 
 @dataclass(frozen=True)
 class RecoveryReport:
@@ -163,7 +166,7 @@ class DocumentStore:
         On any error the document becomes ``failed`` with the error as message, no partial files stay
         behind, and the error is raised again. Re-ingesting a ready document replaces its index.
         """
-        self._update(doc_id, status="indexing", progress=0.0, message=None)
+        self._update(doc_id, status="indexing", progress=0.0, message=STAGE_CHUNKING)
         reporter = _ProgressReporter(self, doc_id, progress)
         work = self._work_dir(doc_id)
         try:
@@ -175,11 +178,12 @@ class DocumentStore:
                 raise EmptyDocument("the document has no tokens to index")
             passages = np.array([(c.id, a, b) for c in chunks for a, b in passage_spans(c)], dtype=np.int64)
             lexical = LexicalIndex.build([c.text for c in chunks])
-            reporter(0.05)
-            vectors = embedder.encode(
+            reporter(0.05, embedding_stage(0, len(passages)))
+            vectors = embedder.encode(  # one row update per batch: the stage and progress move with the work
                 [text[a:b] for _, a, b in passages], batch_size=batch_size,
-                progress=lambda done, total: reporter(0.05 + 0.9 * done / max(total, 1)),
+                progress=lambda done, total: reporter(0.05 + 0.9 * done / max(total, 1), embedding_stage(done, total)),
             )
+            reporter(0.95, STAGE_INDEXING)
             index = VectorIndex.build(vectors, embedder_name=embedder.name, config=self.index_config)
             doc_files.write_derived(work / "derived", chunks, tokens, passages, lexical, index)
             fsync_tree(work)
@@ -319,19 +323,23 @@ class DocumentStore:
             return self.get(doc_id)
 
 
+def embedding_stage(done: int, total: int) -> str:
+    """The message of an indexing document while its passages are embedded."""
+    return f"embedding passages: {done} of {total}"
+
+
 class _ProgressReporter:
-    """Forwards progress to the caller and, at most every 2 %, to the SQLite row."""
+    """Forwards progress to the caller and, with the stage as message, to the SQLite row (one write per call:
+    a call is a stage or an embedding batch, and a poller sees each)."""
 
     def __init__(self, store: DocumentStore, doc_id: str, callback: Callable[[float], None] | None) -> None:
         self.store = store
         self.doc_id = doc_id
         self.callback = callback
-        self.last = 0.0
 
-    def __call__(self, fraction: float) -> None:
-        if fraction - self.last >= 0.02:
-            self.last = fraction
-            self.store._update(self.doc_id, progress=round(fraction, 4))
+    def __call__(self, fraction: float, stage: str) -> None:
+        fraction = round(fraction, 4)  # 0.05 + 0.9 * 1.0 is not 0.95 in floats: rounded, the steps never go back
+        self.store._update(self.doc_id, progress=fraction, message=stage)
         if self.callback is not None:
             self.callback(fraction)
 

@@ -1,20 +1,38 @@
-"""``ragspec ingest`` / ``reindex`` / ``ask`` (over HTTP and in process), run through ``app.cli.main``."""
+"""``ragspec ingest`` / ``reindex`` / ``ask`` / ``list`` / ``delete`` (over HTTP and in process), run through
+``app.cli.main`` or as the console script, and ``ragspec serve``'s start-up log."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import socket
+import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.cli import SUBCOMMANDS, main
-from tests.app.live import LANDMARKS, service_settings, thread_server
-from tests.conftest import BUNDLED_GGUF_DIR
+from tests.app.live import (
+    DEADLINE_S,
+    LANDMARKS,
+    ThreadServer,
+    process_env,
+    service_settings,
+    thread_server,
+    wait_for,
+    wait_indexed,
+)
+from tests.app.slow_indexing import long_text, slow_indexing
+from tests.app.test_cli import ragspec_command
+from tests.conftest import BUNDLED_GGUF_DIR, free_port
 
 pytestmark = pytest.mark.real_model
 
 
 def test_service_subcommands_are_registered() -> None:
-    assert {"ingest", "ask", "reindex"} <= set(SUBCOMMANDS)
+    assert {"ingest", "ask", "reindex", "list", "delete"} <= set(SUBCOMMANDS)
 
 
 def test_ingest_reindex_and_ask(
@@ -62,3 +80,142 @@ def test_ingest_reindex_and_ask(
     assert main(["ask", "Where is the Colosseum?", "--doc", doc, "--max-tokens", "8", "--json"]) == 0  # in process
     out = capsys.readouterr().out
     assert '"answer"' in out and doc in out
+
+
+# ---- commands against a server: ingest --url, list, delete ----------------------------------------
+
+
+PROGRESS_LINE = re.compile(r"^records\.txt: (queued|indexing|ready) +(\d+)%")
+
+
+def test_ingest_url_follows_progress_then_list_and_delete(
+    server: ThreadServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "records.txt"
+    good.write_text(long_text(), encoding="utf-8")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with slow_indexing(server, pause_s=0.4) as embedder:
+        assert main(["ingest", "--url", server.url, str(good), str(empty), str(tmp_path / "missing.txt")]) == 1
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    doc, status, path, detail = lines[0].split("\t")
+    assert (status, path) == ("ready", str(good)) and re.fullmatch(r"\d+ chunks, \d+ tokens", detail)
+    assert "empty.txt: HTTP 422" in err and "missing.txt" in err
+    shown = [m.groups() for line in err.splitlines() if (m := PROGRESS_LINE.match(line))]
+    percents = [int(p) for _, p in shown]
+    assert percents == sorted(percents) and shown[-1] == ("ready", "100")
+    assert embedder.batches >= 4 and len({p for p in percents if 0 < p < 100}) >= embedder.batches, err
+    assert any("embedding passages:" in line for line in err.splitlines())
+
+    assert main(["list", "--url", server.url]) == 0
+    listed = {line.split("\t")[0]: line.split("\t") for line in capsys.readouterr().out.splitlines()}
+    assert listed[doc][1] == "ready" and listed[doc][3] == detail
+    assert main(["list", "--url", server.url, "--json"]) == 0
+    assert doc in {d["id"] for d in json.loads(capsys.readouterr().out)["documents"]}
+
+    assert main(["delete", doc, "--url", server.url]) == 0
+    assert capsys.readouterr().out.strip() == f"{doc}\tdeleted"
+    assert main(["delete", doc, "--url", server.url]) == 1
+    assert "HTTP 404" in capsys.readouterr().err
+    assert main(["list", "--url", server.url]) == 0
+    assert doc not in capsys.readouterr().out
+
+
+def test_ingest_url_no_wait_and_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With keys on: no key -> 401 named with the hint, one line per file; with a key -> the id at once."""
+    good = tmp_path / "landmarks.txt"
+    good.write_text(LANDMARKS)
+    with thread_server(service_settings(tmp_path / "data", api_keys=["k1"])) as server:
+        assert main(["ingest", "--url", server.url, str(good), str(good)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("HTTP 401") == 1 and "--api-key" in err
+        assert main(["ingest", "--url", server.url, "--api-key", "k1", "--no-wait", str(good)]) == 0
+        doc, status, path = capsys.readouterr().out.strip().split("\t")
+        assert (status, path) == ("queued", str(good))
+        with server.client("k1") as client:
+            assert wait_indexed(client, doc)["status"] == "ready"
+        assert main(["list", "--url", server.url]) == 1
+        assert "HTTP 401" in capsys.readouterr().err
+        assert main(["list", "--url", server.url, "--api-key", "k1"]) == 0
+        assert capsys.readouterr().out.startswith(f"{doc}\tready\t")
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ragspec_command(), *args], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "RAGSPEC_LOG_LEVEL": "INFO", **env},
+    )
+
+
+def test_a_server_that_is_down_is_one_line(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    url = f"http://127.0.0.1:{port}"
+    doc = tmp_path / "a.txt"
+    doc.write_text(LANDMARKS)
+    commands = (["list"], ["delete", "abc"], ["ingest", "--url", url, str(doc)],
+                ["ask", "q", "--doc", "x", "--url", url])
+    for args in commands:
+        done = _cli(*args, RAGSPEC_PORT=str(port))  # list and delete default to http://RAGSPEC_HOST:RAGSPEC_PORT
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr.splitlines() == [
+            f"ragspec: cannot reach the server at {url} (connection refused: is `ragspec serve` running there?)"
+        ], args
+        assert done.stdout == ""
+
+
+def test_third_party_info_logs_are_quiet_unless_verbose(server: ThreadServer) -> None:
+    quiet = _cli("list", "--url", server.url)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr  # httpx logs each request at INFO
+    verbose = _cli("--verbose", "list", "--url", server.url)
+    assert verbose.returncode == 0 and "httpx: HTTP Request: GET" in verbose.stderr
+
+
+def test_help_names_the_default_server() -> None:
+    for command in ("list", "delete", "ingest"):
+        assert "127.0.0.1:8000" in _cli(command, "--help").stdout
+
+
+# ---- ragspec serve ---------------------------------------------------------------------------------
+
+
+def _serve(tmp_path: Path, port: int, name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp_path / f"{name}.log"
+    env = {**os.environ, **process_env(service_settings(tmp_path / name)), "RAGSPEC_LOG_LEVEL": "INFO"}
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([*ragspec_command(), "serve", "--port", str(port)], env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
+    return proc, log
+
+
+def test_serve_says_serving_only_once_bound(tmp_path: Path) -> None:
+    port = free_port()
+    proc, log = _serve(tmp_path, port, "bound")
+    serving = f"serving on http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: serving in log.read_text() or proc.poll() is not None, "the serving line")
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200  # bound by then
+        text = log.read_text()
+        assert text.count(serving) == 1
+        assert text.index("services ready") < text.index(serving)  # models loaded first
+        assert text.index("Application startup complete") < text.index(serving)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_serve_on_a_taken_port_never_says_serving(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, log = _serve(tmp_path, port, "taken")
+        try:
+            assert proc.wait(DEADLINE_S) != 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    text = log.read_text()
+    assert "address already in use" in text.lower() and "serving on" not in text
