@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.commands import SERVICE_SUBCOMMANDS
 from app.settings import Settings
 
@@ -133,18 +135,23 @@ def build_parser() -> argparse.ArgumentParser:
 OWN_LOGGERS = ("app", "retrieval", "decoding", "bench", "__main__")  # ragspec's packages
 
 
+def _own_or_warning(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or record.name.partition(".")[0] in OWN_LOGGERS
+
+
 def configure_logging(level: str, verbose: bool = False) -> None:
-    """ragspec's loggers at ``level``; everything else at ``level`` too with ``verbose``, else at WARNING or
-    above (their INFO lines, such as httpx's one per request, are not the command's output)."""
-    own = logging.getLevelName(level.upper())
-    own = own if isinstance(own, int) else logging.INFO
-    logging.basicConfig(
-        level=own if verbose else max(own, logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for name in OWN_LOGGERS:
-        logging.getLogger(name).setLevel(own)
+    """Logs from ``level`` up on stderr; other libraries' only from WARNING up unless ``verbose`` (their INFO
+    lines, such as httpx's one per request, are not the command's output). Like ``logging.basicConfig``, it
+    leaves a process whose logging is already set up (one that calls ``main``) as it is."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(_own_or_warning)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,10 +161,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["RAGSPEC_DATA_DIR"] = str(args.data_dir)
     if args.log_level is not None:
         os.environ["RAGSPEC_LOG_LEVEL"] = str(args.log_level)
-    settings = Settings()  # type: ignore[call-arg]  # fields come from the environment
-    configure_logging(settings.log_level, args.verbose)
+    try:
+        settings = Settings()  # type: ignore[call-arg]  # fields come from the environment
+        configure_logging(settings.log_level, args.verbose)
+    except (ValidationError, ValueError) as exc:  # a bad RAGSPEC_* value or log level: one line, no traceback
+        sys.stderr.write(f"ragspec: bad setting: {_first_error(exc)}\n")
+        return 2
     handler: Handler = args.handler
     return handler(args, settings)
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError) and exc.errors():
+        error = exc.errors()[0]
+        if not error["loc"]:  # a check across fields
+            return str(error["msg"])
+        return f"RAGSPEC_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+    return str(exc)
 
 
 if __name__ == "__main__":

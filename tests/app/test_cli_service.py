@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import os
 import re
@@ -14,6 +16,7 @@ import httpx
 import pytest
 
 from app.cli import SUBCOMMANDS, main
+from app.remote import follow
 from tests.app.live import (
     DEADLINE_S,
     LANDMARKS,
@@ -21,6 +24,7 @@ from tests.app.live import (
     process_env,
     service_settings,
     thread_server,
+    upload_text,
     wait_for,
     wait_indexed,
 )
@@ -219,3 +223,29 @@ def test_serve_on_a_taken_port_never_says_serving(tmp_path: Path) -> None:
                 proc.wait(30)
     text = log.read_text()
     assert "address already in use" in text.lower() and "serving on" not in text
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_is_one_line_rewritten(server: ThreadServer, client: httpx.Client) -> None:
+    with slow_indexing(server, pause_s=0.2):
+        doc_id = upload_text(client, long_text(), title="tty")
+        out = Terminal()
+        assert follow(client, doc_id, "tty.txt", out, poll_s=0.05)["status"] == "ready"
+    text = out.getvalue()
+    assert text.endswith("\n") and text.count("\n") == 1 and text.count("\r") >= 4, text
+    frames = text.rstrip("\n").split("\r")[1:]
+    assert frames[-1].startswith("tty.txt: ready 100%")
+    assert all(len(later) >= len(earlier.rstrip()) for earlier, later in itertools.pairwise(frames))  # covered
+
+
+def test_bad_settings_are_one_line() -> None:
+    for args, env, start in (
+        (["list"], {"RAGSPEC_PORT": "abc"}, "ragspec: bad setting: RAGSPEC_PORT: "),
+        (["--log-level", "LOUD", "list"], {}, "ragspec: bad setting: Unknown level: 'LOUD'"),
+    ):
+        done = _cli(*args, **env)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and done.stderr.startswith(start), done
