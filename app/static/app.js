@@ -753,8 +753,14 @@
     section.hidden = false;
   }
 
-  /** The status line while the prompt is read: how far, and how much came from the KV cache. */
+  /** The status line before the first token: the place in the queue, or how far the prompt has been read
+   *  and how much of it came from the KV cache. */
   function progressText(p) {
+    if (p.stage === 'queued') {
+      const position = Number(p.position) || 1;
+      return position === 1 ? 'Waiting for the model: next in line…'
+        : `Waiting for the model: ${position.toLocaleString('en-US')} questions ahead…`;
+    }
     const total = Number(p.total) || 0;
     const done = Math.min(Number(p.done) || 0, total);
     const reused = Number(p.reused) || 0;
