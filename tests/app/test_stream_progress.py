@@ -19,6 +19,7 @@ import pytest
 from openai import OpenAI
 
 from app.services import Services
+from tests.app.browser import open_browser
 from tests.app.live import DEADLINE_S, ThreadServer, wait_for
 
 pytestmark = pytest.mark.real_model
@@ -182,3 +183,39 @@ def test_a_stream_that_goes_away_while_queued_leaves_the_queue(server: ThreadSer
                     break  # the client stops reading and closes the connection
         assert wait_for(lambda: scheduler.waiting == 0, "the abandoned question to leave the queue")
         assert scheduler.running  # the holder still runs: the question left without ever running
+
+
+@pytest.mark.browser
+def test_page_shows_its_place_in_the_queue_then_the_answer(server: ThreadServer, doc: str) -> None:
+    """The page's own SSE reader over the same stream: pings are skipped, the queued progress shows as the
+    status line while the engine is held, and the answer follows once it is free."""
+    with open_browser() as browser:
+        page = browser.page
+        page.call("Page.navigate", url=server.url + "/")
+        page.wait_for("document.documentElement.dataset.loaded === '1'", "the page loading its data")
+        item = f"document.querySelector('#doc-list li.doc[data-id=\"{doc}\"]')"
+        page.wait_for(f"!!{item}", "the document being listed")
+        if not page.js(f"{item}.querySelector('.doc-check').checked"):
+            page.js(f"{item}.querySelector('.doc-check').click()")
+        page.js("document.getElementById('max-tokens').value = '8'")
+        turn = "document.querySelector('#turns li.turn:last-child')"
+        with engine_held(server) as gate:
+            page.call("Runtime.evaluate", expression="document.getElementById('question').focus()")
+            page.call("Input.insertText", text="When was the Eiffel Tower completed?")
+            page.js("document.getElementById('ask-btn').click()")
+            status = page.wait_for(
+                f"{turn} && {turn}.querySelector('.answer-status').textContent.startsWith('Waiting for the model') "
+                f"&& {turn}.querySelector('.answer-status').textContent",
+                "the page to show the question waiting",
+            )
+            assert status == "Waiting for the model: next in line…"
+            time.sleep(3 * PING_S)  # pings arrive while it waits: the page must ignore them
+            assert page.js(f"{turn}.querySelector('.answer-text').textContent") == ""
+            assert page.js(f"{turn}.dataset.state") == "streaming"
+            gate.set()
+            state = page.wait_for(
+                f"{turn}.dataset.state !== 'streaming' && {turn}.dataset.state", "the answer finishing"
+            )
+        assert state == "done", page.js(f"{turn}.querySelector('.answer-status').textContent")
+        assert page.js(f"{turn}.querySelector('.answer-text').textContent").strip()
+        assert page.exceptions() == []
