@@ -13,8 +13,9 @@ Redis's EXPIRE, set on append, does not); when full, the least recently used one
 
 In Redis a conversation is three keys: its turns (a list), its summary (a hash) and the tenant's index of
 conversations (a sorted set scored by last write); all expire ``ttl_s`` after the last write. A delete
-while Redis is down is remembered (a tombstone, as long as a conversation lives) and done when Redis is
-back, so a deleted conversation never comes back.
+leaves a marker of when (for ``ttl_s``): another process drops its in-process copy written before then. A
+delete while Redis is down is remembered and done when Redis is back (Redis's copy is not read until
+then), so a deleted conversation does not come back.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class SessionStore:
         self.keep_sources = keep_sources
         self._wall = wall
         self._memory: TTLCache[str, Conversation] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
-        self._deleted: TTLCache[str, bool] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
+        # deletes Redis has not seen yet (it was down): key -> when
+        self._deleted: TTLCache[str, float] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=clock)
 
     @staticmethod
     def _key(tenant: str, session_id: str) -> str:
@@ -109,7 +111,13 @@ class SessionStore:
         """The tenant's conversation ``session_id``, or None (unknown, expired, deleted or another's)."""
         key = self._key(tenant, session_id)
         local = self._memory.get(key)  # a read: counts as a use for the LRU order
-        shared = await self._shared(tenant, session_id)
+        shared, gone = None, None
+        if await self._redis_deletes_done(tenant, [session_id]):
+            with contextlib.suppress(RedisUnavailable):
+                shared, gone = await self._shared(tenant, session_id)
+        if local is not None and gone is not None and local.updated <= gone:  # deleted by another process
+            self._memory.pop(key, None)
+            local = None
         return _newer(local, shared)
 
     async def recent(self, tenant: str, limit: int = 100) -> list[Conversation]:
@@ -121,10 +129,17 @@ class SessionStore:
                 local: Conversation = Cache.__getitem__(self._memory, key)  # a peek, not a use
                 found[local.id] = local
         with contextlib.suppress(RedisUnavailable):
-            for shared in await self._shared_list(tenant, limit):
-                newer = _newer(found.get(shared.id), shared)
-                if newer is not None:
-                    found[shared.id] = newer
+            pending = [k.removeprefix(prefix) for k in self._deleted if k.startswith(prefix)]
+            if await self._redis_deletes_done(tenant, pending):
+                shared, gone = await self._shared_list(tenant, limit, list(found))
+                for session_id, at in gone.items():
+                    if found[session_id].updated <= at:  # deleted by another process
+                        self._memory.pop(self._key(tenant, session_id), None)
+                        del found[session_id]
+                for conversation in shared:
+                    newer = _newer(found.get(conversation.id), conversation)
+                    if newer is not None:
+                        found[conversation.id] = newer
         ordered = sorted(found.values(), key=lambda c: (-c.updated, c.id))[:limit]
         return [Conversation(c.id, c.title, c.created, c.updated, c.asked) for c in ordered]
 
@@ -133,18 +148,20 @@ class SessionStore:
             turn = Turn(turn.question, turn.answer, turn.documents)
         key = self._key(tenant, session_id)
         now = self._wall()
-        self._deleted.pop(key, None)  # an id asked again after a delete is a new conversation
         local = self._memory.get(key)
-        if local is None:
+        if local is None:  # new, or asked again after a delete: a new conversation
             local = Conversation(session_id, turn.question[:TITLE_CHARS], now, now, 0)
         local = Conversation(
             session_id, local.title, local.created, now, local.asked + 1, [*local.turns, turn][-self.max_turns :]
         )
         self._memory[key] = local
         meta_key, index_key = self._meta_key(tenant, session_id), self._index_key(tenant)
+        deleted_at = self._deleted.get(key)
 
         async def write(client):  # type: ignore[no-untyped-def]
             async with client.pipeline(transaction=True) as pipe:
+                if deleted_at is not None:  # a delete Redis missed comes first: the old turns must not return
+                    self._queue_delete(pipe, tenant, session_id, deleted_at)
                 pipe.rpush(key, turn.to_json())
                 pipe.ltrim(key, -self.max_turns, -1)
                 pipe.expire(key, self.ttl_s)
@@ -160,84 +177,108 @@ class SessionStore:
 
         with contextlib.suppress(RedisUnavailable):
             await self.link.run(write)
+            self._deleted.pop(key, None)
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        """Forget the conversation; False when the tenant has no such conversation."""
+        """Forget the conversation, here and in Redis (or there once Redis is back); False when the tenant has
+        no such conversation."""
         existed = await self.get(tenant, session_id) is not None
         key = self._key(tenant, session_id)
         self._memory.pop(key, None)
-        self._deleted[key] = True
+        if self.link.state != "disabled":
+            self._deleted[key] = self._wall()
         with contextlib.suppress(RedisUnavailable):
-            await self._delete_shared(tenant, session_id)
+            await self._redis_deletes_done(tenant, [session_id])
         return existed
 
-    async def _delete_shared(self, tenant: str, session_id: str) -> None:
-        key = self._key(tenant, session_id)
+    def _queue_delete(self, pipe: Any, tenant: str, session_id: str, at: float) -> None:
+        """Delete a conversation in Redis and leave a marker of when, so that other processes drop their
+        in-process copies written before then (a Redis that lost its data has no marker: their copies win)."""
+        pipe.delete(self._key(tenant, session_id), self._meta_key(tenant, session_id))
+        pipe.zrem(self._index_key(tenant), session_id)
+        pipe.set(self._gone_key(tenant, session_id), repr(at), ex=self.ttl_s)
+
+    async def _redis_deletes_done(self, tenant: str, session_ids: Sequence[str]) -> bool:
+        """Do the deletes of ``session_ids`` that Redis missed; False while some are still to do (Redis is
+        down: its copies of them must not be read)."""
+        todo = [(i, self._deleted[self._key(tenant, i)]) for i in session_ids if self._key(tenant, i) in self._deleted]
+        if not todo:
+            return True
 
         async def drop(client):  # type: ignore[no-untyped-def]
             async with client.pipeline(transaction=True) as pipe:
-                pipe.delete(key, self._meta_key(tenant, session_id))
-                pipe.zrem(self._index_key(tenant), session_id)
+                for session_id, at in todo:
+                    self._queue_delete(pipe, tenant, session_id, at)
                 return await pipe.execute()
 
-        await self.link.run(drop)
-        self._deleted.pop(key, None)
+        try:
+            await self.link.run(drop)
+        except RedisUnavailable:
+            return False
+        for session_id, _ in todo:
+            self._deleted.pop(self._key(tenant, session_id), None)
+        return True
 
-    async def _shared(self, tenant: str, session_id: str) -> Conversation | None:
-        """The conversation as Redis has it (None when Redis lacks it, is down or off)."""
+    @staticmethod
+    def _gone_key(tenant: str, session_id: str) -> str:
+        return f"ragspec:session-deleted:{tenant}:{session_id}"
+
+    async def _shared(self, tenant: str, session_id: str) -> tuple[Conversation | None, float | None]:
+        """The conversation as Redis has it (None when Redis lacks it) and when it was last deleted (None:
+        never, as far as Redis knows). Raises ``RedisUnavailable``."""
         key, meta_key = self._key(tenant, session_id), self._meta_key(tenant, session_id)
-        if await self._tombstoned(tenant, session_id):
-            return None
 
         async def read(client):  # type: ignore[no-untyped-def]
             async with client.pipeline(transaction=False) as pipe:
                 pipe.lrange(key, -self.max_turns, -1)
                 pipe.hgetall(meta_key)
+                pipe.get(self._gone_key(tenant, session_id))
                 return await pipe.execute()
 
+        raw, meta, gone = await self.link.run(read)
+        deleted_at = _float(gone)
         try:
-            raw, meta = await self.link.run(read)
             turns = [Turn.from_json(item) for item in raw]
-        except RedisUnavailable:
-            return None
+            conversation = _conversation(session_id, meta, turns) if turns else None
         except (ValueError, TypeError, KeyError):
             logger.warning("discarding a malformed session %s", key)
-            return None
-        if not turns:
-            return None
-        return _conversation(session_id, meta, turns)
+            return None, deleted_at
+        return conversation, deleted_at
 
-    async def _shared_list(self, tenant: str, limit: int) -> list[Conversation]:
+    async def _shared_list(
+        self, tenant: str, limit: int, local_ids: Sequence[str]
+    ) -> tuple[list[Conversation], dict[str, float]]:
+        """Redis's summaries of the tenant's conversations, and when those of ``local_ids`` that Redis saw
+        deleted were. Raises ``RedisUnavailable``."""
         index_key = self._index_key(tenant)
         since = self._wall() - self.ttl_s
         ids: list[str] = await self.link.run(
             lambda c: c.zrevrangebyscore(index_key, "+inf", since, start=0, num=limit)  # type: ignore[arg-type, return-value]
         )
-        ids = [i for i in ids if not await self._tombstoned(tenant, i)]
-        if not ids:
-            return []
 
         async def read(client):  # type: ignore[no-untyped-def]
             async with client.pipeline(transaction=False) as pipe:
                 for session_id in ids:
                     pipe.hgetall(self._meta_key(tenant, session_id))
+                for session_id in local_ids:
+                    pipe.get(self._gone_key(tenant, session_id))
                 return await pipe.execute()
 
-        metas: Sequence[Mapping[str, str]] = await self.link.run(read)
+        replies: Sequence[Any] = await self.link.run(read) if ids or local_ids else []
         found = []
-        for session_id, meta in zip(ids, metas, strict=True):
+        for session_id, meta in zip(ids, replies[: len(ids)], strict=True):
             if meta:  # gone (expired) since the index was written
                 with contextlib.suppress(ValueError, TypeError, KeyError):
                     found.append(_conversation(session_id, meta, []))
-        return found
+        gone = {i: at for i, raw in zip(local_ids, replies[len(ids) :], strict=True) if (at := _float(raw)) is not None}
+        return found, gone
 
-    async def _tombstoned(self, tenant: str, session_id: str) -> bool:
-        """Whether the conversation was deleted while Redis was down; retries that delete."""
-        if self._key(tenant, session_id) not in self._deleted:
-            return False
-        with contextlib.suppress(RedisUnavailable):
-            await self._delete_shared(tenant, session_id)
-        return True
+
+def _float(raw: object) -> float | None:
+    try:
+        return float(raw) if raw is not None else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def _conversation(session_id: str, meta: Mapping[str, str], turns: list[Turn]) -> Conversation:
