@@ -14,12 +14,6 @@
   const POLL_MS = 700;
   const HEALTH_MS = 30000;
   const PENDING = new Set(['queued', 'indexing', 'uploading']);
-  const STOPWORDS = new Set(
-    ('the and for are but not you all any can had her was one our out has his how its may who did get ' +
-      'let say she too use what when where which while with this that from have been were will would ' +
-      'about into than then them they there these those what does your their could should some such ' +
-      'only over also more most other very just like much many each why whom whose').split(' '),
-  );
 
   const state = {
     apiKey: '',
@@ -32,6 +26,7 @@
     pollTimer: null,
     uploadSeq: 0,
     labelSeq: 0,
+    turnSeq: 0, // numbers the turns shown, for the anchors of their sources
   };
 
   // ---------------------------------------------------------------------------------------------
@@ -645,41 +640,91 @@
   // ---------------------------------------------------------------------------------------------
   // asking
 
-  function questionTerms(question) {
-    const words = question.toLowerCase().match(/[\p{L}\p{N}][\p{L}\p{N}_'-]*/gu) || [];
-    const terms = new Set();
-    for (const word of words) {
-      if (word.length >= 3 && !STOPWORDS.has(word)) {
-        terms.add(word);
-      }
-    }
-    return [...terms].sort((a, b) => b.length - a.length).slice(0, 24);
-  }
+  // Citations and highlights come from the server (app/citations.py): spans are [start, end) offsets in
+  // Unicode code points (Python string indices), so texts are sliced as arrays of code points here.
 
-  function escapeRegExp(text) {
-    return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-  }
-
-  /** A text fragment with the question's terms wrapped in <mark> (built from text nodes only). */
-  function highlighted(text, terms) {
+  /** `text` as a fragment with the spans [start, end) (whole words, chosen by the server) in <mark>. */
+  function highlighted(text, spans) {
+    const chars = Array.from(text);
     const fragment = document.createDocumentFragment();
-    if (!terms.length) {
-      fragment.append(text);
-      return fragment;
-    }
-    const pattern = new RegExp(`(?<![\\p{L}\\p{N}])(?:${terms.map(escapeRegExp).join('|')})`, 'giu');
     let last = 0;
-    for (const match of text.matchAll(pattern)) {
-      if (match.index > last) {
-        fragment.append(text.slice(last, match.index));
+    const sorted = (Array.isArray(spans) ? spans : [])
+      .filter((s) => Array.isArray(s) && isNum(s[0]) && isNum(s[1]))
+      .map((s) => [Math.max(0, Number(s[0])), Math.min(chars.length, Number(s[1]))])
+      .sort((a, b) => a[0] - b[0]);
+    for (const [start, end] of sorted) {
+      if (start < last || end <= start) {
+        continue; // overlapping or empty: keep the first
       }
-      fragment.append(el('mark', { text: match[0] }));
-      last = match.index + match[0].length;
+      if (start > last) {
+        fragment.append(chars.slice(last, start).join(''));
+      }
+      fragment.append(el('mark', { class: 'support', text: chars.slice(start, end).join('') }));
+      last = end;
     }
-    if (last < text.length) {
-      fragment.append(text.slice(last));
+    if (last < chars.length) {
+      fragment.append(chars.slice(last).join(''));
     }
     return fragment;
+  }
+
+  function sourceAnchor(turn, n) {
+    return `src-${turn.dataset.turnId}-${n}`;
+  }
+
+  /** Open source `n` (1-based) of the turn and bring it into view. */
+  function showSource(turn, n) {
+    const item = turn.ownerDocument.getElementById(sourceAnchor(turn, n));
+    if (!item) {
+      return;
+    }
+    item.querySelector('details').open = true;
+    item.scrollIntoView({ block: 'nearest' });
+    item.querySelector('summary').focus();
+  }
+
+  /**
+   * The answer with an [n] link after each cited sentence (n: the source's place in the list), and each
+   * source's supporting passage highlighted. `data` is the `citations` event: {citations: [{start, end,
+   * source}], highlights: [[start, end]...] per source}. The answer's text itself is left as generated.
+   */
+  function renderCitations(turn, data) {
+    const d = data && typeof data === 'object' ? data : {};
+    const cites = (Array.isArray(d.citations) ? d.citations : [])
+      .filter((c) => c && isNum(c.end) && isNum(c.source))
+      .sort((a, b) => Number(a.end) - Number(b.end));
+    const paragraph = turn.querySelector('.answer-text');
+    const chars = Array.from(paragraph.textContent);
+    const items = turn.querySelectorAll('.source-list .source');
+    const fragment = document.createDocumentFragment();
+    let last = 0;
+    for (const c of cites) {
+      const end = Math.min(chars.length, Number(c.end));
+      const n = Number(c.source) + 1;
+      if (end < last || n < 1 || n > items.length) {
+        continue;
+      }
+      fragment.append(chars.slice(last, end).join(''));
+      const link = el('a', {
+        class: 'cite', href: `#${sourceAnchor(turn, n)}`, 'data-source': n, text: `[${n}]`,
+        'aria-label': `source ${n}`,
+      });
+      link.addEventListener('click', (ev) => {
+        ev.preventDefault();
+        showSource(turn, n);
+      });
+      fragment.append(link);
+      last = end;
+    }
+    fragment.append(chars.slice(last).join(''));
+    paragraph.replaceChildren(fragment);
+    const highlights = Array.isArray(d.highlights) ? d.highlights : [];
+    items.forEach((item, i) => {
+      const spans = Array.isArray(highlights[i]) ? highlights[i] : [];
+      const passage = item.querySelector('.source-text');
+      passage.replaceChildren(highlighted(passage.textContent, spans));
+      item.classList.toggle('cited', cites.some((c) => Number(c.source) === i));
+    });
   }
 
   function renderSessionLine() {
@@ -702,7 +747,8 @@
 
   function buildTurn(question) {
     const answerText = document.createTextNode('');
-    const turn = el('li', { class: 'turn', 'data-state': 'streaming' },
+    state.turnSeq += 1;
+    const turn = el('li', { class: 'turn', 'data-state': 'streaming', 'data-turn-id': state.turnSeq },
       el('div', { class: 'question-bubble' }, el('span', { class: 'visually-hidden', text: 'Question: ' }), question),
       el('div', { class: 'answer' },
         el('p', { class: 'answer-text', 'aria-busy': 'true' }, answerText),
@@ -717,7 +763,18 @@
     return { turn, answerText };
   }
 
-  function renderSources(turn, sources, terms) {
+  /** "p. 3" or "pp. 1–3" for a PDF source (page_end: its last page; absent for old indexes). */
+  function pageRange(s) {
+    if (!isNum(s.page)) {
+      return '';
+    }
+    const first = Number(s.page);
+    const last = isNum(s.page_end) ? Number(s.page_end) : first;
+    return last > first ? `pp. ${first}–${last}` : `p. ${first}`;
+  }
+
+  /** The list of sources; each one's `highlights` (supporting spans, set once the answer is known) marked. */
+  function renderSources(turn, sources) {
     const section = turn.querySelector('.sources');
     const list = section.querySelector('.source-list');
     list.replaceChildren();
@@ -731,8 +788,9 @@
       const doc = state.docs.get(String(s.document_id));
       const title = s.title || (doc ? doc.title : String(s.document_id ?? 'document'));
       const bits = [];
-      if (s.page !== null && s.page !== undefined) {
-        bits.push(`p. ${s.page}`);
+      const pages = pageRange(s);
+      if (pages) {
+        bits.push(pages);
       }
       if (isNum(s.score)) {
         bits.push(`score ${fmt(s.score, 3)}`);
@@ -745,9 +803,10 @@
         el('span', { class: 'source-title', text: title }),
         bits.length ? el('span', { class: 'source-meta', text: ` · ${bits.join(' · ')}` }) : null);
       const passage = el('blockquote', { class: 'source-text' });
-      passage.append(highlighted(String(s.text ?? ''), terms));
+      passage.append(highlighted(String(s.text ?? ''), s.highlights));
       list.append(el('li', {
-        class: 'source', 'data-document-id': s.document_id ?? '', 'data-chunk-id': s.chunk_id ?? '',
+        class: 'source', id: sourceAnchor(turn, i + 1), 'data-document-id': s.document_id ?? '',
+        'data-chunk-id': s.chunk_id ?? '',
       }, el('details', {}, summary, passage)));
     });
     section.hidden = false;
@@ -903,7 +962,6 @@
     const controller = new AbortController();
     state.controller = controller;
     setAsking(true);
-    const terms = questionTerms(question);
     let gotDone = false;
     let gotError = false;
     let tokens = 0;
@@ -912,7 +970,10 @@
       const data = parseData(ev.data);
       switch (ev.event) {
         case 'sources':
-          renderSources(turn, Array.isArray(data) ? data : (data && data.sources) || [], terms);
+          renderSources(turn, Array.isArray(data) ? data : (data && data.sources) || []);
+          break;
+        case 'citations':
+          renderCitations(turn, data);
           break;
         case 'token': {
           const text = data && typeof data === 'object' ? data.text : data;
@@ -979,6 +1040,10 @@
         const body = await response.json();
         onEvent({ event: 'sources', data: JSON.stringify(body.sources || []) });
         onEvent({ event: 'token', data: JSON.stringify({ text: String(body.answer ?? body.text ?? '') }) });
+        if (Array.isArray(body.citations)) {
+          const highlights = (body.sources || []).map((s) => (s && s.highlights) || []);
+          onEvent({ event: 'citations', data: JSON.stringify({ citations: body.citations, highlights }) });
+        }
         if (body.stats) {
           onEvent({ event: 'stats', data: JSON.stringify(body.stats) });
         }
@@ -1050,7 +1115,7 @@
     setInterval(checkHealth, HEALTH_MS);
     // what history.js (conversations) and capabilities.js (modes, limits) build on
     globalThis.RagspecPage = {
-      state, api, el, buildTurn, renderSources, finishTurn, renderSessionLine, newConversation,
+      state, api, el, buildTurn, renderSources, renderCitations, finishTurn, renderSessionLine, newConversation,
       documentsLoaded: refreshDocuments(),
     };
     document.documentElement.dataset.ready = '1';
