@@ -270,7 +270,8 @@ async def finish(services: Services, p: Plan) -> None:
         await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
     if p.question.session_id is not None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(
-            p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in p.sources)
+            p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in p.sources),
+            p.citations.model_dump() if p.citations is not None else None,
         ))
 
 

@@ -43,6 +43,7 @@ class Turn:
     answer: str
     documents: tuple[str, ...] = ()  # the documents asked about
     sources: tuple[Mapping[str, Any], ...] = ()  # the sources shown (empty when not kept)
+    citations: Mapping[str, Any] | None = None  # the answer's citations of those sources (None when not kept)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "documents": list(self.documents), "sources": list(self.sources)})
@@ -55,6 +56,7 @@ class Turn:
             answer=str(data["answer"]),
             documents=tuple(str(d) for d in data.get("documents", ())),
             sources=tuple(dict(s) for s in data.get("sources", ())),
+            citations=dict(data["citations"]) if data.get("citations") is not None else None,
         )
 
 
@@ -145,7 +147,7 @@ class SessionStore:
 
     async def append(self, tenant: str, session_id: str, turn: Turn) -> None:
         if not self.keep_sources:
-            turn = Turn(turn.question, turn.answer, turn.documents)
+            turn = Turn(turn.question, turn.answer, turn.documents)  # citations point into the sources
         key = self._key(tenant, session_id)
         now = self._wall()
         local = self._memory.get(key)

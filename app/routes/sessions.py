@@ -45,6 +45,10 @@ class SessionTurn(BaseModel):
         description="The sources shown with the answer, as /v1/ask sent them (empty when the server keeps none: "
         "RAGSPEC_SESSION_SOURCES=false)"
     )
+    citations: dict[str, Any] | None = Field(
+        None, description="The answer's citations of those sources, as the `citations` event of /v1/ask sent them "
+        "(`citations`, `cited_answer`, `highlights`); null when sources are not kept"
+    )
 
 
 class SessionDetail(BaseModel):
@@ -79,7 +83,8 @@ async def get_session(session_id: SessionId, services: ServicesDep, tenant: Tena
         raise SessionNotFound(f"no session {session_id!r}")
     turns = [
         SessionTurn(question=t.question, answer=t.answer, documents=list(t.documents),
-                    sources=[dict(s) for s in t.sources])
+                    sources=[dict(s) for s in t.sources],
+                    citations=dict(t.citations) if t.citations is not None else None)
         for t in conversation.turns
     ]
     c = conversation

@@ -113,6 +113,9 @@
       turns.append(turn);
       if (Array.isArray(t.sources) && t.sources.length) {
         renderSources(turn, t.sources); // each source's highlights were kept with it
+        if (t.citations && typeof t.citations === 'object') {
+          page.renderCitations(turn, t.citations); // the answer's [n] links, as when it was streamed
+        }
       }
       turn.dataset.kept = '1';
       finishTurn(turn, 'done', '');

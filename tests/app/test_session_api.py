@@ -72,6 +72,8 @@ def test_sessions_are_listed_read_and_deleted_per_key(
     assert [t["answer"] for t in turns] == [first["answer"], second["answer"]]
     assert all(t["documents"] == [doc_a] for t in turns)
     assert turns[0]["sources"] == first["sources"] and turns[0]["sources"]
+    cited = turns[1]["citations"]  # as the answer gave them: [n] markers and source highlights
+    assert cited["cited_answer"] == second["cited_answer"] and cited["citations"] == second["citations"]
 
     # another key sees nothing of it, and cannot delete it
     assert listed(b) == []
