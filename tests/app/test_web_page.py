@@ -266,6 +266,9 @@ def test_static_files_are_self_contained() -> None:
     for ref in refs:
         assert ref in html
         assert (STATIC / ref.removeprefix("static/")).is_file()
+    # the loading state is in the markup, so it shows before any script has run (capabilities.js ends it)
+    assert '<html lang="en" data-loading="1">' in html and 'id="page-loading"' in html
+    assert '<p id="doc-empty" class="empty">Loading documents…</p>' in html
     docs = (STATIC / "docs.html").read_text(encoding="utf-8")
     for ref in ("static/docs.js", "static/docs.css", "static/swagger/swagger-ui-bundle.js", "static/favicon.svg"):
         assert ref in docs
@@ -347,7 +350,7 @@ def test_sse_parser_handles_any_chunking() -> None:
 
 
 def test_mode_choices_are_the_api_modes() -> None:
-    """The page offers exactly the modes /v1/ask takes (each one is served: none answers 'not available')."""
+    """The page lists exactly the modes /v1/ask takes (capabilities.js hides those the server cannot serve)."""
     import re
     from typing import get_args
 
