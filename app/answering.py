@@ -125,6 +125,9 @@ def admit(
     (``time.perf_counter()`` at the request's arrival, default now) is where ``ttft_ms`` counts from."""
     arrived = time.perf_counter() if arrived is None else arrived
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
+    # a question (with its history) too long for the window is the request's fault: a 400 before any stream
+    # starts, found by tokenizing it alone (the documents are fitted after retrieval)
+    services.prompts.fit([], q.question, q.history, max_tokens, None, tenant, system=q.system)
     drafters = services.drafters.for_mode(q.mode, tenant, q.sampling)
     _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
     records = [services.store.get(doc_id, tenant) for doc_id in dict.fromkeys(q.document_ids)]  # unknown: 404

@@ -38,7 +38,14 @@ class FailingEngine:
         return failing_job(cancel)
 
 
+class NoCounter:
+    def inc(self) -> None:
+        pass
+
+
 class NoMetrics:
+    rejected = NoCounter()
+
     def observe_generation(self, *args: object) -> None:
         pass
 
@@ -147,3 +154,31 @@ def test_first_bytes_leave_before_the_plan_is_built() -> None:
     ask_first, chat_first = asyncio.run(main())
     assert ask_first == ": accepted\n\n"
     assert json.loads(parse([chat_first])[0][1])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_a_queue_that_filled_after_the_stream_began_is_an_overloaded_error_in_band() -> None:
+    """The queue is checked before the response starts, but it can fill during retrieval: the stream then
+    ends with an ``overloaded`` error (and ``done``) instead of a 5xx or a cut connection."""
+
+    async def main() -> list[str]:
+        sched = GenerationScheduler(queue_size=0)
+        gate = threading.Event()
+
+        def busy(cancel: threading.Event) -> Iterator[str]:
+            while not gate.wait(0.01) and not cancel.is_set():
+                pass
+            yield "done"
+
+        try:
+            holder = sched.submit(busy)  # the engine is taken and nothing may wait
+            stream = ask_route._stream(FailingServices(sched), prepare, "sid")  # type: ignore[arg-type]
+            frames = [encode(f) async for f in stream]
+            gate.set()
+            assert [e async for e in holder.events()] == ["done"]
+            return frames
+        finally:
+            sched.stop()
+
+    events = parse(asyncio.run(main()))
+    assert [e for e, _ in events] == [":", "sources", "error", "done"]
+    assert json.loads(events[2][1])["code"] == "overloaded"

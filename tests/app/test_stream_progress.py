@@ -219,3 +219,15 @@ def test_page_shows_its_place_in_the_queue_then_the_answer(server: ThreadServer,
         assert state == "done", page.js(f"{turn}.querySelector('.answer-status').textContent")
         assert page.js(f"{turn}.querySelector('.answer-text').textContent").strip()
         assert page.exceptions() == []
+
+
+def test_a_question_too_long_for_the_window_is_a_400_before_any_stream(server: ThreadServer, doc: str) -> None:
+    question = "9 " * 1900  # within the question's character limit, over the 1024-token test window
+    ask = {"question": question, "document_ids": [doc], "max_tokens": 8, "stream": True}
+    chat = {"messages": [{"role": "user", "content": question}], "document_ids": [doc], "max_tokens": 8,
+            "stream": True}
+    with server.client() as client:
+        for path, body in (("/v1/ask", ask), ("/v1/chat/completions", chat)):
+            response = client.post(path, json=body)
+            assert response.status_code == 400, (path, response.text)
+            assert response.json()["error"]["code"] == "context_too_long"
