@@ -145,7 +145,10 @@ def test_ask_json(client: httpx.Client, doc: str) -> None:
     assert body["answer"].strip()
     assert body["session_id"]
     source = body["sources"][0]
-    assert set(source) == {"document_id", "chunk_id", "text", "score", "similarity", "start", "end", "page"}
+    assert set(source) == {
+        "document_id", "chunk_id", "text", "score", "similarity", "start", "end", "page", "page_end", "highlights"
+    }
+    assert {"cited_answer", "citations"} <= set(body)  # tests/app/test_citations.py
     assert source["document_id"] == doc and LANDMARKS[source["start"] : source["end"]] == source["text"]
     assert 0 < body["usage"]["completion_tokens"] <= 12 and body["usage"]["prompt_tokens"] > 20
     stats = body["stats"]
@@ -238,13 +241,14 @@ def test_ask_stream_events(client: httpx.Client, doc: str) -> None:
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.headers["cache-control"] == "no-cache" and response.headers["x-accel-buffering"] == "no"
     names = [e.event for e in events]
-    assert names[0] == "sources" and names[-2:] == ["stats", "done"]
-    assert set(names[1:-2]) == {"progress", "token"}
+    assert names[0] == "sources" and names[-3:] == ["citations", "stats", "done"]
+    assert set(names[1:-3]) == {"progress", "token"}
     assert names.index("token") > max(i for i, n in enumerate(names) if n == "progress")  # the prompt first
     progress = [json.loads(e.data) for e in events if e.event == "progress"]
     assert progress[0]["stage"] == "prefill" and progress[0]["done"] == progress[0]["reused"] > 0  # cached
     assert all(p["total"] == plain["usage"]["prompt_tokens"] for p in progress)
-    assert json.loads(events[0].data) == plain["sources"]
+    unmarked = [{**s, "highlights": []} for s in plain["sources"]]  # highlights come with the citations event
+    assert json.loads(events[0].data) == unmarked
     streamed = "".join(json.loads(e.data)["text"] for e in events if e.event == "token")
     assert streamed == plain["answer"]  # greedy: the stream and the JSON answer are the same text
     stats = json.loads(events[-2].data)
