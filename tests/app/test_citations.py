@@ -182,6 +182,17 @@ def test_follow_up_questions_return_their_sources(client: httpx.Client, lighthou
     assert "[1]" not in content or "[1]" in first["answer"]  # the content is the model's text, no markers
     for c in chat["citations"]:
         assert 0 <= c["start"] < c["end"] <= len(content) and 0 <= c["source"] < len(chat["sources"])
+    with connect_sse(client, "POST", "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Who built the lighthouse of Varnholm, and when?"}],
+        "document_ids": [lighthouse], "max_tokens": 40, "stream": True,
+    }) as stream:
+        chunks = [e.json() for e in stream.iter_sse() if e.data != "[DONE]"]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    last = chunks[-1]
+    assert last["citations"] and last["sources"], "the last chunk carries the citations, content stays unmarked"
+    for c in last["citations"]:
+        assert last["sources"][c["source"]]["highlights"] and c["end"] <= len(streamed)
+    assert "[1]" not in streamed
 
 
 @pytest.mark.real_model
