@@ -117,12 +117,13 @@ def logits_paths(
 
 def shared_paths(
     continuations: Sequence[tuple[Sequence[int], float]], root: int, budget: int,
-    source: str = SOURCE_CROSS_SESSION,
+    source: str = SOURCE_CROSS_SESSION, kind: str | None = None,
 ) -> DraftTree:
     """A tree from the shared tier's continuations of the context before the root.
 
     Only continuations whose first token is ``root`` apply; their remaining tokens form a trie whose node
-    weight is the summed score of the continuations through it. Nodes are taken best weight first.
+    weight is the summed score of the continuations through it. Nodes are taken best weight first; every
+    node has ``kind`` (default: the source).
     """
     tree = DraftTree()
     if budget <= 0:
@@ -143,7 +144,7 @@ def shared_paths(
     heapq.heapify(heap)
     while heap and len(tree) < budget:
         _, key, parent = heapq.heappop(heap)
-        index = tree.add(parent, key[-1], source)
+        index = tree.add(parent, key[-1], source, kind=kind)
         for k in kids.get(key, []):
             heapq.heappush(heap, (-weight[k], k, index))
     return tree

@@ -8,6 +8,13 @@ stretches of it) and costs a dict lookup per step elsewhere. With a remote tier 
 asks for the contexts the next step may need (after the root alone, or after accepting a path of this
 step's tree), so the next lookup finds them in the local mirror without waiting.
 
+A tier continuation keyed by a few tokens is right when the answer repeats an earlier one and mostly wrong
+elsewhere, so the budget policy must not learn one acceptance rate for both. Each step's nodes carry the
+tier's current *streak* in their kind (``racer.cross_session/h0``, ``/h1``, ``/h2``): how many steps in a row
+the tier's best next token was the token the target then produced, whether or not that draft was
+verified. An unverified guess is checked for free against the next token, so a repeat is recognised even
+while the policy, taught by wrong continuations, verifies none of the tier's drafts.
+
 ``CrossSessionDrafter`` is that part on its own, for modes that do not run RACER (the service's default
 pairs it with prompt lookup). It only reads: the service feeds the tier after every answer of such a mode.
 """
@@ -18,7 +25,7 @@ from collections.abc import Sequence
 
 from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo
 from decoding.drafters.racer.cross_session import CrossSessionCache
-from decoding.drafters.racer.paths import shared_paths
+from decoding.drafters.racer.paths import SOURCE_CROSS_SESSION, shared_paths
 from decoding.tree import DraftTree
 
 
@@ -29,6 +36,8 @@ class TierDraft:
         self.shared = shared
         self.prefetch_nodes = prefetch_nodes
         self._prompt_tail: list[int] = []
+        self._guess: tuple[int, int] | None = None  # (position in the text, token) of the last best path's head
+        self._streak = 0
 
     @property
     def prompt_tail(self) -> list[int]:
@@ -38,13 +47,27 @@ class TierDraft:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         n = self.shared.context_len
         self._prompt_tail = [int(t) for t in prompt_ids[-n:]]
+        self._guess, self._streak = None, 0
         self.shared.prefetch([self._prompt_tail])  # the context of the first root
 
     def paths(self, generated: Sequence[int], budget: int) -> DraftTree:
         """Paths below the root (the last of ``generated``) from the continuations of the context before it."""
+        self._score_guess(generated)
         tail = self._tail(generated)
         conts = self.shared.continuations(tail[:-1])
-        return shared_paths(conts, tail[-1], budget) if conts else DraftTree()
+        kind = f"{SOURCE_CROSS_SESSION}/h{min(self._streak, 2)}"
+        tree = shared_paths(conts, tail[-1], budget, kind=kind) if conts else DraftTree()
+        self._guess = (len(generated), tree.tokens[0]) if len(tree) else None
+        return tree
+
+    def _score_guess(self, generated: Sequence[int]) -> None:
+        """Extend the streak when the text went on with the last step's best guess, else reset it."""
+        if self._guess is None:
+            self._streak = 0
+            return
+        at, token = self._guess
+        if at < len(generated):
+            self._streak = self._streak + 1 if int(generated[at]) == token else 0
 
     def prefetch_after(self, generated: Sequence[int], tree: DraftTree) -> None:
         """With a remote tier: ask for the contexts the next step may need."""

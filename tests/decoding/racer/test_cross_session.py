@@ -66,3 +66,37 @@ def test_open_shared_tier_picks_the_backend() -> None:
 def test_namespace_tag_hides_the_tenant() -> None:
     ns = Namespace("a:b{c}", "x" * 40, "tenant-key")
     assert "tenant-key" not in ns.tag and ns.tag.count("{") == 1 and ns.tag.count("}") == 1
+
+
+def test_tier_draft_kinds_carry_its_streak_of_right_guesses() -> None:
+    """The tier's nodes say how many steps in a row its best next token was the one the text went on with
+    (verified or not), so a repeated answer is told apart from a short context's wrong continuations."""
+    from decoding.drafters.racer.tier_drafter import TierDraft
+
+    tier = InProcessSharedTier(CrossSessionConfig(context_len=2, continuation_len=3))
+    cache = tier.cache("m", "tok", "acme")
+    prompt, answer = [50, 51, 52], [10, 11, 12, 13, 14, 15]
+    first = TierDraft(cache)
+    first.begin(prompt)
+    first.learn(answer)  # an earlier session's answer, twice: the tier's best guess where answers part
+    first.learn(answer)
+
+    draft = TierDraft(cache)
+    draft.begin(prompt)
+    kinds = []
+    for n in range(1, 5):  # plain steps (nothing verified): the text goes on with the earlier answer
+        tree = draft.paths(answer[:n], budget=4)
+        assert tree.tokens[0] == answer[n]
+        kinds.append(set(tree.kinds))
+    assert kinds == [{"racer.cross_session/h0"}, {"racer.cross_session/h1"}, {"racer.cross_session/h2"},
+                     {"racer.cross_session/h2"}]
+    # another earlier answer parts from the first after 12; the text follows it where the tier guessed 13
+    other = TierDraft(cache)
+    other.begin(prompt)
+    other.learn([10, 11, 12, 40, 41, 42])
+    draft = TierDraft(cache)
+    draft.begin(prompt)
+    for n in (1, 2, 3):
+        draft.paths(answer[:n], budget=4)
+    tree = draft.paths([10, 11, 12, 40], budget=4)
+    assert tree.tokens[0] == 41 and set(tree.kinds) == {"racer.cross_session/h0"}
