@@ -68,7 +68,11 @@ class DocumentList(BaseModel):
 class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1)
-    document_ids: list[str] = Field(min_length=1)
+    document_ids: list[str] = Field(
+        default_factory=list,
+        description="The documents to ask about; may be left out on a follow-up (a session_id whose "
+        "conversation asked about documents): the conversation's last documents are used",
+    )
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,12 +18,13 @@ from sse_starlette import ServerSentEvent
 from app import answering
 from app.answering import Plan, Question
 from app.deps import ServicesDep, TenantDep
-from app.errors import error_body, translate
+from app.errors import InvalidRequest, error_body, translate
 from app.metrics import ARRIVED
 from app.routes.documents import ERRORS
 from app.scheduler import Queued
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
+from app.sessions import Turn
 from app.sse import comment, frame, sse_response
 from decoding.generation import PrefillEvent, SamplingParams
 
@@ -50,16 +51,14 @@ STREAM_DOC: dict[int | str, dict[str, Any]] = {
 async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant: TenantDep) -> Any:
     arrived = arrival(request)
     session_id = body.session_id or uuid.uuid4().hex
-    history = []
-    if body.session_id is not None:
-        history = [(t.question, t.answer) for t in await services.sessions.history(tenant, body.session_id)]
+    turns = await services.sessions.history(tenant, body.session_id) if body.session_id is not None else []
     question = Question(
         question=body.question,
-        document_ids=body.document_ids,
+        document_ids=body.document_ids or _conversation_documents(turns, body.session_id),
         max_tokens=body.max_tokens,
         sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed, eta=body.eta),
         mode=body.mode,
-        history=history,
+        history=[(t.question, t.answer) for t in turns],
         session_id=session_id,
     )
     prepare = answering.admit(services, tenant, question, arrived)  # 4xx here, before any streaming
@@ -120,3 +119,15 @@ async def _stream(
         )
         yield frame({"code": code, "message": message}, "error")
         yield frame({"session_id": session_id}, "done")
+
+
+def _conversation_documents(turns: Sequence[Turn], session_id: str | None) -> list[str]:
+    """A follow-up that names no documents asks about its conversation's last ones."""
+    for turn in reversed(turns):
+        if turn.documents:
+            return list(turn.documents)
+    if session_id is None:
+        raise InvalidRequest("document_ids: name at least one document (or continue a conversation with session_id)")
+    raise InvalidRequest(
+        f"document_ids: none given, and conversation {session_id} has asked about no documents to continue with"
+    )

@@ -167,6 +167,14 @@ def test_follow_up_questions_return_their_sources(client: httpx.Client, lighthou
     assert second["sources"], "a follow-up in the session finds its passage through the conversation"
     assert any("automated" in s["text"] for s in second["sources"])
     _check_citations(second)
+    # a follow-up may leave the documents out: the conversation's are used, and the answer is the same
+    third = _ask(client, question=follow_up, session_id=first["session_id"])
+    assert [s["chunk_id"] for s in third["sources"]] == [s["chunk_id"] for s in second["sources"]]
+    assert {s["document_id"] for s in third["sources"]} == {lighthouse}
+    nowhere = client.post("/v1/ask", json={"question": follow_up})
+    assert nowhere.status_code == 422 and "document_ids" in nowhere.json()["error"]["message"]
+    fresh = client.post("/v1/ask", json={"question": follow_up, "session_id": "never-asked-anything"})
+    assert fresh.status_code == 422 and "never-asked-anything" in fresh.json()["error"]["message"]
 
     # the OpenAI route: the history comes in the messages
     chat = client.post("/v1/chat/completions", json={
