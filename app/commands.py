@@ -158,9 +158,11 @@ def _print_answer(body: dict[str, Any], as_json: bool) -> None:
     if as_json:
         say(json.dumps(body, indent=2, ensure_ascii=False))
         return
-    say(body["answer"])
-    for src in body.get("sources", []):
-        say(f"  [{src['document_id']}:{src['chunk_id']} score {src['score']:.2f}] {src['text'][:80]!r}")
+    say(body.get("cited_answer") or body["answer"])  # the answer with its [n] citations of the sources below
+    for n, src in enumerate(body.get("sources", []), start=1):
+        page, last = src.get("page"), src.get("page_end")
+        pages = "" if page is None else f" p. {page}" if last in (None, page) else f" pp. {page}-{last}"
+        say(f"  [{n}] {src['document_id']}:{src['chunk_id']}{pages} score {src['score']:.2f}: {src['text'][:80]!r}")
 
 
 def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
@@ -189,8 +191,11 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
                 sys.stdout.flush()
         await answering.finish(services, plan)
         assert plan.done is not None
+        cited = answering.citations_of(plan)
         return {
             "answer": plan.done.text,
+            "cited_answer": cited.cited_answer,
+            "citations": [c.model_dump() for c in cited.citations],
             "sources": [s.model_dump() for s in plan.sources],
             "stats": answering.stats_out(plan.done.stats, plan.question.mode).model_dump(),
         }

@@ -72,7 +72,7 @@ def test_ingest_reindex_and_ask(
     with thread_server(service_settings(data)) as server:
         assert main(["ask", "Where is the Colosseum?", "--doc", doc, "--url", server.url, "--max-tokens", "8"]) == 0
         out = capsys.readouterr().out
-        assert out.strip() and f"[{doc}:" in out  # the answer, then its sources
+        assert out.strip() and f"  [1] {doc}:" in out  # the answer (with its [n] citations), then its sources
         assert (
             main(["ask", "Where is the Colosseum?", "--doc", doc, "--url", server.url, "--max-tokens", "8", "--stream"])
             == 0
@@ -82,8 +82,8 @@ def test_ingest_reindex_and_ask(
         assert "404" in capsys.readouterr().err
 
     assert main(["ask", "Where is the Colosseum?", "--doc", doc, "--max-tokens", "8", "--json"]) == 0  # in process
-    out = capsys.readouterr().out
-    assert '"answer"' in out and doc in out
+    body = json.loads(capsys.readouterr().out)
+    assert body["answer"] and body["sources"][0]["document_id"] == doc and "cited_answer" in body
 
 
 # ---- commands against a server: ingest --url, list, delete ----------------------------------------
