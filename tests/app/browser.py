@@ -181,3 +181,9 @@ def open_browser() -> Iterator[Browser]:
         yield b
     finally:
         b.close()
+
+
+def open_page(page: Page, url: str) -> None:
+    """Navigate to the service's page at ``url`` and wait until it has loaded its data (documents, modes)."""
+    page.call("Page.navigate", url=url)
+    page.wait_for("document.documentElement.dataset.loaded === '1'", "the page loading its data")

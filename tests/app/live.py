@@ -190,6 +190,12 @@ def wait_indexed(client: httpx.Client, doc_id: str) -> dict[str, Any]:
     return dict(wait_for(done, f"document {doc_id} to be indexed"))
 
 
+def ask(client: httpx.Client, **body: Any) -> httpx.Response:
+    """POST /v1/ask with ``body``: a short answer (12 tokens) unless it names max_tokens."""
+    body.setdefault("max_tokens", 12)
+    return client.post("/v1/ask", json=body)
+
+
 def metric(client: httpx.Client, name: str, **labels: str) -> float:
     """The value of one sample in /metrics (0.0 when absent)."""
     text = client.get("/metrics").text

@@ -2,7 +2,7 @@
 README promises (loopback ports, resource limits, no volume over the image's models); the Dockerfile builds
 the CPU kernels in a builder stage and runs a non-root image without a compiler, with the models inside and
 a health check on readiness; .dockerignore keeps the context small without dropping what the build needs.
-Also ``make test``'s first step, scripts/test-deps: it installs what the tests need or fails at once.
+What the image runs and ``make test`` does, outside Docker, is checked in tests/app/test_deploy_build.py.
 
 No Docker engine is needed: ``docker-compose config`` only parses and resolves the file.
 """
@@ -14,8 +14,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
-import time
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
@@ -347,29 +345,6 @@ def test_dockerfile_health_check_and_command() -> None:
     assert json.loads(cmd[-1]) == ["ragspec", "serve", "--host", "0.0.0.0", "--port", "8000"]
 
 
-def test_health_route_and_cli_match_the_image() -> None:
-    """What the image runs exists: `/healthz` and `/readyz` (its health check) answer without a key,
-    `ragspec serve --host --port`, `ragspec models`."""
-    from fastapi.testclient import TestClient
-
-    from app.cli import build_parser
-    from app.main import create_app
-    from app.settings import Settings
-
-    app = create_app(Settings(api_keys=["k"]))  # type: ignore[call-arg]
-    client = TestClient(app)  # not entered as a context: lifespan (model loading) does not run
-    response = client.get("/healthz")  # no API key, although the service requires one
-    assert response.status_code == 200 and response.json()["status"] == "ok"
-    ready = client.get("/readyz")  # no key either: 503 until the models are loaded, never 401
-    assert ready.status_code == 503 and ready.json()["checks"]["models"] == "not loaded"
-
-    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--port", "8000"])
-    assert (args.host, args.port) == ("0.0.0.0", 8000)
-    assert build_parser().parse_args(["models"]).command == "models"
-    console = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert console["ragspec"] == "app.cli:main"
-
-
 # ---- .dockerignore -------------------------------------------------------------------------------------
 
 
@@ -406,145 +381,3 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
         needed.append(f"{package.rstrip('*')}/__init__.py")
     for path in needed:
         assert not _ignored(path, patterns), f"{path} is needed by `pip install .`"
-
-
-# ---- the image's kernels: built where a compiler is, loaded where none is -------------------------------
-
-
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the library (scripts/test-deps)")
-def test_prebuilt_kernels_load_where_the_compiler_is_gone(tmp_path: Path) -> None:
-    """What the two stages do: `ragspec kernels` with a named compiler and cache dir (builder), then the same
-    settings with that compiler gone and none on the PATH (runtime): the service's kernel set-up loads the
-    prebuilt library; with an empty cache dir it fails loudly instead (the runtime stage's check)."""
-    import torch
-
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        pytest.skip("the kernels need AVX2")
-    venv_bin = Path(sys.executable).parent  # the virtualenv running the tests: its `ragspec` and python
-    compiler = tmp_path / "bin" / "gcc"
-    compiler.parent.mkdir()
-    compiler.symlink_to(str(shutil.which("gcc")))
-    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path),
-           "RAGSPEC_KERNEL_CACHE": str(tmp_path / "kernels"), "RAGSPEC_KERNEL_COMPILER": str(compiler)}
-    built = subprocess.run([str(venv_bin / "ragspec"), "kernels"], capture_output=True, text=True, env=env,
-                           timeout=600)
-    assert built.returncode == 0, built.stderr[-2000:]
-    library = Path(built.stdout.strip().splitlines()[-1])
-    assert library.is_file() and library.parent == tmp_path / "kernels"
-
-    compiler.unlink()  # the runtime stage: no compiler at all
-    runtime = (
-        "import os, sys\n"
-        "from app.cli import main\n"
-        "from app.services import configure_kernels\n"
-        "from app.settings import Settings\n"
-        "from decoding import kernels\n"
-        "configure_kernels(Settings())\n"
-        "lib = kernels.load()\n"
-        "print(lib._name if lib else 'NONE: ' + kernels.unavailable_reason())\n"
-        "print('cli', main(['kernels']))  # the runtime stage's check: finds the library, compiles nothing\n"
-        f"os.environ['RAGSPEC_KERNEL_CACHE'] = {str(tmp_path / 'empty')!r}\n"
-        "print('cli, empty cache', main(['kernels']))\n"
-    )
-    run = subprocess.run([str(venv_bin / "python"), "-c", runtime], capture_output=True, text=True,
-                         env={**env, "PATH": str(venv_bin)}, cwd=REPO, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.splitlines() == [str(library), str(library), "cli 0", "cli, empty cache 1"], run.stderr
-
-
-# ---- make test's first step: scripts/test-deps -----------------------------------------------------------
-
-TEST_DEPS = REPO / "scripts" / "test-deps"
-BASH = "/bin/bash"
-
-
-def _stub(directory: Path, name: str, body: str = "exit 0") -> None:
-    path = directory / name
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(0o755)
-
-
-def _test_deps(path_dir: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
-    run = subprocess.run([BASH, str(TEST_DEPS)], capture_output=True, text=True, timeout=60,
-                         env={"PATH": str(path_dir), **env})
-    return run, time.monotonic() - start
-
-
-def test_test_deps_without_apt_get_prints_one_line_and_fails_fast(tmp_path: Path) -> None:
-    run, took = _test_deps(tmp_path)  # an empty PATH: nothing found, no apt-get, no sudo
-    assert run.returncode == 1 and run.stdout == ""
-    lines = run.stderr.splitlines()
-    assert len(lines) == 1, run.stderr
-    for package in ("redis-server", "chromium", "gcc", "docker-compose"):
-        assert package in lines[0]
-    assert "apt-get install" in lines[0] and took < 10
-
-
-def test_test_deps_passes_quietly_when_everything_is_there(tmp_path: Path) -> None:
-    for name in ("redis-server", "chromium", "cc", "docker-compose"):
-        _stub(tmp_path, name)
-    run, _ = _test_deps(tmp_path)
-    assert (run.returncode, run.stdout, run.stderr) == (0, "", "")
-    (tmp_path / "chromium").unlink()
-    run, _ = _test_deps(tmp_path, RAGSPEC_INSTALL_TEST_DEPS="no")
-    assert run.returncode == 1 and run.stderr.count("\n") == 1
-    assert "chromium" in run.stderr and "redis-server" not in run.stderr
-
-
-def _fake_apt(tmp_path: Path, provides: str) -> Path:
-    """An apt-get that logs its arguments and, on install, puts stubs of ``provides`` on the PATH; a sudo
-    that runs its command (for a non-root test run)."""
-    log = tmp_path / "apt.log"
-    body = (f'echo "$*" >> {log}\n'
-            f'[ "$1" = install ] || exit 0\n'
-            f'for name in {provides}; do\n'
-            f'  printf "#!/bin/sh\\n" > {tmp_path}/$name; /bin/chmod +x {tmp_path}/$name\n'
-            'done')
-    _stub(tmp_path, "apt-get", body)
-    _stub(tmp_path, "sudo", '[ "$1" = -n ] && shift; exec "$@"')
-    return log
-
-
-def test_test_deps_installs_what_is_missing_when_it_may(tmp_path: Path) -> None:
-    for name in ("chromium", "cc", "docker-compose"):
-        _stub(tmp_path, name)
-    log = _fake_apt(tmp_path, "redis-server")
-    run, _ = _test_deps(tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert log.read_text().splitlines() == ["install -y -q redis-server"]
-    assert (tmp_path / "redis-server").exists()
-
-
-def test_test_deps_says_so_when_installing_did_not_help(tmp_path: Path) -> None:
-    log = _fake_apt(tmp_path, "")  # installs nothing
-    run, _ = _test_deps(tmp_path)
-    assert run.returncode == 1
-    assert "apt-get install failed" in run.stderr.splitlines()[-1]
-    assert log.read_text().splitlines()[0].startswith("install -y -q redis-server chromium gcc libc6-dev")
-
-
-def test_test_deps_never_installs_when_told_not_to(tmp_path: Path) -> None:
-    log = _fake_apt(tmp_path, "redis-server chromium cc docker-compose")
-    run, _ = _test_deps(tmp_path, RAGSPEC_INSTALL_TEST_DEPS="no")
-    assert run.returncode == 1 and len(run.stderr.splitlines()) == 1
-    assert not log.exists()
-
-
-def test_make_test_stops_before_anything_slow(tmp_path: Path) -> None:
-    """The README's command itself: with nothing installed and no way to install, `make test` ends in
-    seconds with the one line, before a virtualenv is even made."""
-    make = shutil.which("make")
-    if make is None:
-        pytest.skip("make is not installed")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in (make, BASH):
-        (bin_dir / Path(tool).name).symlink_to(tool)
-    venv = tmp_path / "venv"
-    start = time.monotonic()
-    run = subprocess.run([make, "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True,
-                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, timeout=120)
-    assert run.returncode != 0 and time.monotonic() - start < 30
-    assert "make test needs redis-server" in run.stderr
-    assert not venv.exists()
