@@ -232,17 +232,22 @@ static inline __attribute__((always_inline)) void rows_block(
     }
 }
 
-/* rows_block over any number of rows, ROW_TILE at a time (the tile a row lands in changes nothing). */
+/* rows_block over any number of rows, ROW_TILE at a time (the tile a row lands in changes nothing). The next
+ * block's pf_lines lines are prefetched once, spread evenly over the tiles: with many rows a steady stream that
+ * the arithmetic hides, not a burst in the first tile that stalls on the memory system's queues (prefetching
+ * changes no arithmetic). */
 static inline __attribute__((always_inline)) void rows_blocks(
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
     float *const *part, float *const *m, float *const *l, const int half, const char *pf_k, const char *pf_v,
     int pf_lines) {
-    for (int r = 0; r < R; r += ROW_TILE) {
-        const char *fk = r == 0 ? pf_k : 0, *fv = r == 0 ? pf_v : 0; /* prefetch once per block */
+    const int tiles = (R + ROW_TILE - 1) / ROW_TILE;
+    for (int r = 0, ti = 0; r < R; r += ROW_TILE, ++ti) {
+        const int l0 = ti * pf_lines / tiles, lines = (ti + 1) * pf_lines / tiles - l0;
+        const char *fk = pf_k && lines ? pf_k + 64 * l0 : 0, *fv = pf_v && lines ? pf_v + 64 * l0 : 0;
         switch (R - r < ROW_TILE ? R - r : ROW_TILE) {
-        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, pf_lines); break;
-        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, pf_lines); break;
-        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, pf_lines);
+        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, lines); break;
+        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, lines); break;
+        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, lines);
         }
     }
 }
