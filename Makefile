@@ -46,8 +46,13 @@ test: test-deps
 
 BENCH_STAMP := $(VENV)/.ragspec-bench-installed
 
+# llama.cpp built for AVX2 without -march=native and with its own thread pool, not OpenMP: the default build
+# of llama-cpp-python 0.3.36 crashed (SIGSEGV) on its first eval on this machine, a bare load + eval. No pip
+# wheel cache, so these flags are what gets built.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF
+
 $(BENCH_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install -q -e ".[dev,bench]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --no-cache-dir -e ".[dev,bench]"
 	touch $(BENCH_STAMP)
 
 bench: models $(BENCH_STAMP)
