@@ -421,6 +421,21 @@
     del.setAttribute('aria-label', `${doc.local ? 'Dismiss' : 'Delete'} ${doc.title}`);
   }
 
+
+  // Two-step delete instead of a modal confirm(): the first click arms the button (true: stop there), a
+  // second click within a few seconds goes ahead.
+  function armDelete(button) {
+    if (button.dataset.armed === '1') return false;
+    button.dataset.armed = '1';
+    button.textContent = 'Confirm delete';
+    setTimeout(() => {
+      if (button.isConnected && button.dataset.armed === '1') {
+        button.dataset.armed = '';
+        button.textContent = 'Delete';
+      }
+    }, 4000);
+    return true;
+  }
   async function onDeleteClick(event, id) {
     const button = event.currentTarget;
     const doc = state.docs.get(id);
@@ -432,18 +447,7 @@
       renderDocs();
       return;
     }
-    if (button.dataset.armed !== '1') {
-      // Two-step delete instead of a modal confirm(): click again within a few seconds.
-      button.dataset.armed = '1';
-      button.textContent = 'Confirm delete';
-      setTimeout(() => {
-        if (button.isConnected && button.dataset.armed === '1') {
-          button.dataset.armed = '';
-          button.textContent = 'Delete';
-        }
-      }, 4000);
-      return;
-    }
+    if (armDelete(button)) return;
     button.dataset.armed = '';
     button.disabled = true;
     try {
@@ -1115,7 +1119,8 @@
     setInterval(checkHealth, HEALTH_MS);
     // what history.js (conversations) and capabilities.js (modes, limits) build on
     globalThis.RagspecPage = {
-      state, api, el, buildTurn, renderSources, renderCitations, finishTurn, renderSessionLine, newConversation,
+      state, api, el, armDelete, buildTurn, renderSources, renderCitations, finishTurn, renderSessionLine,
+      newConversation,
       documentsLoaded: refreshDocuments(),
     };
     document.documentElement.dataset.ready = '1';

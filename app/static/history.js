@@ -147,17 +147,7 @@
   }
 
   async function onDelete(button, sessionId) {
-    if (button.dataset.armed !== '1') {
-      button.dataset.armed = '1';
-      button.textContent = 'Confirm delete';
-      setTimeout(() => {
-        if (button.isConnected && button.dataset.armed === '1') {
-          button.dataset.armed = '';
-          button.textContent = 'Delete';
-        }
-      }, 4000);
-      return;
-    }
+    if (page.armDelete(button)) return;
     button.disabled = true;
     try {
       await page.api('DELETE', `v1/sessions/${encodeURIComponent(sessionId)}`);

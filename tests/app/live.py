@@ -213,6 +213,16 @@ def metric(client: httpx.Client, name: str, **labels: str) -> float:
     return 0.0
 
 
+# a text whose follow-up question ("And when was it automated?") names no subject: citations, follow-ups
+LIGHTHOUSE = (
+    "The Lighthouse of Varnholm\n\n"
+    "The lighthouse of Varnholm was built in 1872 by the engineer Ada Kessling. Its lamp burned whale oil "
+    "until 1911, when it was converted to paraffin. The keeper, Tomas Brenner, kept the light for forty "
+    "years and recorded every storm in a green logbook.\n\n"
+    "In 1953 the lighthouse was automated, and the keeper's cottage became a small museum. The museum "
+    "shows the green logbook, the original brass lens and a model of the island.\n"
+)
+
 LANDMARKS = (
     "The Eiffel Tower stands in Paris. It was completed in 1889 and is 330 metres tall.\n\n"
     "The Colosseum is an amphitheatre in Rome. Its construction began under the emperor Vespasian in 72 AD.\n\n"

@@ -13,17 +13,9 @@ from httpx_sse import connect_sse
 
 from app.citations import attribute, cite, sentences, with_markers
 from app.schemas import Source
-from tests.app.live import upload_text, wait_indexed
+from tests.app.live import LIGHTHOUSE, upload_text, wait_indexed
 from tests.conftest import make_pdf
 
-LIGHTHOUSE = (
-    "The Lighthouse of Varnholm\n\n"
-    "The lighthouse of Varnholm was built in 1872 by the engineer Ada Kessling. Its lamp burned whale oil "
-    "until 1911, when it was converted to paraffin. The keeper, Tomas Brenner, kept the light for forty "
-    "years and recorded every storm in a green logbook.\n\n"
-    "In 1953 the lighthouse was automated, and the keeper's cottage became a small museum. The museum "
-    "shows the green logbook, the original brass lens and a model of the island.\n"
-)
 ROME = "The Colosseum is an amphitheatre in Rome. Its construction began under the emperor Vespasian in 72 AD."
 WORD_CHAR = re.compile(r"\w")
 

@@ -15,19 +15,11 @@ import httpx
 import pytest
 
 from tests.app.browser import Browser, Page, open_browser
-from tests.app.live import ThreadServer, upload_text, wait_indexed
+from tests.app.live import LIGHTHOUSE, ThreadServer, upload_text, wait_indexed
 from tests.conftest import make_pdf
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
-LIGHTHOUSE = (
-    "The Lighthouse of Varnholm\n\n"
-    "The lighthouse of Varnholm was built in 1872 by the engineer Ada Kessling. Its lamp burned whale oil "
-    "until 1911, when it was converted to paraffin. The keeper, Tomas Brenner, kept the light for forty "
-    "years and recorded every storm in a green logbook.\n\n"
-    "In 1953 the lighthouse was automated, and the keeper's cottage became a small museum. The museum "
-    "shows the green logbook, the original brass lens and a model of the island.\n"
-)
 CRANE = ["The harbour crane was built in 1921.", "It lifted ships of up to 80 tonnes.", "It was scrapped in 1988."]
 TURN = "document.querySelector('#turns li.turn:last-child')"
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.app.browser import Browser, open_browser, open_page
-from tests.app.live import ThreadServer
+from tests.app.live import LIGHTHOUSE, ThreadServer
 
 # ---------------------------------------------------------------------------------------------------
 # The real service: the module's `server` (tests/app/conftest.py), with these settings.
@@ -52,14 +52,7 @@ def _listed_ids(server: ThreadServer) -> set[str]:
     return {d["id"] for d in docs}
 
 
-DOCUMENT = (
-    "The Lighthouse of Varnholm\n\n"
-    "The lighthouse of Varnholm was built in 1872 by the engineer Ada Kessling. Its lamp burned whale oil "
-    "until 1911, when it was converted to paraffin. The keeper, Tomas Brenner, kept the light for forty "
-    "years and recorded every storm in a green logbook.\n\n"
-    "In 1953 the lighthouse was automated, and the keeper's cottage became a small museum. The museum "
-    "shows the green logbook, the original brass lens and a model of the island.\n"
-)
+DOCUMENT = LIGHTHOUSE
 
 
 # ---------------------------------------------------------------------------------------------------
