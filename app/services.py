@@ -6,7 +6,6 @@ Settings are read here and only here; every library object gets plain values or 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import threading
 import time
@@ -28,8 +27,9 @@ from app.settings import Settings
 from decoding import kernels
 from decoding.calibration import calibrate as calibrate_verify_costs
 from decoding.engine import Engine, EngineConfig
+from decoding.errors import ModelLoadError
 from decoding.kv_cache import PrefixCache
-from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
+from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint, with_context_window
 from retrieval.embedding import Embedder, load_embedder
 from retrieval.retriever import Retriever
 from retrieval.store import DocumentStore
@@ -116,7 +116,7 @@ def configure_kernels(settings: Settings) -> None:
     )
 
 
-def load_llm(settings: Settings, spec: str) -> LoadedModel:
+def load_llm(settings: Settings, spec: str, rope_scaling: dict[str, Any] | None = None) -> LoadedModel:
     """A target or drafter LM as the settings ask for it (local files only)."""
     configure_kernels(settings)
     return load_model(
@@ -129,7 +129,21 @@ def load_llm(settings: Settings, spec: str) -> LoadedModel:
         cpu_kernels=settings.cpu_kernels,
         cpu_quant=settings.cpu_quant,
         kv_dtype=settings.kv_dtype,
+        rope_scaling=rope_scaling,
     )
+
+
+def load_target(settings: Settings) -> LoadedModel:
+    """The target LM with ``RAGSPEC_ROPE_SCALING`` applied and the window ``RAGSPEC_MAX_CONTEXT`` asks for:
+    lower than the model's, or higher up to what the rope scaling supports; beyond it the service stops here,
+    at start, rather than serving positions the model was never trained for."""
+    target = load_llm(settings, settings.target_model, rope_scaling=settings.rope_scaling)
+    if settings.max_context is None:
+        return target
+    try:
+        return with_context_window(target, settings.max_context)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"RAGSPEC_MAX_CONTEXT={settings.max_context}: {exc} (RAGSPEC_ROPE_SCALING)") from exc
 
 
 def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
@@ -167,9 +181,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             embedder.name,
         )
 
-    target = load_llm(settings, settings.target_model)
-    if settings.max_context is not None and settings.max_context < target.max_context:
-        target = dataclasses.replace(target, max_context=settings.max_context)
+    target = load_target(settings)
     drafters = Drafters(
         DraftingConfig(
             redis_url=settings.redis_url,

@@ -6,7 +6,7 @@ Only ``app`` reads this object; library packages get small frozen config datacla
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -15,7 +15,8 @@ from decoding.bundled import BUNDLED  # the one definition of the bundled model 
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGSPEC_", env_file=None, extra="ignore")
+    # An empty variable is an unset one: docker-compose passes `VAR=` through as "" (see docker-compose.yml)
+    model_config = SettingsConfigDict(env_prefix="RAGSPEC_", env_file=None, extra="ignore", env_ignore_empty=True)
 
     data_dir: Path = Field(Path("data"), description="Documents, indexes, KV cache and converted models")
     models_dir: Path = Field(  # None -> <data_dir>/models (the validator below; the image sets one outside /data)
@@ -69,7 +70,13 @@ class Settings(BaseSettings):
         None, description="C compiler that builds the CPU kernels (default: cc, else gcc, on the PATH)"
     )
     max_context: int | None = Field(
-        None, ge=256, description="Cap on the target's context window in tokens (default: the model's own)"
+        None, ge=256, description="The target's context window in tokens (default: the model's own): lower, or "
+        "higher up to what its rope scaling supports (RAGSPEC_ROPE_SCALING); beyond it the service does not start"
+    )
+    rope_scaling: dict[str, Any] | None = Field(
+        None, description='JSON rope scaling applied to the target\'s config at load, e.g. {"rope_type": "yarn", '
+        '"factor": 4.0, "original_max_position_embeddings": 32768}: linear, yarn or llama3; the window becomes '
+        "factor x original positions"
     )
 
     chunk_tokens: int = Field(512, ge=16, le=8192, description="Chunk size in target tokens")

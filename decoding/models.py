@@ -4,11 +4,14 @@
 model dir, or a hub id (resolved from the local HF cache; downloads only where the caller allows it and a
 hub is reachable — transformers honours ``HF_HUB_OFFLINE`` itself). On a CPU the model runs on the
 quantized runtime (``decoding.cpu_llama``); on a GPU, or where the CPU kernels cannot be built, on
-transformers.
+transformers (on a GPU loaded there directly, not built in host memory first). ``rope_scaling`` rewrites the
+model's rotary scaling at load and raises its window to what that scaling supports (``apply_rope_scaling``);
+``with_context_window`` sets the window a service uses, never beyond it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from decoding.attention import use_grouped_sdpa
 from decoding.bundled import BUNDLED
@@ -30,6 +33,8 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
 KV_DTYPES = ("auto", "float16", "float32")  # KV cache storage of the quantized CPU runtime
+# Rope scalings with frequencies fixed at load: transformers and decoding.cpu_llama (rotary_tables) run them alike
+ROPE_TYPES = ("linear", "yarn", "llama3")
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,9 +47,11 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
-    max_context: int  # config.max_position_embeddings
+    max_context: int  # config.max_position_embeddings (raised by rope_scaling), or less: with_context_window
     vocab_size: int  # width of the logits (config.vocab_size)
-    runtime: str = "torch"  # "torch" or "cpu-quantized:<weights>/kv-<dtype>" (the engine keys caches on it)
+    # "torch:<dtype>" or "cpu-quantized:<weights>/kv-<dtype>", with "+rope-..." after the first word when
+    # load_model rewrote the rope scaling: the engine keys caches on it, so KV of another rope is never reused
+    runtime: str = "torch"
     weight_bytes: int = 0  # bytes of the served weights
 
 
@@ -70,6 +77,58 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> str:
+    """Write ``rope_scaling`` into a model config and raise its window to what the scaling supports.
+
+    The window (``max_position_embeddings``) becomes factor x the original positions (the dict's
+    ``original_max_position_embeddings``, else the config's window), never less than the config's own:
+    Llama-3.1 states more positions than its factor times its original. Yarn and llama3 get the original
+    written into the dict: yarn would otherwise take the raised window as the original and move its
+    frequency ramp. Only static scalings are accepted; a dynamic one changes the frequencies with the
+    sequence length, which cached prefix KV and the quantized runtime's rotary tables cannot follow.
+    Returns a tag naming the scaling (it goes into ``LoadedModel.runtime``, which keys the KV caches).
+    """
+    if not isinstance(rope_scaling, dict):
+        raise ModelLoadError(f"rope_scaling must be a JSON object, not {rope_scaling!r}")
+    scaling = dict(rope_scaling)
+    rope_type = scaling.pop("type", None)
+    rope_type = scaling.get("rope_type", rope_type)
+    if rope_type not in ROPE_TYPES:
+        raise ModelLoadError(f"rope_scaling type {rope_type!r} is not supported; use one of {', '.join(ROPE_TYPES)}")
+    factor = scaling.get("factor")
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
+        raise ModelLoadError(f"rope_scaling needs a numeric factor >= 1, not {factor!r}")
+    own = int(getattr(config, "max_position_embeddings", 0) or 0)
+    original = scaling.get("original_max_position_embeddings") or own
+    if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+        raise ModelLoadError(f"rope_scaling's original_max_position_embeddings must be a positive integer, "
+                             f"not {original!r}")
+    scaling["rope_type"] = rope_type
+    if rope_type != "linear":  # linear's frequencies do not depend on it (and transformers warns of extra keys)
+        scaling["original_max_position_embeddings"] = original
+    config.rope_scaling = scaling
+    config.max_position_embeddings = max(own, int(factor * original))
+    from transformers.modeling_rope_utils import rope_config_validation
+
+    try:
+        rope_config_validation(config)
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"rope_scaling {rope_scaling!r}: {exc}") from exc
+    return f"rope-{rope_type}x{factor:g}@{original}"
+
+
+def with_context_window(loaded: LoadedModel, tokens: int) -> LoadedModel:
+    """``loaded`` with a window of ``tokens``: any size up to the positions the model supports (its config's,
+    as raised by ``rope_scaling`` at load); beyond them it is refused, since positions past the ones a model was
+    trained (or scaled) for give degraded output without any error."""
+    if tokens > loaded.max_context:
+        raise ModelLoadError(
+            f"a {tokens}-token window is beyond the {loaded.max_context} positions {loaded.name} supports; "
+            "a rope scaling the model was trained for (rope_scaling) raises that"
+        )
+    return dataclasses.replace(loaded, max_context=tokens)
 
 
 def _gguf_file(path: Path) -> Path | None:
@@ -167,6 +226,7 @@ def load_model(
     cpu_kernels: bool = True,
     cpu_quant: str = "auto",
     kv_dtype: str = "auto",
+    rope_scaling: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
@@ -177,7 +237,10 @@ def load_model(
     model quantized at load (``'auto'`` = ``'q8_0'``, or ``'q4_1'``). ``kv_dtype``: the quantized runtime's
     KV cache storage (``'auto'`` = float16). Elsewhere transformers runs the model, an fp32 CPU model's small
     forwards on ``decoding.kernels``; ``cpu_kernels=False`` uses none of ragspec's kernels (transformers
-    only). ``threads`` sets torch's intra-op threads.
+    only). ``threads`` sets torch's intra-op threads. ``rope_scaling`` (e.g. ``{"rope_type": "yarn", "factor":
+    4.0, "original_max_position_embeddings": 32768}``) replaces the config's rope scaling on every runtime and
+    raises the window it reports (``apply_rope_scaling``). On a GPU the weights load onto it directly
+    (``device_map``, accelerate): a model larger than host memory still loads.
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -190,12 +253,19 @@ def load_model(
     gguf = _gguf_file(Path(source)) if Path(source).exists() else None
     try:
         tokenizer = _load_tokenizer(source, gguf, local_files_only)
+        config, rope_tag = None, ""
+        if rope_scaling is not None and not (quantized and gguf is not None):  # a GGUF's config: weights_from_gguf
+            config = _load_config(source, gguf, local_files_only)
+            rope_tag = apply_rope_scaling(config, rope_scaling)
         if quantized:
-            model = _load_quantized(source, gguf, cpu_quant, kv_dtype, local_files_only)
+            model, gguf_rope_tag = _load_quantized(source, gguf, cpu_quant, kv_dtype, local_files_only, config,
+                                                   rope_scaling)
+            rope_tag = rope_tag or gguf_rope_tag
             generation_config = _generation_config(Path(source) if Path(source).is_dir() else Path(source).parent)
         else:
-            model = _load_torch(source, gguf, dt, local_files_only)
-            model.to(dev)  # in place
+            model = _load_torch(source, gguf, dt, local_files_only, dev, config)
+            if dev.type != "cuda":  # a GPU load is there already (device_map)
+                model.to(dev)  # in place
             use_grouped_sdpa(model)  # CPU: no KV head repetition under tree masks
             if cpu_kernels:
                 use_cpu_kernels(model)
@@ -209,6 +279,9 @@ def load_model(
     if max_context <= 0:
         raise ModelLoadError(f"model {spec!r} has no max_position_embeddings in its config")
     runtime = f"cpu-quantized:{model.runtime_tag}" if quantized else f"torch:{str(dt).removeprefix('torch.')}"
+    if rope_tag:  # after the first word: checks of the runtime's kind by prefix still hold
+        kind, _, rest = runtime.partition(":")
+        runtime = f"{kind}+{rope_tag}:{rest}"
     weight_bytes = model.weights.nbytes if quantized else sum(p.numel() * p.element_size() for p in model.parameters())
     loaded = LoadedModel(
         model=model,
@@ -227,26 +300,47 @@ def load_model(
     return loaded
 
 
-def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_only: bool) -> Any:
+def _load_config(source: str, gguf: Path | None, local_files_only: bool) -> Any:
+    if gguf is not None:
+        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return AutoConfig.from_pretrained(source, local_files_only=local_files_only)
+
+
+def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_only: bool, dev: torch.device,
+                config: Any = None) -> Any:
+    """A transformers model in ``dt``; on CUDA its weights go to the GPU as they are read (``device_map``, one
+    device for every module), where building it in host memory first would need the whole model there."""
     kwargs: dict[str, Any] = {"dtype": dt, "attn_implementation": "sdpa", "local_files_only": local_files_only}
+    if config is not None:
+        kwargs["config"] = config
+    if dev.type == "cuda":
+        kwargs["device_map"] = {"": dev}
     if gguf is not None:  # transformers de-quantizes the GGUF to ``dt``
         return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kwargs).eval()
     return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
 
 
-def _load_quantized(source: str, gguf: Path | None, cpu_quant: str, kv_dtype: str, local_files_only: bool) -> Any:
+def _load_quantized(source: str, gguf: Path | None, cpu_quant: str, kv_dtype: str, local_files_only: bool,
+                    config: Any = None, rope_scaling: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The quantized CPU runtime's model (an HF model built from ``config`` when given), and the tag of the
+    rope scaling written here into a GGUF's config before its rotary tables are made (else ``""``)."""
     from decoding.cpu_llama import CpuLlama
     from decoding.llama_weights import weights_from_gguf, weights_from_hf
     from decoding.quant import NAMES, WeightType
 
     kind = NAMES.get(cpu_quant, WeightType.Q8_0)
+    rope_tag = ""
     if gguf is not None:
         weights = weights_from_gguf(gguf, fallback=kind)
+        if rope_scaling is not None:
+            rope_tag = apply_rope_scaling(weights.config, rope_scaling)
     else:
-        dense = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_files_only)
+        extra: dict[str, Any] = {} if config is None else {"config": config}
+        dense = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_files_only,
+                                                     **extra)
         weights = weights_from_hf(dense, kind)
         del dense
-    return CpuLlama(weights, torch.float32 if kv_dtype == "float32" else torch.float16)
+    return CpuLlama(weights, torch.float32 if kv_dtype == "float32" else torch.float16), rope_tag
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

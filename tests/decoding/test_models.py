@@ -266,3 +266,50 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) ->
     assert torch.equal(gguf.layers[7].down.dequantize(), layer.mlp.down_proj.weight)
     assert torch.equal(gguf.embed.dequantize(), model.model.embed_tokens.weight)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
+
+
+# ---- where the weights are built -----------------------------------------------------------------------
+
+
+def test_a_cuda_load_puts_the_weights_on_the_gpu_while_reading(
+    tiny_dir: tuple[Path, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA transformers gets ``device_map`` (every module on that device, nothing built on the host first)
+    and the model is not moved afterwards. No GPU here: the device and the transformers call are stand-ins
+    (the model they return stays on the CPU, so a ``.to('cuda')`` after the load would fail this test)."""
+    from transformers import AutoModelForCausalLM
+
+    import decoding.models as models
+
+    calls: list[dict[str, Any]] = []
+
+    def from_pretrained(source: str, **kwargs: Any) -> LlamaForCausalLM:
+        calls.append(kwargs)
+        return LlamaForCausalLM.from_pretrained(source, dtype=kwargs["dtype"]).eval()
+
+    monkeypatch.setattr(models, "resolve_device", lambda device: torch.device("cuda", 1))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
+    loaded = load_model(str(tiny_dir[0]), device="cuda:1")
+    assert calls[-1]["device_map"] == {"": torch.device("cuda", 1)}
+    assert calls[-1]["dtype"] == torch.bfloat16 and loaded.dtype == torch.bfloat16  # auto on a GPU
+    assert loaded.device == torch.device("cuda", 1) and loaded.runtime == "torch:bfloat16"
+
+
+def test_a_cpu_load_builds_on_the_host_as_before(
+    tiny_dir: tuple[Path, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    real = AutoModelForCausalLM.from_pretrained
+    calls: list[dict[str, Any]] = []
+
+    def spy(source: str, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", staticmethod(spy))
+    loaded = load_model(str(tiny_dir[0]), device="cpu", cpu_quant="none", cpu_kernels=False)
+    assert calls and all("device_map" not in kwargs for kwargs in calls)
+    ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
+    with torch.inference_mode():
+        assert torch.equal(loaded.model(ids).logits, tiny_dir[1](ids).logits)
