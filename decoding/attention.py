@@ -4,7 +4,9 @@ transformers' ``sdpa`` attention repeats the key/value heads to the query-head c
 given (CUDA's fused kernels need that). Every verify pass of a draft tree carries a mask, so on a CPU each
 step would copy the whole KV cache (3 -> 9 heads for SmolLM2) in every layer. torch's CPU SDPA handles
 ``enable_gqa`` with a mask directly, without the copy (the README has the measured difference).
-``use_grouped_sdpa`` switches a CPU model to it; GPUs keep transformers' own implementation.
+``use_grouped_sdpa`` switches a model to it. On CUDA the same registered function runs
+``decoding.attention_cuda`` instead (flash on the grouped heads, or the query heads folded onto their key/value
+head), and the model's mask function leaves plain causal masks to it; on a CPU both behave as described here.
 
 On a model switched to the CPU kernels (``decoding.kernels.use_cpu_kernels``), forwards over up to
 ``MAX_ROWS`` tokens run the batch-invariant attention kernel instead: each query attends to the fully visible
@@ -21,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
-from decoding import kernels
+from decoding import attention_cuda, kernels
 
 NAME = "ragspec_grouped_sdpa"
 
@@ -113,6 +115,8 @@ def grouped_sdpa_attention(
     is_causal: bool | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
+    if attention_cuda.cuda_path(query.device):
+        return attention_cuda.attend(module, query, key, value, attention_mask, dropout, scaling, is_causal), None
     fast = _kernel_attention(module, query, key, value, attention_mask, dropout, scaling)
     if fast is not None:
         return fast, None
@@ -134,12 +138,15 @@ def grouped_sdpa_attention(
 
 
 def use_grouped_sdpa(model: Any) -> bool:
-    """Switch ``model`` (on a CPU, currently using ``sdpa``) to grouped SDPA. Returns True if switched."""
+    """Switch ``model`` (currently using ``sdpa``, on any device) to grouped SDPA. Returns True if switched.
+
+    Its mask function is transformers' ``sdpa_mask`` on a CPU; on CUDA it returns None for plain causal masks,
+    which the attention applies aligned to the last key (``attention_cuda.grouped_mask``)."""
     config = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa" or next(model.parameters()).device.type != "cpu":
+    if getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     AttentionInterface.register(NAME, grouped_sdpa_attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, attention_cuda.grouped_mask)
     config._attn_implementation = NAME
     return True
 

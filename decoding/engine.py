@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from decoding.attention_cuda import describe_tree_mask
 from decoding.budget import BudgetPolicy, TreeSelector
 from decoding.coupled import SeededNoise, sample_coupled, verify_coupled
 from decoding.detokenize import AnswerText
@@ -146,7 +147,7 @@ class Engine:
         neg = torch.finfo(self._float_dtype).min
         mask = torch.zeros(n, past + n, dtype=self._float_dtype, device=self.device)
         mask[:, past:].masked_fill_(~layout_mask, neg)
-        return mask.view(1, 1, n, past + n)
+        return describe_tree_mask(mask.view(1, 1, n, past + n), past, layout_mask)  # CUDA: split without reading it
 
     # ---- generation -------------------------------------------------------------------------------
 

@@ -48,7 +48,8 @@ class TinyTarget:
 
 
 def make_tiny_llama(
-    seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: float = 1.0, cpu_kernels: bool = True
+    seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: float = 1.0, cpu_kernels: bool = True,
+    heads: int = 4, kv_heads: int = 2, head_dim: int | None = None,
 ) -> LlamaForCausalLM:
     """A random-weight Llama; ``cpu_kernels`` switches it to decoding.kernels (when this machine has them)."""
     torch.manual_seed(seed)
@@ -57,8 +58,9 @@ def make_tiny_llama(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         max_position_embeddings=512,
         attn_implementation="sdpa",
     )
