@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from decoding import host
 from decoding.attention_cuda import describe_tree_mask
 from decoding.budget import BudgetPolicy, TreeSelector
 from decoding.coupled import SeededNoise, sample_coupled, verify_coupled
@@ -39,10 +40,10 @@ from decoding.generation import (
     TokenEvent,
 )
 from decoding.kv_cache import PrefixCache, SlotCache
-from decoding.prefill import PromptReader, segment_ends
+from decoding.prefill import PromptReader, default_prefill_chunk, segment_ends
 from decoding.stats import GenerationStats
 from decoding.tree import DraftTree, merge_trees, tree_layout
-from decoding.verify import Verdict, target_probs, verify_greedy, verify_sampling
+from decoding.verify import Verdict, greedy_path, target_probs, verify_sampling
 
 
 class TargetModel(Protocol):
@@ -64,10 +65,16 @@ class TargetModel(Protocol):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    prefill_chunk: int = 256  # tokens per prefill forward: bounds attention memory and how long a cancel waits
+    # tokens per prefill forward: bounds attention memory and how long a cancel waits (None: by device,
+    # ``decoding.prefill.default_prefill_chunk``)
+    prefill_chunk: int | None = None
     node_topk: int = 8  # target top-k recorded for every verified node (drafters' logit cues)
     prompt_topk: int = 0  # >0: also record the target's top-k at every prompt position (RACER)
     max_budget: int = 64  # most draft nodes per step
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
 
 class Engine:
@@ -91,8 +98,10 @@ class Engine:
         self._vocab = int(self.model.config.vocab_size)
         # prefix KV computed by another runtime (fp32 torch, fp16-KV quantized...) is never reused
         cache_model = f"{target.name}|{getattr(target, 'runtime', 'torch')}"
+        chunk = self.config.prefill_chunk
         self.reader = PromptReader(self._forward, prefix_cache, cache_model, self.device,
-                                   self.config.prefill_chunk, self.config.prompt_topk)
+                                   default_prefill_chunk(self.device) if chunk is None else chunk,
+                                   self.config.prompt_topk, self._vocab)
 
     @property
     def max_context(self) -> int:
@@ -238,12 +247,12 @@ class Engine:
         over root + that part, the accepted path's KV kept; returns the new tokens (accepted + bonus)."""
         tree = self._pick_tree(run, self._draft(run))
         base, t = run.cache.length, time.perf_counter()
-        verdict, logits = self.verify(run.root, tree, run.cache, run.sampling, run.generator, run.noise,
-                                      len(run.output))
+        verdict, node_topk = self.verify(run.root, tree, run.cache, run.sampling, run.generator, run.noise,
+                                         len(run.output), self.config.node_topk if run.drafters else 0)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
         self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
-        self._observe(run, tree, verdict, logits, accepted)
+        self._observe(run, tree, verdict, node_topk, accepted)
         run.root = verdict.bonus
         return [*accepted, verdict.bonus]
 
@@ -273,9 +282,10 @@ class Engine:
         return tree if run.config.draft_budget is not None else run.selector.select(tree, run.cache.length)
 
     def _observe(
-        self, run: _Run, tree: DraftTree, verdict: Verdict, logits: torch.Tensor, accepted: list[int]
+        self, run: _Run, tree: DraftTree, verdict: Verdict, node_topk: torch.Tensor | None, accepted: list[int]
     ) -> None:
-        """Count the step and tell the budget policy and the drafters what the target accepted."""
+        """Count the step and tell the budget policy and the drafters what the target accepted (``node_topk``:
+        the target's top-k at every verified row, on the host; there whenever there are drafters)."""
         run.stats.steps += 1
         for source in tree.sources:
             run.stats.add_drafted(source, 1)
@@ -284,12 +294,13 @@ class Engine:
         if not run.drafters:
             return
         run.selector.observe(tree, verdict.accepted_nodes)
+        assert node_topk is not None
         outcome = VerifyOutcome(
             root=run.root,
             tree=tree,
             accepted_nodes=verdict.accepted_nodes,
             new_tokens=[*accepted, verdict.bonus],
-            node_topk=torch.topk(logits, min(self.config.node_topk, logits.shape[-1]), dim=-1).indices.cpu(),
+            node_topk=node_topk,
             generated=run.output,
         )
         for d in run.drafters:
@@ -304,18 +315,34 @@ class Engine:
         generator: torch.Generator | None,
         noise: SeededNoise | None = None,
         position: int = 0,
-    ) -> tuple[Verdict, torch.Tensor]:
-        """One target forward over root + tree; returns the verdict and the logits ``[n + 1, vocab]``."""
+        topk: int = 0,
+    ) -> tuple[Verdict, torch.Tensor | None]:
+        """One target forward over root + tree; returns the verdict and, for ``topk`` > 0, the target's top-k
+        after every row ``[n + 1, topk]`` (on the host)."""
         base = cache.length
         layout = tree_layout(root, tree, base, self.device)
         mask = self._mask(layout.ancestor_mask, base) if len(tree) else None
         logits = self._forward(layout.input_ids, cache, layout.position_ids, mask)
+        return self._judge(tree, logits, sampling, generator, noise, position, topk)
+
+    def _judge(
+        self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+        noise: SeededNoise | None, position: int, topk: int,
+    ) -> tuple[Verdict, torch.Tensor | None]:
+        """The verdict on a verify forward's ``logits`` ``[n + 1, vocab]`` and the rows' top-k, with ONE
+        device-to-host transfer (``host.fetch``). What the host needs is computed where the logits are: greedy,
+        every row's argmax (the greedy token stays ``argmax``: its ties may break unlike ``topk``'s); sampling,
+        every row's p. Rejection sampling (with the request's CPU generator) and coupled sampling then run
+        on the host copy, so a CPU generator never meets a device tensor."""
+        cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk else []
         if sampling.greedy:
-            return verify_greedy(tree, logits), logits
-        probs = target_probs(logits, sampling)
+            best, *got = host.fetch(logits.argmax(dim=-1), *cues)
+            return greedy_path(tree, best.tolist()), (got[0] if got else None)
+        probs, *got = host.fetch(target_probs(logits, sampling), *cues)
+        node_topk = got[0] if got else None
         if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
-            return verify_coupled(tree, probs, noise, position), logits
-        return verify_sampling(tree, probs, generator, sampling.eta), logits
+            return verify_coupled(tree, probs, noise, position), node_topk
+        return verify_sampling(tree, probs, generator, sampling.eta), node_topk
 
     def _pick(
         self,
@@ -324,10 +351,11 @@ class Engine:
         generator: torch.Generator | None,
         noise: SeededNoise | None = None,
     ) -> int:
-        """The first output token (position 0), from the prefill's last logits."""
+        """The first output token (position 0), from the prefill's last logits (one transfer, as a step)."""
         if sampling.greedy:
-            return int(logits.argmax())
-        probs = target_probs(logits, sampling)
+            (best,) = host.fetch(logits.argmax())
+            return int(best)
+        (probs,) = host.fetch(target_probs(logits, sampling))
         if noise is not None:
             return sample_coupled(probs, noise, 0)
         return int(torch.multinomial(probs, 1, generator=generator).item())

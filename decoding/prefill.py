@@ -5,6 +5,11 @@ One path for every prompt: a question's (``[system][document][question]``, or ``
 prefix is cut into segments (``Prompt.segment_ends``); the longest cached run of leading segments is
 loaded, the rest is run through the target in chunks of ``prefill_chunk`` tokens, and each new segment
 goes into the prefix cache as soon as it is complete (so a cancelled prefill keeps its finished segments).
+
+Top-k (``prompt_topk``, RACER's cues) is a host tensor wherever it leaves this module or enters the prefix
+cache: drafters read it on the CPU. It stays on the device during the prefill and comes over with one
+transfer per cached segment and one at the end (``decoding.host.fetch``); cached entries' top-k is
+brought to the host too if an entry holds it elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from decoding import host
 from decoding.generation import PrefillEvent, Prompt
 from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, segment_keys
 
@@ -23,11 +29,38 @@ _R = TypeVar("_R")
 
 Forward = Callable[..., torch.Tensor]  # (input_ids [1, n], cache, all_logits=bool) -> logits [n or 1, vocab]
 
+CPU_PREFILL_CHUNK = 256
+DEVICE_PREFILL_CHUNK = 4096
+TOPK_CHUNK = 256  # the fewest rows per forward when every row's logits are kept (prompt_topk)
+TOPK_LOGITS_BYTES = 512 << 20  # ... and more only while a chunk's [rows, vocab] logits stay under this
+
+
+def default_prefill_chunk(device: torch.device | str) -> int:
+    """Tokens per prefill forward when none is configured. On the CPU 256: it bounds the attention's memory
+    and how long a cancel waits, and longer chunks gain little there. On an accelerator 4096: a forward
+    fills the device's matrix units only with thousands of rows, so small chunks waste most of it; the
+    attention kernels' memory grows linearly with the chunk, and a cancel still waits one chunk at most."""
+    return CPU_PREFILL_CHUNK if torch.device(device).type == "cpu" else DEVICE_PREFILL_CHUNK
+
+
+def topk_chunk(chunk: int, vocab: int) -> int:
+    """Rows per forward when every row's logits are kept for the top-k: ``chunk``, cut to what keeps the
+    ``[rows, vocab]`` logits (counted as float32) under ``TOPK_LOGITS_BYTES``, but never below
+    ``TOPK_CHUNK`` (``vocab`` 0: unknown, ``TOPK_CHUNK``).
+
+    A large GPU chunk would otherwise hold gigabytes of logits (4096 rows of a 152K vocabulary in float32
+    are 2.5 GB). Running the model body once per chunk and its LM head in blocks of rows would avoid them
+    altogether, but it would bypass what a model's causal-LM forward does after the head (some scale or
+    soft-cap the logits) and the quantized CPU runtime has no such split; a chunk of a thousand or more
+    rows already keeps a GPU's matrix units busy. On the CPU (chunk 256) nothing changes."""
+    rows = TOPK_LOGITS_BYTES // (vocab * 4) if vocab > 0 else 0
+    return min(chunk, max(TOPK_CHUNK, rows))
+
 
 @dataclass
 class PromptRead:
-    """What reading a prompt did: rows whose KV came from the prefix cache, and the last logits and the rows'
-    top-k (``last`` None: nothing ran, or it was cancelled)."""
+    """What reading a prompt did: rows whose KV came from the prefix cache, and the last logits (on the
+    device) and the rows' top-k (on the host) (``last`` None: nothing ran, or it was cancelled)."""
 
     reused: int
     last: torch.Tensor | None
@@ -38,7 +71,8 @@ class PromptReader:
     """Runs prompts into ``SlotCache``s with a target forward, reusing and filling ``prefix_cache``.
 
     ``cache_model`` names the model and its runtime in every cache key: KV computed by another runtime is
-    never reused. ``prompt_topk`` > 0 also records the target's top-k at every prompt row (RACER's cues).
+    never reused. ``prompt_topk`` > 0 also records the target's top-k at every prompt row (RACER's cues),
+    in chunks of at most ``topk_chunk(prefill_chunk, vocab)`` rows.
     """
 
     def __init__(
@@ -49,6 +83,7 @@ class PromptReader:
         device: torch.device,
         prefill_chunk: int = 256,
         prompt_topk: int = 0,
+        vocab: int = 0,
     ) -> None:
         self.forward = forward
         self.prefix_cache = prefix_cache
@@ -56,6 +91,7 @@ class PromptReader:
         self.device = device
         self.prefill_chunk = prefill_chunk
         self.prompt_topk = prompt_topk
+        self.vocab = vocab
 
     def prefill(self, ids: Sequence[int], cache: SlotCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``ids`` into ``cache`` (no prefix cache); return the last logits ``[vocab]`` and top-k ``[n, k]``
@@ -93,7 +129,7 @@ class PromptReader:
             return PromptRead(reused, None, None)  # cancelled
         last, topk = result
         if topk is not None:  # the engine records top-k: every cached entry in the run has it
-            topk = torch.cat([*(e.topk for e in entries if e.topk is not None), topk])
+            topk = torch.cat([*host.fetch(*(e.topk for e in entries if e.topk is not None)), topk])
         return PromptRead(reused, last, topk)
 
     def warm(self, prompt: Prompt, num_layers: int, cancel: threading.Event | None = None) -> bool:
@@ -133,11 +169,13 @@ class PromptReader:
         in chunks of ``prefill_chunk``; a piece with a key goes into the prefix cache as soon as it is done.
 
         Yields the rows done after every chunk but the last; stops between chunks when ``cancel`` is set
-        (returns None). Returns the last logits ``[vocab]`` and the run rows' top-k ``[n, k]`` if configured.
+        (returns None). Returns the last logits ``[vocab]`` and the run rows' top-k ``[n, k]`` (host) if
+        configured.
         """
         k = self.prompt_topk
-        chunk = min(self.prefill_chunk, 256) if k else self.prefill_chunk
-        topks: list[torch.Tensor] = []
+        chunk = topk_chunk(self.prefill_chunk, self.vocab) if k else self.prefill_chunk
+        topks: list[torch.Tensor] = []  # host top-k of the rows run so far, in order
+        pending: list[torch.Tensor] = []  # device top-k of the chunks run since the last transfer
         last: torch.Tensor | None = None
         for start, end, key in pieces:
             for i in range(start, end, chunk):
@@ -146,14 +184,20 @@ class PromptReader:
                 part = torch.tensor([list(ids[i : min(end, i + chunk)])], dtype=torch.long, device=self.device)
                 logits = self.forward(part, cache, all_logits=bool(k))  # [c or 1, vocab]
                 if k:
-                    topks.append(torch.topk(logits, k, dim=-1).indices.to("cpu"))
+                    pending.append(torch.topk(logits, k, dim=-1).indices)
                 last = logits[-1]
                 if cache.length < pieces[-1][1]:
                     yield cache.length
             if key is not None and self.prefix_cache is not None:
-                topk = torch.cat(topks)[start - pieces[0][0] :] if k else None
+                topk = None
+                if k:  # the segment's top-k goes into the cache on the host
+                    topks.extend(host.fetch(torch.cat(pending)) if pending else ())
+                    pending = []
+                    topk = torch.cat(topks)[start - pieces[0][0] :]
                 self.prefix_cache.put(key, cache.snapshot(start, end, topk), tag=tag)
         assert last is not None
+        if pending:
+            topks.extend(host.fetch(torch.cat(pending)))
         return last, (torch.cat(topks) if k else None)
 
 

@@ -19,6 +19,7 @@ leaves the emitted token distributed exactly as p, so the output distribution is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +43,16 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
 
     ``logits``: ``[n + 1, vocab]`` for the root and every node.
     """
-    target = logits.argmax(dim=-1).tolist()  # [n + 1]
+    return greedy_path(tree, logits.argmax(dim=-1).tolist())
+
+
+def greedy_path(tree: DraftTree, target: Sequence[int]) -> Verdict:
+    """``verify_greedy`` given the target's token after every row (``target[r]``, ``n + 1`` of them): the
+    engine computes them on the device and brings them to the host with the rest of the step's results."""
     kids = tree.children()
     row, accepted = 0, list[int]()
     while True:
-        want = target[row]
+        want = int(target[row])
         nxt = next((c for c in kids[row] if tree.tokens[c] == want), None)
         if nxt is None:
             return Verdict(accepted, want)
@@ -95,7 +101,9 @@ def verify_sampling(
 ) -> Verdict:
     """Multi-draft recursive rejection sampling over a tree (lossless for any drafts).
 
-    ``probs``: ``[n + 1, vocab]`` target distributions p (already tempered / truncated) for every row.
+    ``probs``: ``[n + 1, vocab]`` target distributions p (already tempered / truncated) for every row, on the
+    ``generator``'s device (the engine passes host rows and a CPU generator: a draw per tried child, so on the
+    host these draws cost no device round trip).
     ``eta`` > 0 (opt-in, NOT lossless): a sampled child x ~ q is accepted with min(1, p_hat(x) / q(x)),
     p_hat = ``transfer(p, q, eta)``, and a rejection leaves norm(max(p - p_hat, p - q, 0)); the bonus token
     still comes from plain p.
