@@ -204,7 +204,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     engine = Engine(
         target,
         prefix_cache,
-        config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk),
+        config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk,
+                            prefill_chunk=settings.prefill_chunk),
     )
     retriever = Retriever(
         store,

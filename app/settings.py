@@ -135,6 +135,9 @@ class Settings(BaseSettings):
         8 << 30, ge=0, description="Byte quota of the persisted KV cache (least recently used files go first)"
     )
     draft_budget_max: int = Field(64, ge=0, le=512, description="Most draft-tree nodes per verify step")
+    prefill_chunk: int | None = Field(
+        None, ge=1, description="Prompt tokens per prefill forward (default: by device, 256 on a CPU, 4096 on a GPU)"
+    )
     calibrate: bool = Field(True, description="Measure verify cost per draft size at start (background)")
     session_ttl_s: int = Field(24 * 3600, ge=60, description="Session history lifetime")
     session_sources: bool = Field(
