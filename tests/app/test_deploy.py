@@ -37,18 +37,20 @@ needs_compose = pytest.mark.skipif(
 # ---- docker-compose.yml --------------------------------------------------------------------------------
 
 
-def compose(*args: str, file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess[str]:
+def compose(*args: str, file: Path = COMPOSE_FILE, project: Path = REPO,
+            variables: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """docker-compose run with only ``variables`` set (no RAGSPEC_* / COMPOSE_* from the caller)."""
     assert DOCKER_COMPOSE is not None
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(file.parent)}  # no RAGSPEC_* / COMPOSE_* from the caller
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(file.parent), **(variables or {})}
     return subprocess.run(
-        [DOCKER_COMPOSE, "--project-directory", str(REPO), "-f", str(file), *args],
+        [DOCKER_COMPOSE, "--project-directory", str(project), "-f", str(file), *args],
         capture_output=True, text=True, env=env, timeout=120,
     )
 
 
-def resolved(*profile: str) -> dict[str, Any]:
+def resolved(*profile: str, **kwargs: Any) -> dict[str, Any]:
     """The compose file as docker-compose resolves it (anchors merged, variables substituted)."""
-    run = compose(*profile, "config")
+    run = compose(*profile, "config", **kwargs)
     assert run.returncode == 0, run.stderr
     return dict(yaml.safe_load(run.stdout))
 
@@ -226,7 +228,7 @@ def dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
     env: dict[str, str] = {}
     for word, rest in instructions:
         if word == "ENV":
-            env.update(item.split("=", 1) for item in shlex.split(rest))
+            env.update(item.partition("=")[::2] for item in shlex.split(rest))
     return env
 
 
@@ -367,7 +369,8 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
     lines = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()]
     patterns = [line for line in lines if line and not line.startswith("#")]
-    for path in (".venv/bin/python", "data/models/x", ".git/HEAD", "app/__pycache__/main.cpython-311.pyc",
+    for path in (".venv/bin/python", "data/models/x", "models/Qwen2.5-7B-Instruct/model.safetensors", ".git/HEAD",
+                 "app/__pycache__/main.cpython-311.pyc", ".env", "ragspec.env",  # settings, keys: not in the image
                  ".mypy_cache/x", ".pytest_cache/x", ".ruff_cache/x", "tests/conftest.py"):
         assert _ignored(path, patterns), f"{path} should not be sent to the builder"
 
