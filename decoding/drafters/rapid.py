@@ -225,7 +225,8 @@ class RapidKVDrafter(RapidDrafter):
     name = "rapid_kv"
 
     def __init__(self, model: Any, sampling: SamplingParams | None = None, **kw: Any) -> None:
-        super().__init__(DraftLM(model), sampling, **kw)
+        # its inputs and mask go where the target is (a GPU target's own device, not the CPU)
+        super().__init__(DraftLM(model, getattr(model, "device", "cpu")), sampling, **kw)
         self.model = model
         self._cache: SlotCache | None = None
         self._seen = torch.zeros(0, dtype=torch.bool)  # prompt rows the drafter reads
