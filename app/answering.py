@@ -192,6 +192,7 @@ def start(services: Services, p: Plan) -> JobHandle:
                 event = _ttft_from_arrival(event, began - p.arrived)
                 metrics.observe_generation(mode, event.stats, p.tenant)
             yield event
+        services.recalibrate_if_due()  # queued behind waiting questions: runs between requests
 
     p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key))
     return p.handle

@@ -146,7 +146,7 @@ class _View:
 class LiveCollector(Collector):
     """Gauges / counters read from the running service at scrape time.
 
-    ``read()`` returns: queue_waiting, generation_running, kv_cache_bytes, kv_disk_bytes, kv_cache_hits,
+    ``read()`` returns: queue_waiting, generation_running, kv_cache_bytes, kv_disk_bytes, kv_host_bytes, kv_cache_hits,
     kv_cache_misses, redis_up (1/0, or None when Redis is not configured), indexing_jobs ({(tenant, status):
     count}).
     """
@@ -170,6 +170,9 @@ class LiveCollector(Collector):
         )
         yield GaugeMetricFamily(
             "ragspec_kv_disk_bytes", "Bytes of the persisted KV cache on disk", live.get("kv_disk_bytes", 0)
+        )
+        yield GaugeMetricFamily(
+            "ragspec_kv_host_bytes", "Bytes of the KV cache's host-memory tier (CUDA)", live.get("kv_host_bytes", 0)
         )
         yield CounterMetricFamily("ragspec_kv_cache_hits", "Document KV cache hits", live["kv_cache_hits"])
         yield CounterMetricFamily(

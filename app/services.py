@@ -18,6 +18,7 @@ from app.config import ServiceConfig
 from app.drafting import Drafters, DraftingConfig
 from app.indexing import IndexingConfig, IndexingJobs
 from app.kv_tags import PrefixRegistry
+from app.kv_tuning import kv_budgets, schedule_recalibration, start_calibration
 from app.metrics import Metrics
 from app.prompts import PromptBuilder, document_texts
 from app.redis_link import RedisLink
@@ -25,7 +26,6 @@ from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
 from app.settings import Settings
 from decoding import kernels
-from decoding.calibration import calibrate as calibrate_verify_costs
 from decoding.engine import Engine, EngineConfig
 from decoding.errors import ModelLoadError
 from decoding.kv_cache import PrefixCache
@@ -84,6 +84,13 @@ class Services:
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(key)
 
+    def recalibrate_if_due(self) -> None:
+        """After a generation, on a GPU: queue a verify-cost calibration at the cache lengths requests now run
+        at, if well beyond the calibrated ones (``app.kv_tuning.schedule_recalibration``). A CPU keeps its
+        start-up calibration (its costs grow along the fitted line; a long prefill would hold up questions)."""
+        if self.settings.calibrate and self.engine.device.type == "cuda":
+            schedule_recalibration(self.engine, self.scheduler)
+
     def live_metrics(self) -> dict[str, Any]:
         counts: dict[tuple[str, str], int] = {}  # (tenant, status) -> documents
         for record in self.store.list():
@@ -96,6 +103,7 @@ class Services:
             "generation_running": self.scheduler.running,
             "kv_cache_bytes": cache.bytes_used if cache is not None else 0,
             "kv_disk_bytes": cache.disk_bytes if cache is not None else 0,
+            "kv_host_bytes": cache.host_bytes if cache is not None else 0,
             "kv_cache_hits": cache.hits if cache is not None else 0,
             "kv_cache_misses": cache.misses if cache is not None else 0,
             "indexing_jobs": counts,
@@ -195,11 +203,14 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         )
     )
     prefix_cache = None
-    if settings.kv_cache_bytes > 0:
+    if settings.kv_cache_bytes != 0:  # sized once every model is loaded (auto: from the free device memory)
+        device_bytes, host_bytes = kv_budgets(settings, target)
         prefix_cache = PrefixCache(
-            settings.kv_cache_bytes,
+            device_bytes,
             data_dir / "kv" if settings.kv_cache_persist and settings.kv_disk_bytes > 0 else None,
             disk_budget=settings.kv_disk_bytes,
+            host_budget=host_bytes,
+            device=target.device,
         )
     engine = Engine(
         target,
@@ -258,12 +269,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     )
     indexing.on_ready = services.warm_document
     if settings.calibrate:
-
-        def calibrate(cancel: threading.Event) -> Iterator[Any]:
-            calibrate_verify_costs(engine)
-            yield from ()
-
-        scheduler.submit_background(calibrate, key="calibrate")
+        start_calibration(engine, scheduler)  # 256 and 2048 tokens; on a GPU, longer caches up to the window
     logger.info(
         "services ready in %.1f s (target %s, embedder %s)",
         time.perf_counter() - t0,

@@ -129,7 +129,15 @@ class Settings(BaseSettings):
         "from the moment a request is accepted: a proxy's read timeout never sees a silent stream"
     )
 
-    kv_cache_bytes: int = Field(2 << 30, ge=0, description="Byte budget of the document KV cache (LRU)")
+    kv_cache_bytes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="Byte budget of the document KV cache on the model's device (LRU); auto: on CUDA 90% "
+        "of the device memory free once the models are loaded, less one generation's KV at the full window and "
+        "2 GiB, on a CPU 2 GiB; 0: no KV cache"
+    )
+    kv_host_bytes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="On CUDA, byte budget of the host-memory tier that KV evicted from the device moves to "
+        "(LRU); auto: 40% of the RAM available at start-up; 0: none. Unused on a CPU (the device is the host)"
+    )
     kv_cache_persist: bool = Field(True, description="Persist document KV caches to disk across restarts")
     kv_disk_bytes: int = Field(
         8 << 30, ge=0, description="Byte quota of the persisted KV cache (least recently used files go first)"

@@ -74,6 +74,7 @@ class BudgetPolicy:
     cost_context: int | None = None  # the cache length cost_s refers to (None: context-free costs)
     cost_slope: dict[int, float] = field(default_factory=dict)  # bucket -> extra seconds per cache token
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+    served_context: int = 0  # the longest cache a verify step has run on (``observe_cost``)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _calibrated: dict[int | None, dict[int, float]] = field(default_factory=dict, repr=False)
 
@@ -107,7 +108,11 @@ class BudgetPolicy:
 
     def observe_cost(self, nodes: int, seconds: float, context: int | None = None) -> None:
         """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's
-        cost if it is a bucket (moved to the reference cache length along the size's slope)."""
+        cost if it is a bucket (moved to the reference cache length along the size's slope). Every step's
+        cache length is recorded: ``calibration_due`` compares the longest with the calibrated ones."""
+        if context is not None and context > self.served_context:
+            with self._lock:
+                self.served_context = max(self.served_context, context)
         if nodes not in self.buckets:
             return
         with self._lock:
@@ -116,6 +121,22 @@ class BudgetPolicy:
                 seconds = max(0.2 * seconds, seconds - slope * (context - self.cost_context))
             old = self.cost_s.get(nodes)
             self.cost_s[nodes] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def calibrated_contexts(self) -> list[int]:
+        """The cache lengths measured by ``calibrate`` so far, shortest first."""
+        with self._lock:
+            return sorted(c for c in self._calibrated if c is not None)
+
+    def calibration_due(self, ratio: float = 1.5) -> int | None:
+        """The cache length to calibrate at next, if requests have run on caches more than ``ratio`` times
+        the longest calibrated one: beyond it costs are extrapolated along a line fitted to shorter caches,
+        which a GPU's cost curve (flat, then growing with the cache) does not follow. None while the
+        served lengths stay within reach, or before any calibration (none is wanted then)."""
+        with self._lock:
+            lengths = [c for c in self._calibrated if c is not None]
+            if not lengths or self.served_context <= ratio * max(lengths):
+                return None
+            return self.served_context
 
     def cost(self, nodes: int, context: int | None = None) -> float:
         """Seconds for a verify forward of ``nodes`` nodes on a ``context``-token cache (None: the reference

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ import torch
 
 from decoding.generation import SamplingParams
 from decoding.kv_cache import SlotCache
+from decoding.prefill import drain
 from decoding.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -23,18 +25,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def calibrate(engine: Engine, contexts: Sequence[int] = (256, 2048), repeats: int = 3) -> dict[int, float]:
+def calibrate(
+    engine: Engine, contexts: Sequence[int] = (256, 2048), repeats: int = 3, cancel: threading.Event | None = None
+) -> dict[int, float]:
     """Measure the verify cost per budget bucket of ``engine.policy`` on random caches of each length in
     ``contexts`` and hand them to the policy (which then follows a request's cache length between and
-    beyond them). Returns the costs at the longest context.
+    beyond them). Returns the costs at the longest context measured.
 
     On a CPU, attention makes a verify's cost relative to a plain step grow with the context. Buckets are
     measured round-robin, ``repeats`` times each, and the median kept, so a burst of load from elsewhere on
-    the machine hits every bucket alike instead of skewing one.
+    the machine hits every bucket alike instead of skewing one. ``cancel`` (set when a request arrives)
+    stops it between prefill chunks and between measurements; a length cut short teaches the policy nothing.
     """
     costs: dict[int, float] = {}
     for context_tokens in contexts:
-        base, medians = verify_costs(engine, context_tokens, engine.policy.buckets, repeats)
+        measured = _verify_costs(engine, context_tokens, engine.policy.buckets, repeats, cancel)
+        if measured is None:
+            logger.info("verify cost calibration at a %d-token cache cancelled", context_tokens)
+            break
+        base, medians = measured
         costs = engine.policy.calibrate(medians.__getitem__, context=base)
         logger.info("verify cost by draft nodes at a %d-token cache (s): %s", base,
                     {k: round(v, 4) for k, v in medians.items()})
@@ -47,6 +56,15 @@ def verify_costs(
     """Median seconds of a verify forward over a chain of each size in ``sizes`` (0: a plain decoding step)
     on a random ``context_tokens``-token cache (clamped to the window), sizes measured round-robin.
     Returns (the cache length used, {size: seconds})."""
+    measured = _verify_costs(engine, context_tokens, sizes, repeats, None)
+    assert measured is not None  # nothing to cancel it
+    return measured
+
+
+def _verify_costs(
+    engine: Engine, context_tokens: int, sizes: Sequence[int], repeats: int, cancel: threading.Event | None
+) -> tuple[int, dict[int, float]] | None:
+    """``verify_costs``, or None if ``cancel`` was set on the way."""
     vocab = int(engine.model.config.vocab_size)
     longest = engine.max_context - max(sizes) - 2
     context_tokens = max(1, min(context_tokens, longest))
@@ -55,10 +73,15 @@ def verify_costs(
     times: dict[int, list[float]] = {b: [] for b in sizes}
     with torch.inference_mode():
         cache = SlotCache(engine.num_layers, context_tokens + max(sizes) + 2)
-        engine.prefill(ctx, cache)
+        if cancel is None:
+            engine.prefill(ctx, cache)
+        elif drain(engine.reader.read(ctx, [], None, cache, cancel)).last is None:
+            return None  # cancelled during the prefill (no prefix key: nothing is cached)
         base = cache.length
         for _ in range(repeats):
             for nodes, seen in times.items():
+                if cancel is not None and cancel.is_set():
+                    return None
                 chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
                 t = time.perf_counter()
                 engine.verify(int(ctx[-1]), chain, cache, SamplingParams(), None)

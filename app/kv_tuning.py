@@ -1,0 +1,121 @@
+"""Fitting the KV cache tiers and the verify-cost calibration to the device the service runs on.
+
+The measurements live here (free device memory, available RAM, the device's kind); the arithmetic is in
+``decoding.kv_memory`` and the calibration itself in ``decoding.calibration``.
+
+- Device tier (``RAGSPEC_KV_CACHE_BYTES``, ``auto``): on CUDA, what ``decoding.kv_memory.device_kv_budget``
+  leaves of the device memory free once every model is loaded; on a CPU 2 GiB, as before (the models and
+  the working caches share that RAM with everything else on the machine, so a fixed, modest share).
+- Host tier (``RAGSPEC_KV_HOST_BYTES``, ``auto``): on CUDA, ``HOST_FRACTION`` of the RAM available at
+  start-up; on a CPU none (the device is the host: the device tier already is host memory).
+- Calibration: at start-up 256 and 2048 tokens (cheap on a CPU, as before), and on a GPU also longer caches
+  up to the window; on a GPU, once requests run on caches well beyond the longest calibrated one, a
+  calibration at that length is queued as a background job between requests (``schedule_recalibration``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.scheduler import GenerationScheduler
+from app.settings import Settings
+from decoding.calibration import calibrate
+from decoding.engine import Engine
+from decoding.kv_memory import device_kv_budget, kv_bytes_per_token
+from decoding.models import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_BYTES = 2 << 30
+HOST_FRACTION = 0.4  # of the RAM available at start-up, for the host tier on CUDA
+START_CONTEXTS = (256, 2048)
+RECALIBRATE_RATIO = 1.5  # served caches this much longer than the longest calibrated one: calibrate there
+CALIBRATION_KEY = "calibrate"  # one calibration job at a time on the scheduler
+
+
+def available_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """RAM the kernel could hand out now without swapping (MemAvailable), else the free pages' bytes."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+
+
+def free_device_bytes(device: torch.device) -> int:
+    """Free memory of a CUDA ``device`` now, as the driver reports it."""
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def kv_budgets(settings: Settings, target: LoadedModel) -> tuple[int, int]:
+    """(device tier bytes, host tier bytes) of the prefix cache: the settings' byte counts, or for ``auto``
+    sized from the target's device as the module says. Call once every model is loaded."""
+    on_cuda = target.device.type == "cuda"
+    device_bytes = settings.kv_cache_bytes
+    if device_bytes == "auto":
+        if on_cuda:
+            per_token = kv_bytes_per_token(target.model.config, target.dtype)
+            device_bytes = device_kv_budget(free_device_bytes(target.device), per_token, target.max_context)
+        else:
+            device_bytes = CPU_KV_BYTES
+    host_bytes = settings.kv_host_bytes
+    if not on_cuda:
+        host_bytes = 0
+    elif host_bytes == "auto":
+        host_bytes = int(available_ram_bytes() * HOST_FRACTION)
+    logger.info("prefix KV cache: %.1f GiB on %s, %.1f GiB in host memory", device_bytes / 2**30,
+                target.device, host_bytes / 2**30)
+    return device_bytes, host_bytes
+
+
+def calibration_contexts(window: int, device: torch.device) -> tuple[int, ...]:
+    """Cache lengths to calibrate at start-up: ``START_CONTEXTS``, and on a GPU every fourfold longer one
+    below the window and the window itself (``verify_costs`` clamps a length to what fits)."""
+    contexts = list(START_CONTEXTS)
+    if device.type == "cuda":
+        length = contexts[-1] * 4
+        while length < window:
+            contexts.append(length)
+            length *= 4
+        if window > contexts[-1]:
+            contexts.append(window)
+    return tuple(contexts)
+
+
+def start_calibration(engine: Engine, scheduler: GenerationScheduler) -> bool:
+    """Queue the start-up calibration as a background job: the first two lengths always run to the end,
+    the longer ones (a GPU's) stop when a request arrives and are caught up on by ``schedule_recalibration``."""
+    contexts = calibration_contexts(engine.max_context, engine.device)
+
+    def run(cancel: threading.Event) -> Iterator[Any]:
+        calibrate(engine, contexts[: len(START_CONTEXTS)])
+        calibrate(engine, contexts[len(START_CONTEXTS) :], cancel=cancel)
+        yield from ()
+
+    return scheduler.submit_background(run, key=CALIBRATION_KEY)
+
+
+def schedule_recalibration(engine: Engine, scheduler: GenerationScheduler,
+                           ratio: float = RECALIBRATE_RATIO) -> int | None:
+    """After a generation: if requests have run on caches more than ``ratio`` times the longest calibrated
+    one (``BudgetPolicy.calibration_due``), queue a calibration at that length as a background job (run when
+    no generation waits, stopped when one arrives). Returns the length queued, None if none was."""
+    length = engine.policy.calibration_due(ratio)
+    if length is None:
+        return None
+
+    def run(cancel: threading.Event) -> Iterator[Any]:
+        calibrate(engine, (length,), cancel=cancel)
+        yield from ()
+
+    return length if scheduler.submit_background(run, key=CALIBRATION_KEY) else None

@@ -1,0 +1,97 @@
+"""Sizing the KV tiers from the device and the RAM, the calibration lengths by device, and the trigger that
+queues a calibration at the cache lengths requests are served at."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import app.kv_tuning as kv_tuning
+from app.kv_tuning import (
+    available_ram_bytes,
+    calibration_contexts,
+    kv_budgets,
+    schedule_recalibration,
+    start_calibration,
+)
+from app.scheduler import GenerationScheduler
+from app.settings import Settings
+from decoding.budget import BudgetPolicy
+from decoding.calibration import calibrate
+from decoding.engine import Engine
+from decoding.kv_memory import device_kv_budget, kv_bytes_per_token
+from decoding.models import LoadedModel
+from tests.decoding.conftest import make_tiny_llama, tiny_target
+
+GIB = 1 << 30
+
+
+def loaded(device: str) -> LoadedModel:
+    model = make_tiny_llama(cpu_kernels=False)
+    return LoadedModel(model=model, tokenizer=None, name="tiny", device=torch.device(device), dtype=torch.bfloat16,
+                       eos_token_ids=(), max_context=4096, vocab_size=97)
+
+
+def test_available_ram_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    8000000 kB\n")
+    assert available_ram_bytes(meminfo) == 8_000_000 * 1024
+    assert available_ram_bytes(tmp_path / "absent") > 0  # elsewhere: the free pages
+
+
+def test_kv_budgets_on_a_cpu_are_two_gib_and_no_host_tier() -> None:
+    target = loaded("cpu")
+    assert kv_budgets(Settings(), target) == (2 * GIB, 0)  # type: ignore[call-arg]
+    assert kv_budgets(Settings(kv_cache_bytes=123, kv_host_bytes=456), target) == (123, 0)  # type: ignore[call-arg]
+
+
+def test_kv_budgets_on_cuda_follow_free_device_memory_and_ram(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = loaded("cuda")  # a device object only: nothing runs on it
+    monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 40 * GIB)
+    monkeypatch.setattr(kv_tuning, "available_ram_bytes", lambda: 100 * GIB)
+    per_token = kv_bytes_per_token(target.model.config, torch.bfloat16)
+    device, host = kv_budgets(Settings(), target)  # type: ignore[call-arg]
+    assert device == device_kv_budget(40 * GIB, per_token, 4096) and 0 < device < 40 * GIB
+    assert host == int(100 * GIB * kv_tuning.HOST_FRACTION)
+    assert kv_budgets(Settings(kv_cache_bytes=GIB, kv_host_bytes=0), target) == (GIB, 0)  # type: ignore[call-arg]
+
+
+def test_calibration_lengths_by_device() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert calibration_contexts(131072, cpu) == (256, 2048)  # start-up stays cheap on a CPU
+    assert calibration_contexts(131072, cuda) == (256, 2048, 8192, 32768, 131072)
+    assert calibration_contexts(32768, cuda) == (256, 2048, 8192, 32768)
+    assert calibration_contexts(4096, cuda) == (256, 2048, 4096)
+    assert calibration_contexts(2048, cuda) == (256, 2048)
+
+
+def wait_calibrated(policy: BudgetPolicy, length: int) -> None:
+    deadline = time.monotonic() + 120
+    while length not in policy.calibrated_contexts():
+        assert time.monotonic() < deadline, f"no calibration at {length} tokens"
+        time.sleep(0.05)
+
+
+def test_a_recalibration_is_queued_once_requests_run_beyond_the_calibrated_lengths() -> None:
+    target = tiny_target(0, cpu_kernels=False)
+    started = Engine(target, policy=BudgetPolicy(max_budget=4))
+    engine = Engine(target, policy=BudgetPolicy(max_budget=4))
+    scheduler = GenerationScheduler(queue_size=1)
+    try:
+        assert start_calibration(started, scheduler)  # on a CPU: 256 and 2048 as before, clamped to the window
+        longest = target.max_context - 4 - 2
+        wait_calibrated(started.policy, longest)
+        assert started.policy.calibrated_contexts() == [256, longest]
+        calibrate(engine, contexts=(16, 48), repeats=1)
+        assert schedule_recalibration(engine, scheduler) is None  # nothing served yet
+        engine.policy.observe_cost(0, 0.001, 72)
+        assert schedule_recalibration(engine, scheduler) is None  # within reach of the calibrated lengths
+        engine.policy.observe_cost(0, 0.001, 300)
+        assert schedule_recalibration(engine, scheduler) == 300
+        wait_calibrated(engine.policy, 300)
+        assert engine.policy.cost_context == 300 and schedule_recalibration(engine, scheduler) is None
+    finally:
+        scheduler.stop()
