@@ -46,14 +46,14 @@ def _tree() -> DraftTree:
     return tree
 
 
-def _qkv(groups: int, n: int, length: int, dtype: torch.dtype, kv_heads: int = 2, d: int = 64, seed: int = 0
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _qkv(groups: int, n: int, length: int, dtype: torch.dtype, kv_heads: int = 2, d: int = 64, seed: int = 0,
+         device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Laid out as a Llama layer hands them over: q a transposed view, k / v the live rows of a larger buffer."""
     gen = torch.Generator().manual_seed(seed)
     heads = kv_heads * groups
-    q = torch.randn(1, n, heads, d, generator=gen).to(dtype).transpose(1, 2)
-    kbuf = torch.randn(1, kv_heads, length + 9, d, generator=gen).to(dtype)
-    vbuf = torch.randn(1, kv_heads, length + 9, d, generator=gen).to(dtype)
+    q = torch.randn(1, n, heads, d, generator=gen).to(device, dtype).transpose(1, 2)
+    kbuf = torch.randn(1, kv_heads, length + 9, d, generator=gen).to(device, dtype)
+    vbuf = torch.randn(1, kv_heads, length + 9, d, generator=gen).to(device, dtype)
     return q, kbuf[:, :, :length], vbuf[:, :, :length]
 
 
@@ -76,7 +76,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
     return mask.view(1, 1, *visible.shape)
 
 
@@ -237,49 +237,60 @@ def _no_head_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "repeat_interleave", refuse)
 
 
-def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=97, hidden_size=56, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=7, num_key_value_heads=1, max_position_embeddings=256,
-                         attn_implementation="sdpa")
-    return Qwen2ForCausalLM(config).eval()
+def tiny_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               head_dim: int | None = None) -> Any:
+    """``llama-g4``: 4 query heads per key/value head; ``qwen2-g7``: 7 (the shapes of Llama-3 and Qwen2.5)."""
+    model: Any
+    if name == "llama-g4":
+        model = make_tiny_llama(seed=3, cpu_kernels=False, heads=8, kv_heads=2, head_dim=head_dim)
+    else:
+        torch.manual_seed(4)
+        config = Qwen2Config(vocab_size=97, hidden_size=56, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=7, num_key_value_heads=1, max_position_embeddings=256,
+                             attn_implementation="sdpa", head_dim=head_dim or 8)  # fmt: skip
+        model = Qwen2ForCausalLM(config).eval()
+    return model.to(device, dtype)
 
 
-MODELS = {
-    "llama-g4": lambda: make_tiny_llama(seed=3, cpu_kernels=False, heads=8, kv_heads=2),
-    "qwen2-g7": lambda: _tiny_qwen2(seed=4),
-}
+PREFIX = [7, 8, 9, 10, 11, 30, 31, 32, 33, 34]
+PATHS = {0: [12], 1: [12, 20], 2: [12, 21], 3: [12, 20, 22], 4: [12, 20, 22, 23], 5: [12, 21, 24], 6: [12, 20, 25]}
 
 
-@pytest.mark.parametrize("flash", [True, False])
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_engine_on_the_cuda_paths_repeats_no_heads_and_matches_eager(
-    calls: dict[str, int], monkeypatch: pytest.MonkeyPatch, name: str, flash: bool
+def engine_matches_eager(
+    name: str, monkeypatch: pytest.MonkeyPatch, device: torch.device, dtype: torch.dtype, atol: float,
+    head_dim: int | None = None,
 ) -> None:
-    """A prefill in chunks (the first without cached rows, then after them) and a tree verify, through the
-    engine with the CUDA branch forced: every row equals eager attention over the same tokens."""
-    _flash(monkeypatch, flash)
-    model = MODELS[name]()
-    eager = MODELS[name]()
+    """A prefill in chunks of 4 (the first without cached rows, then after them) and a tree verify through
+    the engine, with no key/value head copy allowed: the prompt's last logits and every tree row's equal
+    eager attention (which repeats heads) over the same tokens."""
+    model = tiny_model(name, device, dtype, head_dim)
+    eager = tiny_model(name, device, dtype, head_dim)
     eager.config._attn_implementation = "eager"
-    prefix = [7, 8, 9, 10, 11, 30, 31, 32, 33, 34]
-    tree = _tree()
-    paths = {0: [12], 1: [12, 20], 2: [12, 21], 3: [12, 20, 22], 4: [12, 20, 22, 23], 5: [12, 21, 24],
-             6: [12, 20, 25]}
     with torch.inference_mode():
-        want_last = eager(torch.tensor([prefix])).logits[0, -1]
-        want_rows = {row: eager(torch.tensor([[*prefix, *path]])).logits[0, -1] for row, path in paths.items()}
+        want_last = eager(torch.tensor([PREFIX], device=device)).logits[0, -1]
+        want_rows = {row: eager(torch.tensor([[*PREFIX, *p]], device=device)).logits[0, -1] for row, p in PATHS.items()}
         use_grouped_sdpa(model)  # make_tiny_llama has already switched its model
         assert model.config._attn_implementation == NAME
         _no_head_copies(monkeypatch)
-        target = TinyTarget(model, None, name, torch.device("cpu"), (), 256)
-        engine = Engine(target, config=EngineConfig(prefill_chunk=4))
+        engine = Engine(TinyTarget(model, None, name, device, (), 256), config=EngineConfig(prefill_chunk=4))
         cache = SlotCache(engine.num_layers, 32)
-        last, _ = engine.prefill(prefix, cache)
-        layout = tree_layout(12, tree, cache.length)
-        got = engine._forward(layout.input_ids, cache, layout.position_ids, engine._mask(layout.ancestor_mask, 10))
-    assert torch.allclose(last, want_last, atol=1e-4)
+        last, _ = engine.prefill(PREFIX, cache)
+        layout = tree_layout(12, _tree(), cache.length, device)
+        mask = engine._mask(layout.ancestor_mask, len(PREFIX))
+        got = engine._forward(layout.input_ids, cache, layout.position_ids, mask)
+    assert (last.float() - want_last.float()).abs().max().item() < atol
     for row, want in want_rows.items():
-        assert torch.allclose(got[row], want, atol=1e-4), row
-    layers = model.config.num_hidden_layers
-    assert calls["prefix"] == (layers if flash else 0)  # the verify took the tree path in every layer
+        assert (got[row].float() - want.float()).abs().max().item() < atol, row
+
+
+MODELS = ("llama-g4", "qwen2-g7")
+
+
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize("name", MODELS)
+def test_engine_on_the_cuda_paths_repeats_no_heads_and_matches_eager(
+    calls: dict[str, int], monkeypatch: pytest.MonkeyPatch, name: str, flash: bool
+) -> None:
+    _flash(monkeypatch, flash)
+    engine_matches_eager(name, monkeypatch, torch.device("cpu"), torch.float32, 1e-4)
+    assert calls["prefix"] == (2 if flash else 0)  # the verify took the tree path in both layers
