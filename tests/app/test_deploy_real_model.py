@@ -31,7 +31,9 @@ PASSTHROUGH = {
     "RAGSPEC_MAX_CONTEXT": "131072",
     "RAGSPEC_ROPE_SCALING": '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}',
     "RAGSPEC_KV_CACHE_BYTES": "34359738368",
+    "RAGSPEC_KV_HOST_BYTES": "8589934592",
     "RAGSPEC_KV_DISK_BYTES": "68719476736",
+    "RAGSPEC_PREFILL_CHUNK": "4096",
 }
 
 
@@ -80,6 +82,7 @@ def test_a_real_model_deploy_reaches_the_service(profile: tuple[str, ...], tmp_p
         assert settings.target_model == "/models/Qwen2.5-7B-Instruct" and settings.max_context == 131072
         assert settings.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
         assert settings.embedding_kind == "bge-m3" and settings.kv_disk_bytes == 64 << 30
+        assert settings.kv_host_bytes == 8 << 30 and settings.prefill_chunk == 4096
     # the device is the service's, whatever the shell says
     assert container_env(services["ragspec"])["RAGSPEC_DEVICE"] == "cpu"
     if profile:
