@@ -248,7 +248,7 @@ class Engine:
         tree = self._pick_tree(run, self._draft(run))
         base, t = run.cache.length, time.perf_counter()
         verdict, node_topk = self.verify(run.root, tree, run.cache, run.sampling, run.generator, run.noise,
-                                         len(run.output), self.config.node_topk if run.drafters else 0)
+                                         len(run.output), self.config.node_topk if run.drafters else None)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
         self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
@@ -315,9 +315,9 @@ class Engine:
         generator: torch.Generator | None,
         noise: SeededNoise | None = None,
         position: int = 0,
-        topk: int = 0,
+        topk: int | None = None,
     ) -> tuple[Verdict, torch.Tensor | None]:
-        """One target forward over root + tree; returns the verdict and, for ``topk`` > 0, the target's top-k
+        """One target forward over root + tree; returns the verdict and, given ``topk``, the target's top-k
         after every row ``[n + 1, topk]`` (on the host)."""
         base = cache.length
         layout = tree_layout(root, tree, base, self.device)
@@ -327,14 +327,14 @@ class Engine:
 
     def _judge(
         self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
-        noise: SeededNoise | None, position: int, topk: int,
+        noise: SeededNoise | None, position: int, topk: int | None,
     ) -> tuple[Verdict, torch.Tensor | None]:
         """The verdict on a verify forward's ``logits`` ``[n + 1, vocab]`` and the rows' top-k, with ONE
         device-to-host transfer (``host.fetch``). What the host needs is computed where the logits are: greedy,
         every row's argmax (the greedy token stays ``argmax``: its ties may break unlike ``topk``'s); sampling,
         every row's p. Rejection sampling (with the request's CPU generator) and coupled sampling then run
         on the host copy, so a CPU generator never meets a device tensor."""
-        cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk else []
+        cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
         if sampling.greedy:
             best, *got = host.fetch(logits.argmax(dim=-1), *cues)
             return greedy_path(tree, best.tolist()), (got[0] if got else None)

@@ -159,6 +159,9 @@ def test_node_topk_reaches_drafters_on_the_host(target: TinyTarget) -> None:
     assert recorder.node_topk and all(type(t) is torch.Tensor for t in recorder.node_topk)
     assert all(t.shape[1] == 5 and t.dtype == torch.long for t in recorder.node_topk)
     assert set(TRANSFERS[1:]) == {2}  # each step: [argmax, top-k] in one fetch
+    none = Recorder()  # node_topk=0: drafters still get a (k = 0) top-k
+    _generate(SimEngine(target, config=EngineConfig(node_topk=0)), SAMPLINGS["greedy"], [none])
+    assert none.node_topk and all(t.shape[1] == 0 for t in none.node_topk)
 
 
 def test_sampling_never_hands_a_device_tensor_to_a_cpu_generator(
