@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test test-deps lint typecheck unit bench bench-quick models setup clean
+.PHONY: serve test test-deps lint typecheck unit bench bench-quick gpu-check models setup clean
 
 # The venv is (re)made when missing or without pip (e.g. left half-made by a python3 without Debian's
 # python3-venv, whose own message says to install it).
@@ -64,6 +64,12 @@ bench: models $(BENCH_STAMP)
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json
+
+# The GPU checks (issue 13) where there is CUDA: tests/gpu (skipped without it) and bench.gpu_check on a
+# Llama-3.1-8B shape (random weights, nothing downloaded). scripts/gpu-check runs both on a lent machine in one call.
+gpu-check: $(STAMP)
+	$(VENV)/bin/pytest -m gpu tests/gpu -q
+	$(PY) -m bench.gpu_check --json bench/results/gpu_check.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

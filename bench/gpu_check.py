@@ -159,6 +159,8 @@ def measure_context(run: Run, engine: Engine, context: int, rng: random.Random) 
     """A plain step, verify chains, the branchy tree and a rapid_kv token over a random ``context``-row cache."""
     plan, model = run.plan, engine.model
     vocab = int(model.config.vocab_size)
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)  # the row's peak: weights + this cache
     t = time.perf_counter()
     cache = SlotCache(engine.num_layers, context + max(plan.nodes) + 2)
     fill_random(cache, model, context)
@@ -257,9 +259,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--contexts", default=None, help="comma-separated cache lengths (default: the plan's)")
     args = ap.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
-    if args.contexts:
-        plan = Plan(**{**asdict(plan), "contexts": tuple(int(c) for c in args.contexts.split(","))})
+    contexts = tuple(int(c) for c in args.contexts.split(",")) if args.contexts else plan.contexts
+    room = int(SHAPES[plan.shape]["max_position_embeddings"]) - max(plan.nodes) - 2  # a verify's rows fit the window
+    plan = Plan(**{**asdict(plan), "contexts": tuple(min(c, room) for c in contexts)})
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if device.type != "cuda" and not args.smoke and args.device == "auto":
+        out("no CUDA device: the full check builds an 8B model (16 GB) and 16 GiB of KV; --smoke runs the same path "
+            "on tiny shapes here, --device cpu forces the full one")
+        return 2
     dtype = torch.bfloat16
     run = Run(device, plan, args.budget_s if args.budget_s is not None else (120.0 if args.smoke else 450.0))
     info = machine_info()
@@ -271,9 +278,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "transformers": info["transformers"], "machine": info, "shape": plan.shape, "config": SHAPES[plan.shape],
         "plan": asdict(plan), "budget_s": run.budget_s, "contexts": [], "rapid": [], "correctness": None,
     }  # fmt: skip
+
+    def save() -> None:  # after every section: a run killed from outside still leaves what it measured
+        doc.update(skipped=run.skipped, errors=run.errors, elapsed_s=round(time.perf_counter() - run.t0, 1))
+        doc["passed"] = bool((doc["correctness"] or {}).get("passed")) and not run.errors
+        write_json(args.json, doc)
+
     out(f"gpu_check ({doc['mode']}) on {doc['device']}, budget {run.budget_s:.0f} s")
     doc["correctness"] = run.guarded("correctness", partial(correctness, device, plan.prompts, plan.new_tokens,
                                                                 plan.correctness_shape))
+    save()
     out(f"correctness: {'passed' if (doc['correctness'] or {}).get('passed') else 'FAILED'} "
         f"({time.perf_counter() - run.t0:.1f} s)")  # fmt: skip
     rng = random.Random(1)
@@ -286,14 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = run.guarded(f"context {context}", partial(measure_context, run, engine, context, rng))
             doc["contexts"].append(row or {"context": context, "peak_gib": None, "plain": None})
             run.free()  # the context's cache is gone with measure_context's frame
+            save()
             out(f"context {context} done ({time.perf_counter() - run.t0:.1f} s)")
         for shape in plan.drafters:
             rapid = run.guarded(f"rapid drafter {shape}", partial(measure_rapid, run, target, shape, rng))
             doc["rapid"] += rapid or []
             run.free()
-    doc.update(skipped=run.skipped, errors=run.errors, elapsed_s=round(time.perf_counter() - run.t0, 1))
-    doc["passed"] = bool((doc["correctness"] or {}).get("passed")) and not run.errors
-    write_json(args.json, doc)
+            save()
+    save()
     for line in summary(doc):
         out(line)
     out(f"wrote {args.json}")

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench.gpu_check import SMOKE, Run, main
@@ -68,3 +69,10 @@ def test_out_of_memory_and_errors_are_recorded_and_the_run_goes_on() -> None:
         ("big", "out of memory"), ("broken", "ZeroDivisionError: integer division or modulo by zero")
     ]
     assert "ZeroDivisionError" in run.errors[1]["traceback"]
+
+
+def test_the_full_check_refuses_a_machine_without_cuda(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the full check runs (minutes): scripts/gpu-check's job")
+    assert main(["--json", str(tmp_path / "full.json")]) == 2
+    assert not (tmp_path / "full.json").exists()
