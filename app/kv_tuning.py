@@ -40,15 +40,38 @@ RECALIBRATE_RATIO = 1.5  # served caches this much longer than the longest calib
 CALIBRATION_KEY = "calibrate"  # one calibration job at a time on the scheduler
 
 
-def available_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """RAM the kernel could hand out now without swapping (MemAvailable), else the free pages' bytes."""
+def available_ram_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """RAM this process could still be given without swapping or being killed: the kernel's MemAvailable (else
+    the free pages' bytes), and no more than what the container's memory limit leaves (cgroup v2
+    ``memory.max`` - ``memory.current``, or v1 ``memory/memory.limit_in_bytes`` - ``usage_in_bytes``): inside
+    a container ``/proc/meminfo`` describes the whole host."""
+    available = None
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # kB
+                available = int(line.split()[1]) * 1024  # kB
+                break
     except (OSError, ValueError, IndexError):
         pass
-    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    if available is None:
+        available = int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    left = cgroup_memory_left(cgroup)
+    return available if left is None else min(available, left)
+
+
+def cgroup_memory_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes the memory cgroup's limit still leaves (limit - usage), or None without a limit."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit_text = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
+            return None  # no limit (v1 writes a huge number for none)
+        return max(0, int(limit_text) - usage)
+    return None
 
 
 def free_device_bytes(device: torch.device) -> int:

@@ -38,9 +38,29 @@ def loaded(device: str) -> LoadedModel:
 def test_available_ram_is_read_from_meminfo(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    8000000 kB\n")
-    assert available_ram_bytes(meminfo) == 8_000_000 * 1024
-    assert available_ram_bytes(tmp_path / "absent") > 0  # elsewhere: the free pages
+    no_cgroup = tmp_path / "no-cgroup"
+    assert available_ram_bytes(meminfo, no_cgroup) == 8_000_000 * 1024
+    assert available_ram_bytes(tmp_path / "absent", no_cgroup) > 0  # elsewhere: the free pages
 
+
+def test_available_ram_is_capped_by_the_containers_memory_limit(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:    8000000 kB\n")  # the host's: 7.6 GiB
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{4 * GIB}\n")
+    (v2 / "memory.current").write_text(f"{3 * GIB}\n")
+    assert available_ram_bytes(meminfo, v2) == 1 * GIB  # the limit leaves 1 GiB
+    (v2 / "memory.max").write_text("max\n")
+    assert available_ram_bytes(meminfo, v2) == 8_000_000 * 1024  # no limit: the host's figure
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2 * GIB}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{GIB // 2}\n")
+    assert available_ram_bytes(meminfo, v1) == GIB + GIB // 2
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert available_ram_bytes(meminfo, v1) == 8_000_000 * 1024
+    assert available_ram_bytes(meminfo, tmp_path / "no-cgroup") == 8_000_000 * 1024
 
 def test_kv_budgets_on_a_cpu_are_two_gib_and_no_host_tier() -> None:
     target = loaded("cpu")
