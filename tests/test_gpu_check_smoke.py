@@ -76,3 +76,16 @@ def test_the_full_check_refuses_a_machine_without_cuda(tmp_path: Path) -> None:
         pytest.skip("with CUDA the full check runs (minutes): scripts/gpu-check's job")
     assert main(["--json", str(tmp_path / "full.json")]) == 2
     assert not (tmp_path / "full.json").exists()
+
+
+def test_the_full_shapes_are_the_real_models() -> None:
+    """Built on the meta device (no memory): the parameter counts of Llama-3.1-8B and Llama-3.2-1B, in bf16,
+    on the device asked for, switched to the engine's attention."""
+    from bench.gpu_models import build_model
+
+    for shape, params in [("llama-3.1-8b", 8_030_261_248), ("llama-3.2-1b", 1_235_814_400)]:
+        model = build_model(shape, torch.device("meta"), torch.bfloat16)
+        assert sum(p.numel() for p in model.parameters()) == params
+        assert model.dtype == torch.bfloat16 and next(model.parameters()).device.type == "meta"
+        assert model.config._attn_implementation == "ragspec_grouped_sdpa"
+    assert torch.get_default_dtype() == torch.float32  # restored after building
