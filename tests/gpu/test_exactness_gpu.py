@@ -43,7 +43,8 @@ def generate(engine: Engine, prompt: Prompt, drafters: Sequence[Drafter] = (), b
 
 
 def peaked_llama(device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
-    """A tiny Llama whose head is scaled up: confident enough (> 10 %) for the RAPID drafters' default threshold."""
+    """A tiny Llama whose head is scaled up: confident enough (> 10 %) for the RAPID drafters' default threshold,
+    and with fewer near ties, which fp32 kernels of different shapes (a verify, a decode step) may round apart."""
     model = tiny_llama(device, dtype, seed)
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
@@ -77,7 +78,7 @@ def test_rapid_kv_drafts_on_the_model_device(device: torch.device) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_forced_random_trees_are_lossless(device: torch.device, seed: int) -> None:
-    model = tiny_llama(device, seed=seed)
+    model = peaked_llama(device, seed=seed)
     engine = Engine(device_target(model, device), config=EngineConfig(max_budget=32))
     prompt = make_prompt(seed)
     ar = generate(engine, prompt)
