@@ -50,6 +50,7 @@ __all__ = [
     "_unpermute_rows",
     "check_supported",
     "gguf_config",
+    "rotary_frequencies",
     "rotary_tables",
     "weights_from_gguf",
     "weights_from_hf",
@@ -58,20 +59,35 @@ __all__ = [
 CHUNK_ROWS = 128  # rows per kernel forward: longer causal inputs (prefill) run in chunks of this size
 
 
-def rotary_tables(config: PretrainedConfig, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[positions, D/2]`` as transformers computes them (fp32, attention scaling applied)."""
+def rotary_frequencies(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies ``[D/2]`` and attention scaling of a config's rotary embedding, as transformers
+    computes them; a GGUF's ``config.rope_freqs`` (Llama-3.1's per-dimension divisors, see
+    ``decoding.llama_weights.gguf_rope``) divides the default ones, as llama.cpp does."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     rope = getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
+    divisors = getattr(config, "rope_freqs", None)
     if rope_type == "default":
         _, _, _, d, _ = llama_dims(config)
         base = float(getattr(config, "rope_theta", 10000.0))
         inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float) / d))
         scaling = 1.0
+        if divisors is not None:
+            if len(divisors) != inv_freq.numel():
+                raise ModelLoadError(f"rope_freqs has {len(divisors)} values for {inv_freq.numel()} frequencies")
+            inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
+    elif divisors is not None:  # both would scale the frequencies twice: refused, never one silently dropped
+        raise ModelLoadError(f"a config with rope_freqs and a {rope_type!r} rope scaling: at most one applies")
     else:
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq.float()[None, :]  # [P, D/2]
+    return inv_freq.float(), float(scaling)
+
+
+def rotary_tables(config: PretrainedConfig, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[positions, D/2]`` as transformers computes them (fp32, attention scaling applied)."""
+    inv_freq, scaling = rotary_frequencies(config)
+    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [P, D/2]
     return (freqs.cos() * scaling).contiguous(), (freqs.sin() * scaling).contiguous()
 
 

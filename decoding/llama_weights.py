@@ -96,7 +96,8 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def gguf_config(reader: Any) -> LlamaConfig:
-    """A transformers ``LlamaConfig`` from a GGUF file's metadata (Llama architecture)."""
+    """A transformers ``LlamaConfig`` from a GGUF file's metadata (Llama architecture), its rope scaling included
+    (``gguf_rope``)."""
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ModelLoadError(f"GGUF architecture {arch!r}: the quantized CPU runtime reads 'llama' GGUF files")
@@ -106,6 +107,8 @@ def gguf_config(reader: Any) -> LlamaConfig:
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(_field(reader, a + "vocab_size", len(tokens.data) if tokens is not None else 0))
     names = {t.name for t in reader.tensors}
+    head_dim = int(_field(reader, a + "attention.key_length", hidden // heads))
+    context = int(_field(reader, a + "context_length"))
     return LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -113,14 +116,78 @@ def gguf_config(reader: Any) -> LlamaConfig:
         num_hidden_layers=int(_field(reader, a + "block_count")),
         num_attention_heads=heads,
         num_key_value_heads=int(_field(reader, a + "attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, a + "attention.key_length", hidden // heads)),
-        max_position_embeddings=int(_field(reader, a + "context_length")),
+        head_dim=head_dim,
+        max_position_embeddings=context,
         rms_norm_eps=float(_field(reader, a + "attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(_field(reader, a + "rope.freq_base", 10000.0)),
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        **gguf_rope(reader, arch, head_dim, context),
     )
+
+
+# llama.cpp rope keys (gguf's Keys.Rope, under "<arch>.") the runtime has no counterpart for: a GGUF may carry
+# them only at their neutral values (llama.cpp's defaults), any other value is refused rather than ignored
+_NEUTRAL_ROPE_KEYS = {
+    "rope.scaling.attn_factor": (1.0,),
+    "rope.scaling.yarn_attn_factor": (1.0,),
+    "rope.scaling.yarn_ext_factor": (-1.0, 1.0),  # -1: llama.cpp's "1 for yarn"
+    "rope.scaling.yarn_log_multiplier": (0.0,),
+}
+
+
+def _short(value: float) -> float:
+    """A float32 metadata value as its shortest decimal (4.0, 1.33), as a model card would write it."""
+    return float(str(np.float32(value)))
+
+
+def gguf_rope(reader: Any, arch: str, head_dim: int, context: int) -> dict[str, Any]:
+    """The ``LlamaConfig`` keywords for a GGUF's rotary scaling: ``rope_scaling`` and / or ``rope_freqs``.
+
+    ``<arch>.rope.scaling.type`` "linear" / "yarn" (absent with a factor: linear, llama.cpp's default) with a
+    factor other than 1 become transformers' linear / yarn scaling; yarn's original window is the GGUF's
+    ``original_context_length`` (else its context length, as llama.cpp takes it), and
+    ``max_position_embeddings`` stays the GGUF's context length (the positions the model supports).
+    A ``rope_freqs.weight`` tensor (Llama-3.1: llama.cpp divides rotary frequency i by ``rope_freqs[i]``) becomes
+    ``config.rope_freqs``, a list of D/2 floats that ``decoding.cpu_llama.rotary_tables`` divides its default
+    inverse frequencies by. Anything the runtime would not reproduce (another type, both at once, a yarn knob
+    away from its default) raises ``ModelLoadError``: a wrong rope gives fluent, wrong output past short contexts.
+    """
+    a = f"{arch}."
+    kind = str(_field(reader, a + "rope.scaling.type", "")).lower()
+    factor = _field(reader, a + "rope.scaling.factor", _field(reader, a + "rope.scale_linear"))
+    factor = None if factor in (None, 0.0, 1.0) else _short(factor)  # 0 / 1: no scaling to llama.cpp too
+    if kind not in ("", "none", "linear", "yarn"):
+        raise ModelLoadError(f"GGUF rope scaling type {kind!r}: the quantized CPU runtime runs none, linear, yarn")
+    if kind == "none" and factor is not None:
+        raise ModelLoadError(f"GGUF rope scaling type 'none' with a factor of {factor}: which one holds is unclear")
+    out: dict[str, Any] = {}
+    if kind in ("", "linear") and factor is not None:
+        out["rope_scaling"] = {"rope_type": "linear", "factor": factor}
+    elif kind == "yarn" and factor is not None:
+        original = int(_field(reader, a + "rope.scaling.original_context_length", context))
+        yarn = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            value = _field(reader, a + "rope.scaling." + key)
+            if value is not None:
+                yarn[name] = _short(value)
+        out["rope_scaling"] = yarn
+    for key, neutral in _NEUTRAL_ROPE_KEYS.items():
+        value = _field(reader, a + key)
+        if value is not None and _short(value) not in neutral:
+            raise ModelLoadError(f"GGUF {a + key} = {_short(value)}: the quantized CPU runtime has no such knob")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        values = np.asarray(freqs.data, dtype=np.float32).reshape(-1)
+        if "rope_scaling" in out:
+            raise ModelLoadError(f"GGUF with both rope_freqs.weight and a {out['rope_scaling']['rope_type']} rope "
+                                 "scaling: llama.cpp would apply both, the runtime applies one")
+        if values.size != head_dim // 2 or not np.all(np.isfinite(values) & (values > 0)):
+            raise ModelLoadError(f"GGUF rope_freqs.weight needs {head_dim // 2} positive values (head dim "
+                                 f"{head_dim}), not {values.size}")
+        out["rope_freqs"] = values.tolist()
+    return out
 
 
 _GGML_KINDS = {"Q8_0": WeightType.Q8_0, "Q4_1": WeightType.Q4_1}

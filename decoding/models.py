@@ -87,7 +87,8 @@ def apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> str:
     Llama-3.1 states more positions than its factor times its original. Yarn and llama3 get the original
     written into the dict: yarn would otherwise take the raised window as the original and move its
     frequency ramp. Only static scalings are accepted; a dynamic one changes the frequencies with the
-    sequence length, which cached prefix KV and the quantized runtime's rotary tables cannot follow.
+    sequence length, which cached prefix KV and the quantized runtime's rotary tables cannot follow. A scaling
+    the config has already (an HF config's, a GGUF's, or a GGUF's ``rope_freqs``) is replaced, with a warning.
     Returns a tag naming the scaling (it goes into ``LoadedModel.runtime``, which keys the KV caches).
     """
     if not isinstance(rope_scaling, dict):
@@ -106,6 +107,12 @@ def apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> str:
         raise ModelLoadError(f"rope_scaling's original_max_position_embeddings must be a positive integer, "
                              f"not {original!r}")
     scaling["rope_type"] = rope_type
+    own_freqs = getattr(config, "rope_freqs", None) is not None  # a GGUF's (Llama-3.1): replaced, never stacked
+    own_rope = getattr(config, "rope_scaling", None) or ("rope_freqs" if own_freqs else None)
+    if own_rope:
+        logger.warning("rope_scaling %s replaces the model's own rope scaling (%s)", scaling, own_rope)
+    if own_freqs:
+        config.rope_freqs = None
     if rope_type != "linear":  # linear's frequencies do not depend on it (and transformers warns of extra keys)
         scaling["original_max_position_embeddings"] = original
     config.rope_scaling = scaling
