@@ -212,6 +212,29 @@ def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
     return idx.reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(rows)
 
 
+def gguf_torch_config(path: Path) -> Any:
+    """The config for transformers' loader of the GGUF at ``path`` with the GGUF's rope scaling written in, or
+    None when it has none: transformers reads a GGUF's config without its rope scaling. A Llama-3.1
+    ``rope_freqs.weight`` has no transformers config equivalent here, so it is refused, not dropped."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig
+
+    reader = GGUFReader(str(path))
+    a = f"{_field(reader, 'general.architecture')}."
+    heads = int(_field(reader, a + "attention.head_count"))
+    head_dim = int(_field(reader, a + "attention.key_length", int(_field(reader, a + "embedding_length")) // heads))
+    own = gguf_rope(reader, a[:-1], head_dim, int(_field(reader, a + "context_length")))
+    if "rope_freqs" in own:
+        raise ModelLoadError(f"{path.name} carries rope_freqs.weight (Llama-3.1's rope scaling), which transformers' "
+                             "GGUF loader drops: serve it on the quantized CPU runtime, load its HF model dir, or "
+                             "give its llama3 rope_scaling")
+    if not own:
+        return None
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    config.rope_scaling = own["rope_scaling"]
+    return config
+
+
 def weights_from_gguf(path: Path, fallback: WeightType = WeightType.Q8_0) -> LlamaWeights:
     """Read a Llama GGUF file into ``LlamaWeights`` without dequantizing its Q8_0 / Q4_1 tensors."""
     from gguf import GGUFReader

@@ -318,6 +318,10 @@ def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_onl
     """A transformers model in ``dt``; on CUDA its weights go to the GPU as they are read (``device_map``, one
     device for every module), where building it in host memory first would need the whole model there."""
     kwargs: dict[str, Any] = {"dtype": dt, "attn_implementation": "sdpa", "local_files_only": local_files_only}
+    if gguf is not None and config is None:  # transformers' GGUF reader leaves the rope scaling out
+        from decoding.llama_weights import gguf_torch_config
+
+        config = gguf_torch_config(gguf)
     if config is not None:
         kwargs["config"] = config
     if dev.type == "cuda":

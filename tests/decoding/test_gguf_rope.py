@@ -234,3 +234,27 @@ def test_bundled_smollm2_gguf_config_is_unchanged(bundled_gguf_dir: Path) -> Non
     inv, scale = rotary_frequencies(config)
     assert scale == 1.0
     assert torch.equal(inv, 1.0 / (100000.0 ** (torch.arange(0, 64, 2, dtype=torch.int64).to(torch.float) / 64)))
+
+
+def test_the_torch_runtime_gets_a_ggufs_rope_scaling_or_refuses_it(tmp_path: Path) -> None:
+    """transformers' GGUF reader drops the rope scaling: the torch runtime (GPU, or cpu_quant none) gets the
+    GGUF's linear / yarn scaling written into its config, and a rope_freqs GGUF is refused, never run unscaled."""
+    from decoding.models import load_model
+
+    tokenizer = make_tokenizer()
+    cases = (("plain", None, None), ("linear", {ROPE.SCALING_TYPE: "linear", ROPE.SCALING_FACTOR: 2.0}, None),
+             ("yarn", {ROPE.SCALING_TYPE: "yarn", ROPE.SCALING_FACTOR: 4.0}, None),
+             ("l31", None, np.full(HEAD_DIM // 2, 3.0)))
+    for name, meta, freqs in cases:
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "m.gguf", meta, rope_freqs=freqs, vocab=len(tokenizer))
+        tokenizer.save_pretrained(tmp_path / name)
+    assert load_model(str(tmp_path / "plain"), cpu_quant="none").model.config.rope_scaling is None
+    linear = load_model(str(tmp_path / "linear"), cpu_quant="none").model
+    assert linear.config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    want = _default_inv_freq(10000.0, HEAD_DIM) / 2.0
+    assert torch.allclose(linear.model.rotary_emb.inv_freq.double(), want, rtol=1e-6)  # what the model runs
+    yarn = load_model(str(tmp_path / "yarn"), cpu_quant="none").model.config.rope_scaling
+    assert yarn["rope_type"] == "yarn" and yarn["factor"] == 4.0
+    with pytest.raises(ModelLoadError, match="rope_freqs"):
+        load_model(str(tmp_path / "l31"), cpu_quant="none")
