@@ -40,6 +40,7 @@ from torch.backends.cuda import SDPAParams, can_use_flash_attention
 from torch.nn.attention.bias import causal_lower_right
 from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+FOLD_MASK_BYTES = 256 << 20  # bound on the mask a causal forward off flash materialises per SDPA call
 TreeDescription = tuple[int, torch.Tensor]  # (past, tree block: bool [n, n], True = visible)
 _described = threading.local()
 
@@ -151,7 +152,7 @@ def tree_attention(
     if past:
         pout, plse = prefix_attention(query, key[:, :, :past], value[:, :, :past], scale)
         lse = lse.view(b, heads, n, 1)
-        plse = plse.view(b, heads, n, 1).float()
+        plse = plse[..., :n].reshape(b, heads, n, 1).float()  # some kernels pad the rows of their log-sum-exp
         total = torch.logaddexp(lse, plse)
         out = out * torch.exp(lse - total) + pout.float() * torch.exp(plse - total)
     return out.to(query.dtype)
@@ -176,7 +177,7 @@ def fold(
         elif mask.shape[1] == heads:
             mask = mask.reshape(mask.shape[0], kv_heads, groups * n, mask.shape[-1])
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
-    return out.view(b, heads, n, d)
+    return out.reshape(b, heads, n, d)  # CUDA's kernels return a transposed layout: no view merges its heads
 
 
 def _unmasked(
@@ -193,10 +194,19 @@ def _unmasked(
                                                   enable_gqa=gqa)
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=causal, scale=scale,
                                               enable_gqa=gqa)
-    visible = None
-    if causal:
-        visible = torch.ones(n, length, dtype=torch.bool, device=query.device).tril(length - n)
-    return fold(query, key, value, visible, dropout, scale)
+    if not causal:
+        return fold(query, key, value, None, dropout, scale)
+    # The mask is materialised here (and made additive per query head by the kernel): blocks of query rows keep
+    # it under FOLD_MASK_BYTES, each over the keys its last row sees.
+    groups = query.shape[1] // key.shape[1]
+    rows = max(1, FOLD_MASK_BYTES // (4 * groups * length))
+    outs = []
+    for i in range(0, n, rows):
+        j = min(n, i + rows)
+        end = length - n + j  # the keys row j - 1 sees
+        visible = torch.ones(j - i, end, dtype=torch.bool, device=query.device).tril(end - (j - i))
+        outs.append(fold(query[:, :, i:j], key[:, :, :end], value[:, :, :end], visible, dropout, scale))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def attend(

@@ -156,6 +156,62 @@ def test_masks_hiding_part_of_the_prefix_take_the_fold_path(
     assert (calls["prefix"], calls["fold"]) == (0, 2)
 
 
+def test_fold_takes_cudas_transposed_sdpa_output(calls: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's SDPA kernels hand back ``[b, heads, rows, d]`` as a transposed view (CPU's is contiguous): the fold
+    must not assume a layout that merges its heads (a ``view`` raised there)."""
+    _flash(monkeypatch, False)
+    sdpa = F.scaled_dot_product_attention
+
+    def cuda_layout(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", cuda_layout)
+    for n, length in ((12, 12), (5, 40), (1, 33)):
+        q, k, v = _qkv(4, n, length, torch.float32, seed=n)
+        lower_right = torch.ones(n, length, dtype=torch.bool).tril(length - n)
+        _close(attend(CAUSAL, q, k, v, None), reference(q, k, v, lower_right), torch.float32)
+    visible = torch.rand(3, 20, generator=torch.Generator().manual_seed(5)) < 0.6
+    visible[:, -1] = True
+    q, k, v = _qkv(4, 3, 20, torch.float32, seed=6)
+    _close(attend(CAUSAL, q, k, v, _additive(visible, torch.float32)), reference(q, k, v, visible), torch.float32)
+    assert calls["fold"] == 4
+
+
+def test_tree_merge_reads_only_the_rows_of_a_padded_log_sum_exp(
+    calls: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some attention kernels pad their log-sum-exp's rows (to a multiple of 32): only the first n are real."""
+    _flash(monkeypatch, True)
+    prefix = attention_cuda.prefix_attention
+
+    def padded(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = prefix(*args, **kwargs)
+        return out, torch.nn.functional.pad(lse, (0, 32 - lse.shape[-1]), value=123.0)
+
+    monkeypatch.setattr(attention_cuda, "prefix_attention", padded)
+    past = 37
+    layout = tree_layout(12, _tree(), past)
+    n = layout.ancestor_mask.shape[0]
+    visible = torch.cat([torch.ones(n, past, dtype=torch.bool), layout.ancestor_mask], dim=1)
+    q, k, v = _qkv(4, n, past + n, torch.float32, seed=9)
+    mask = describe_tree_mask(_additive(visible, torch.float32), past, layout.ancestor_mask)
+    _close(attend(CAUSAL, q, k, v, mask), reference(q, k, v, visible), torch.float32)
+
+
+def test_causal_forward_off_flash_bounds_its_mask_by_row_blocks(
+    calls: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off flash a causal forward materialises its mask: rows are taken in blocks so the mask stays under
+    ``FOLD_MASK_BYTES`` (a 4096-row chunk at a long context would otherwise need gigabytes), same result."""
+    _flash(monkeypatch, False)
+    groups, n, length = 4, 23, 61
+    monkeypatch.setattr(attention_cuda, "FOLD_MASK_BYTES", 4 * groups * length * 5)  # 5 rows per block
+    q, k, v = _qkv(groups, n, length, torch.float32, seed=8)
+    lower_right = torch.ones(n, length, dtype=torch.bool).tril(length - n)
+    _close(attend(CAUSAL, q, k, v, None), reference(q, k, v, lower_right), torch.float32)
+    assert calls["fold"] == 5  # ceil(23 / 5)
+
+
 def test_a_description_belongs_to_one_mask_object_and_shape(calls: dict[str, int]) -> None:
     past, n = 8, 3
     block = torch.ones(n, n, dtype=torch.bool).tril()
