@@ -7,7 +7,9 @@ The measurements live here (free device memory, available RAM, the device's kind
   leaves of the device memory free once every model is loaded; on a CPU 2 GiB, as before (the models and
   the working caches share that RAM with everything else on the machine, so a fixed, modest share).
 - Host tier (``RAGSPEC_KV_HOST_BYTES``, ``auto``): on CUDA, ``HOST_FRACTION`` of the RAM available at
-  start-up; on a CPU none (the device is the host: the device tier already is host memory).
+  start-up less one full-window entry (the disk writer's host copy); on a CPU none (the device is the host).
+- Window check: on CUDA the start stops (``check_window_fits``) when one generation's KV at the window does
+  not fit the free device memory, naming the largest window that does.
 - Calibration: at start-up 256 and 2048 tokens (cheap on a CPU, as before), and on a GPU also longer caches
   up to the window; on a GPU, once requests run on caches well beyond the longest calibrated one, a
   calibration at that length is queued as a background job between requests (``schedule_recalibration``).
@@ -28,7 +30,14 @@ from app.scheduler import GenerationScheduler
 from app.settings import Settings
 from decoding.calibration import calibrate
 from decoding.engine import Engine
-from decoding.kv_memory import device_kv_budget, kv_bytes_per_token
+from decoding.errors import ModelLoadError
+from decoding.kv_memory import (
+    DEVICE_MARGIN_BYTES,
+    device_kv_budget,
+    host_kv_budget,
+    kv_bytes_per_token,
+    largest_window,
+)
 from decoding.models import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -60,9 +69,14 @@ def available_ram_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Pa
 
 
 def cgroup_memory_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Bytes the memory cgroup's limit still leaves (limit - usage), or None without a limit."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    """Bytes the memory cgroup's limit still leaves (limit - usage + reclaimable page cache), or None without
+    a limit. The usage counts the page cache (reading the weights fills it up to the limit), which the kernel
+    drops under pressure: its inactive part is subtracted, as ``docker stats`` does."""
+    for limit_file, usage_file, stat_file, inactive_key in (
+        ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+         "total_inactive_file"),
+    ):
         try:
             limit_text = (root / limit_file).read_text().strip()
             usage = int((root / usage_file).read_text().strip())
@@ -70,8 +84,21 @@ def cgroup_memory_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
             continue
         if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
             return None  # no limit (v1 writes a huge number for none)
+        usage -= min(usage, _stat_value(root / stat_file, inactive_key))
         return max(0, int(limit_text) - usage)
     return None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    """The value of ``key`` in a cgroup ``memory.stat`` file (lines ``name value``); 0 if absent or unreadable."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def free_device_bytes(device: torch.device) -> int:
@@ -82,23 +109,41 @@ def free_device_bytes(device: torch.device) -> int:
 
 def kv_budgets(settings: Settings, target: LoadedModel) -> tuple[int, int]:
     """(device tier bytes, host tier bytes) of the prefix cache: the settings' byte counts, or for ``auto``
-    sized from the target's device as the module says. Call once every model is loaded."""
+    sized from the target's device as the module says. Call once every model is loaded: on CUDA it raises
+    ``ModelLoadError`` when the window does not fit the device (``check_window_fits``)."""
     on_cuda = target.device.type == "cuda"
+    per_token = kv_bytes_per_token(target.model.config, target.dtype) if on_cuda else 0
+    free = check_window_fits(target) if on_cuda else 0
     device_bytes = settings.kv_cache_bytes
     if device_bytes == "auto":
-        if on_cuda:
-            per_token = kv_bytes_per_token(target.model.config, target.dtype)
-            device_bytes = device_kv_budget(free_device_bytes(target.device), per_token, target.max_context)
-        else:
-            device_bytes = CPU_KV_BYTES
+        device_bytes = device_kv_budget(free, per_token, target.max_context) if on_cuda else CPU_KV_BYTES
     host_bytes = settings.kv_host_bytes
     if not on_cuda:
         host_bytes = 0
     elif host_bytes == "auto":
-        host_bytes = int(available_ram_bytes() * HOST_FRACTION)
+        host_bytes = host_kv_budget(available_ram_bytes(), per_token, target.max_context, HOST_FRACTION)
     logger.info("prefix KV cache: %.1f GiB on %s, %.1f GiB in host memory", device_bytes / 2**30,
                 target.device, host_bytes / 2**30)
     return device_bytes, host_bytes
+
+
+def check_window_fits(target: LoadedModel) -> int:
+    """The free memory of the target's CUDA device (bytes), once checked to hold one generation's KV at the
+    full window plus ``DEVICE_MARGIN_BYTES``. Raises ``ModelLoadError`` otherwise, naming the largest window that
+    fits: without this check the start succeeds and the first long request runs out of device memory."""
+    free = free_device_bytes(target.device)
+    per_token = kv_bytes_per_token(target.model.config, target.dtype)
+    needed = per_token * target.max_context + DEVICE_MARGIN_BYTES
+    if free < needed:
+        gib, fits = 2**30, largest_window(free, per_token)
+        shorter = f"set RAGSPEC_MAX_CONTEXT={fits} (the largest window that fits), or " if fits else ""
+        raise ModelLoadError(
+            f"the context window does not fit {target.device}: one generation at {target.max_context} tokens "
+            f"needs {per_token * target.max_context / gib:.1f} GiB of KV ({per_token} bytes a token) and "
+            f"{DEVICE_MARGIN_BYTES / gib:.1f} GiB of working room, but {free / gib:.1f} GiB is free once the "
+            f"models are loaded: {shorter}use a smaller model, or a GPU with more memory"
+        )
+    return free
 
 
 def calibration_contexts(window: int, device: torch.device) -> tuple[int, ...]:

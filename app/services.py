@@ -18,7 +18,7 @@ from app.config import ServiceConfig
 from app.drafting import Drafters, DraftingConfig
 from app.indexing import IndexingConfig, IndexingJobs
 from app.kv_tags import PrefixRegistry
-from app.kv_tuning import kv_budgets, schedule_recalibration, start_calibration
+from app.kv_tuning import check_window_fits, kv_budgets, schedule_recalibration, start_calibration
 from app.metrics import Metrics
 from app.prompts import PromptBuilder, document_texts
 from app.redis_link import RedisLink
@@ -212,6 +212,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             host_budget=host_bytes,
             device=target.device,
         )
+    elif target.device.type == "cuda":
+        check_window_fits(target)  # kv_budgets checks it otherwise: one generation at the window must fit
     engine = Engine(
         target,
         prefix_cache,

@@ -40,3 +40,20 @@ def device_kv_budget(
     """
     spare = free_bytes - kv_per_token * working_tokens - margin_bytes
     return max(0, int(spare * fraction))
+
+
+def largest_window(free_bytes: int, kv_per_token: int, margin_bytes: int = DEVICE_MARGIN_BYTES,
+                   granule: int = 1024) -> int:
+    """The longest window (tokens, a multiple of ``granule``) whose one generation's KV, ``kv_per_token``
+    bytes a token, fits in ``free_bytes`` with ``margin_bytes`` to spare: what to tell a user whose window
+    does not fit the device (0 if not even ``granule`` tokens do)."""
+    tokens = max(0, free_bytes - margin_bytes) // kv_per_token
+    return tokens // granule * granule
+
+
+def host_kv_budget(available_bytes: int, kv_per_token: int, window_tokens: int, fraction: float) -> int:
+    """Bytes of the host tier from ``available_bytes`` of RAM: ``fraction`` of what is left once one entry of
+    the full window (``kv_per_token`` x ``window_tokens``) is set aside for the disk writer's host copy of
+    it; 0 if nothing is left."""
+    spare = available_bytes - kv_per_token * window_tokens
+    return max(0, int(spare * fraction))

@@ -122,6 +122,7 @@ class PrefixCache:
         self._tags: dict[str, set[str]] = {}
         self._files: OrderedDict[str, int] = OrderedDict()  # persisted key -> bytes, least recently used first
         self._writers: set[threading.Thread] = set()  # disk writes under way
+        self._save_lock = threading.Lock()  # one writer's host copy at a time: an entry can be 16 GiB
         self._lock = threading.Lock()
         self.hits = 0  # from any tier
         self.misses = 0
@@ -293,24 +294,11 @@ class PrefixCache:
         return len(keys)
 
     def _save(self, key: str, entry: PrefixEntry, tag: str | None) -> None:
+        """Write ``entry`` to disk and record the file. One writer at a time holds its host copy (an entry at
+        a 128K window can be 16 GiB): parallel writers would hold one each, and could exhaust host memory."""
         path = self._path(key)
-        host = _to_host(entry)
-        tensors: dict[str, torch.Tensor] = {}
-        for i, (k, v) in enumerate(zip(host.keys, host.values, strict=True)):
-            tensors[f"k.{i}"] = k.detach().contiguous()
-            tensors[f"v.{i}"] = v.detach().contiguous()
-        if host.topk is not None:
-            tensors["topk"] = host.topk.detach().contiguous()
-        fd, tmp = tempfile.mkstemp(prefix=f"{key}.tmp", dir=str(self.persist_dir))
-        os.close(fd)
-        size = None
-        try:
-            save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
-            os.replace(tmp, path)
-            size = path.stat().st_size
-        except Exception:
-            logger.exception("could not persist prefix %s", key)
-            Path(tmp).unlink(missing_ok=True)
+        with self._save_lock:
+            size = self._write(path, key, entry, tag)
         with self._lock:
             self._writers.discard(threading.current_thread())
             if size is not None and self.disk_budget is not None and size > self.disk_budget:
@@ -321,6 +309,24 @@ class PrefixCache:
                 self._files[key] = size
                 self._files.move_to_end(key)
                 self._trim_disk()
+
+    def _write(self, path: Path, key: str, entry: PrefixEntry, tag: str | None) -> int | None:
+        """A host copy of ``entry`` written to ``path`` (via a temporary file); its size, None on failure."""
+        host = _to_host(entry)
+        tensors = {f"{kind}.{i}": t.detach().contiguous()
+                   for kind, ts in (("k", host.keys), ("v", host.values)) for i, t in enumerate(ts)}
+        if host.topk is not None:
+            tensors["topk"] = host.topk.detach().contiguous()
+        fd, tmp = tempfile.mkstemp(prefix=f"{key}.tmp", dir=str(self.persist_dir))
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
+            os.replace(tmp, path)
+            return path.stat().st_size
+        except Exception:
+            logger.exception("could not persist prefix %s", key)
+            Path(tmp).unlink(missing_ok=True)
+            return None
 
     def _trim_disk(self) -> None:
         """Remove the least recently used files while the disk tier is over its quota (lock held)."""

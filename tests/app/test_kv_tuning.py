@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
 import app.kv_tuning as kv_tuning
 from app.kv_tuning import (
     available_ram_bytes,
     calibration_contexts,
+    check_window_fits,
     kv_budgets,
     schedule_recalibration,
     start_calibration,
@@ -22,6 +25,7 @@ from app.settings import Settings
 from decoding.budget import BudgetPolicy
 from decoding.calibration import calibrate
 from decoding.engine import Engine
+from decoding.errors import ModelLoadError
 from decoding.kv_memory import device_kv_budget, kv_bytes_per_token
 from decoding.models import LoadedModel
 from tests.decoding.conftest import make_tiny_llama, tiny_target
@@ -62,6 +66,60 @@ def test_available_ram_is_capped_by_the_containers_memory_limit(tmp_path: Path) 
     assert available_ram_bytes(meminfo, v1) == 8_000_000 * 1024
     assert available_ram_bytes(meminfo, tmp_path / "no-cgroup") == 8_000_000 * 1024
 
+def test_the_containers_reclaimable_page_cache_counts_as_available(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:    80000000 kB\n")  # the host's: 76 GiB
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{16 * GIB}\n")
+    (v2 / "memory.current").write_text(f"{16 * GIB}\n")  # full: 15 GiB of it the weights' pages just read
+    (v2 / "memory.stat").write_text(f"anon {GIB}\nfile {15 * GIB}\nactive_file {GIB}\ninactive_file {14 * GIB}\n")
+    assert available_ram_bytes(meminfo, v2) == 14 * GIB  # the inactive page cache is dropped under pressure
+    (v2 / "memory.stat").write_text("anon 1\n")
+    assert available_ram_bytes(meminfo, v2) == 0  # without the figure: limit - usage, as before
+    (v2 / "memory.stat").write_text(f"inactive_file {20 * GIB}\n")  # inconsistent counters: never above the limit
+    assert available_ram_bytes(meminfo, v2) == 16 * GIB
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{8 * GIB}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{7 * GIB}\n")
+    (v1 / "memory" / "memory.stat").write_text(f"inactive_file {GIB}\ntotal_inactive_file {3 * GIB}\n")
+    assert available_ram_bytes(meminfo, v1) == 4 * GIB  # v1: the hierarchy's total_inactive_file
+
+
+def llama_8b_on_cuda(window: int) -> LoadedModel:
+    """Llama-3.1-8B's shapes (128 KiB of bf16 KV a token) on a CUDA device object: only its config is read."""
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8)
+    return LoadedModel(model=SimpleNamespace(config=config), tokenizer=None, name="llama-8b",
+                       device=torch.device("cuda"), dtype=torch.bfloat16, eos_token_ids=(), max_context=window,
+                       vocab_size=128256)
+
+
+def test_a_window_that_does_not_fit_the_gpu_stops_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = llama_8b_on_cuda(131072)  # one generation: 16 GiB of KV, plus the 2 GiB margin
+    monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 7 * GIB)  # a 24 GB GPU after the weights
+    with pytest.raises(ModelLoadError, match=r"RAGSPEC_MAX_CONTEXT=40960 \(the largest") as err:
+        kv_budgets(Settings(), target)  # type: ignore[call-arg]
+    assert "16.0 GiB of KV" in str(err.value) and "7.0 GiB is free" in str(err.value)
+    assert "smaller model" in str(err.value) and "more memory" in str(err.value)
+    with pytest.raises(ModelLoadError, match="RAGSPEC_MAX_CONTEXT=40960"):  # whatever the tiers' settings
+        kv_budgets(Settings(kv_cache_bytes=GIB, kv_host_bytes=0), target)  # type: ignore[call-arg]
+    monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 18 * GIB - 1)  # one byte short
+    with pytest.raises(ModelLoadError, match="RAGSPEC_MAX_CONTEXT=130048 "):
+        check_window_fits(target)
+    monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: GIB)  # not even the margin
+    with pytest.raises(ModelLoadError) as err:
+        check_window_fits(target)
+    assert "RAGSPEC_MAX_CONTEXT=" not in str(err.value) and "smaller model" in str(err.value)
+    monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 18 * GIB)  # exactly enough
+    monkeypatch.setattr(kv_tuning, "available_ram_bytes", lambda: 26 * GIB)
+    assert check_window_fits(target) == 18 * GIB
+    # device tier: 0.9 x (18 - 16 - 2) GiB = 0; host tier: 0.4 x (26 GiB - one 16 GiB entry) = 4 GiB
+    assert kv_budgets(Settings(), target) == (0, 4 * GIB)  # type: ignore[call-arg]
+    monkeypatch.setattr(kv_tuning, "available_ram_bytes", lambda: 10 * GIB)  # less than one entry: no host tier
+    assert kv_budgets(Settings(), target) == (0, 0)  # type: ignore[call-arg]
+
+
 def test_kv_budgets_on_a_cpu_are_two_gib_and_no_host_tier() -> None:
     target = loaded("cpu")
     assert kv_budgets(Settings(), target) == (2 * GIB, 0)  # type: ignore[call-arg]
@@ -75,7 +133,8 @@ def test_kv_budgets_on_cuda_follow_free_device_memory_and_ram(monkeypatch: pytes
     per_token = kv_bytes_per_token(target.model.config, torch.bfloat16)
     device, host = kv_budgets(Settings(), target)  # type: ignore[call-arg]
     assert device == device_kv_budget(40 * GIB, per_token, 4096) and 0 < device < 40 * GIB
-    assert host == int(100 * GIB * kv_tuning.HOST_FRACTION)
+    # the tiny model's KV is 2 layers x 2 KV heads x 16 x 2 x 2 bytes = 256 bytes a token: 1 MiB at 4096 set aside
+    assert host == int((100 * GIB - (1 << 20)) * 0.4)
     assert kv_budgets(Settings(kv_cache_bytes=GIB, kv_host_bytes=0), target) == (GIB, 0)  # type: ignore[call-arg]
 
 

@@ -3,6 +3,8 @@ and the tier sizing arithmetic (``decoding.kv_memory``)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from transformers import DynamicCache, LlamaConfig, Qwen2Config
 
 import decoding.prefix_cache as prefix_cache
 from decoding.kv_cache import PrefixCache, PrefixEntry
-from decoding.kv_memory import device_kv_budget, kv_bytes_per_token
+from decoding.kv_memory import device_kv_budget, host_kv_budget, kv_bytes_per_token, largest_window
 from tests.decoding.conftest import make_tiny_llama
 
 META = torch.device("meta")
@@ -132,6 +134,35 @@ def test_an_entry_larger_than_every_tier_is_not_copied_to_the_host(
     assert not list(tmp_path.iterdir()) and cache.get("huge") is None
 
 
+def test_disk_writers_hold_one_host_copy_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several puts at once (a long document's segments) must not each copy their entry to host memory."""
+    live, peak, guard = [0], [0], threading.Lock()
+    real_to_host, real_save = prefix_cache._to_host, prefix_cache.save_file
+
+    def copying(e: PrefixEntry) -> PrefixEntry:
+        with guard:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        return real_to_host(e)
+
+    def slow_save(*args: object, **kwargs: object) -> None:
+        time.sleep(0.05)  # a disk write of gigabytes: the other writers are started meanwhile
+        real_save(*args, **kwargs)  # type: ignore[arg-type]
+        with guard:
+            live[0] -= 1
+
+    monkeypatch.setattr(prefix_cache, "_to_host", copying)
+    monkeypatch.setattr(prefix_cache, "save_file", slow_save)
+    cache = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path)
+    for i in range(4):
+        cache.put(f"seg{i}", entry(5, float(i)), tag="doc")
+    cache.flush()
+    assert peak[0] == 1 and live[0] == 0
+    assert sorted(p.stem for p in tmp_path.glob("*.safetensors")) == ["seg0", "seg1", "seg2", "seg3"]
+    again = PrefixCache(byte_budget=1 << 20, persist_dir=tmp_path).get("seg2")
+    assert again is not None and torch.equal(again.keys[1], entry(5, 2.0).keys[1])
+
+
 def test_kv_bytes_per_token_of_known_models() -> None:
     llama_8b = LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8)
     qwen_7b = Qwen2Config(num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4)
@@ -157,3 +188,20 @@ def test_device_budget_leaves_room_for_one_generation_at_the_window() -> None:
     assert budget == int((100 - 16 - 2) * gib * 0.9)
     assert device_kv_budget(100 * gib, per_token, 8192) > budget  # a shorter window sets less aside
     assert device_kv_budget(17 * gib, per_token, 131072) == 0  # nothing left: the lower tiers hold it all
+
+
+def test_largest_window_is_what_one_generation_leaves_room_for() -> None:
+    gib, per_token = 1 << 30, 128 << 10  # Llama-3.1-8B in bf16
+    assert largest_window(7 * gib, per_token, margin_bytes=2 * gib) == 40960  # 5 GiB / 128 KiB
+    assert largest_window(18 * gib, per_token, margin_bytes=2 * gib) == 131072
+    assert largest_window(18 * gib - 1, per_token, margin_bytes=2 * gib) == 130048  # 131071 tokens, in 1024s
+    assert largest_window(18 * gib - 1, per_token, margin_bytes=2 * gib, granule=1) == 131071
+    assert largest_window(2 * gib + (100 << 20), per_token, margin_bytes=2 * gib) == 0  # 800 tokens: under 1024
+    assert largest_window(gib, per_token, margin_bytes=2 * gib) == 0  # not even the margin
+
+
+def test_the_host_tier_sets_one_full_window_entry_aside() -> None:
+    gib, per_token = 1 << 30, 56 << 10  # Qwen2.5-7B in bf16: 7 GiB at 128K tokens
+    assert host_kv_budget(20 * gib, per_token, 131072, fraction=0.4) == int(13 * gib * 0.4)
+    assert host_kv_budget(20 * gib, per_token, 8192, fraction=0.5) == int((20 * gib - (448 << 20)) * 0.5)
+    assert host_kv_budget(6 * gib, per_token, 131072, fraction=0.4) == 0  # less than one entry left
