@@ -12,7 +12,8 @@ The measurements live here (free device memory, available RAM, the device's kind
   not fit the free device memory, naming the largest window that does.
 - Calibration: at start-up 256 and 2048 tokens (cheap on a CPU, as before), and on a GPU also longer caches
   up to the window; on a GPU, once requests run on caches well beyond the longest calibrated one, a
-  calibration at that length is queued as a background job between requests (``schedule_recalibration``).
+  calibration at that length is queued as a background job between requests (``schedule_recalibration``);
+  one cut short by a request is not queued again for ``RECALIBRATE_BACKOFF`` generations (``RecalibrationBackoff``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ HOST_FRACTION = 0.4  # of the RAM available at start-up, for the host tier on CU
 START_CONTEXTS = (256, 2048)
 RECALIBRATE_RATIO = 1.5  # served caches this much longer than the longest calibrated one: calibrate there
 CALIBRATION_KEY = "calibrate"  # one calibration job at a time on the scheduler
+RECALIBRATE_BACKOFF = 32  # generations after a cancelled recalibration before its length is queued again
 
 
 def available_ram_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -173,17 +175,49 @@ def start_calibration(engine: Engine, scheduler: GenerationScheduler) -> bool:
     return scheduler.submit_background(run, key=CALIBRATION_KEY)
 
 
-def schedule_recalibration(engine: Engine, scheduler: GenerationScheduler,
-                           ratio: float = RECALIBRATE_RATIO) -> int | None:
+class RecalibrationBackoff:
+    """Holds back a recalibration that a request cut short: its length stays uncalibrated, so it is due again
+    after the very next generation, and under steady traffic each try would be cut short too, the device
+    redoing part of the same measurement between every two requests. After a cancel, a due length up to
+    ``ratio`` times the cancelled one waits ``generations`` generations (those that found it due), then gets
+    another try; a much longer one is queued at once. Counted in generations, not seconds: idle time lets a
+    try finish anyway, traffic is what cuts it short. Thread-safe (jobs record, requests ask)."""
+
+    def __init__(self, generations: int = RECALIBRATE_BACKOFF) -> None:
+        self.generations = generations
+        self._lock = threading.Lock()
+        self._length: int | None = None
+        self._left = 0
+
+    def cancelled(self, length: int) -> None:
+        """A recalibration at ``length`` ended without recording it: hold that length back from now on."""
+        with self._lock:
+            self._length, self._left = length, self.generations
+
+    def holds(self, length: int, ratio: float) -> bool:
+        """After a generation that found ``length`` due: True if it is to wait (one generation of the wait
+        is spent)."""
+        with self._lock:
+            if self._length is None or self._left <= 0 or length > ratio * self._length:
+                return False
+            self._left -= 1
+            return True
+
+
+def schedule_recalibration(engine: Engine, scheduler: GenerationScheduler, ratio: float = RECALIBRATE_RATIO,
+                           backoff: RecalibrationBackoff | None = None) -> int | None:
     """After a generation: if requests have run on caches more than ``ratio`` times the longest calibrated
     one (``BudgetPolicy.calibration_due``), queue a calibration at that length as a background job (run when
-    no generation waits, stopped when one arrives). Returns the length queued, None if none was."""
+    no generation waits, stopped when one arrives), unless ``backoff`` holds it back after a cancelled one
+    (which the job then reports to it). Returns the length queued, None if none was."""
     length = engine.policy.calibration_due(ratio)
-    if length is None:
+    if length is None or (backoff is not None and backoff.holds(length, ratio)):
         return None
 
     def run(cancel: threading.Event) -> Iterator[Any]:
         calibrate(engine, (length,), cancel=cancel)
+        if backoff is not None and engine.policy.calibration_due(ratio) is not None:
+            backoff.cancelled(length)  # cut short: still due
         yield from ()
 
     return length if scheduler.submit_background(run, key=CALIBRATION_KEY) else None

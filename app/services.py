@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.auth import KeyRing
@@ -18,7 +18,13 @@ from app.config import ServiceConfig
 from app.drafting import Drafters, DraftingConfig
 from app.indexing import IndexingConfig, IndexingJobs
 from app.kv_tags import PrefixRegistry
-from app.kv_tuning import check_window_fits, kv_budgets, schedule_recalibration, start_calibration
+from app.kv_tuning import (
+    RecalibrationBackoff,
+    check_window_fits,
+    kv_budgets,
+    schedule_recalibration,
+    start_calibration,
+)
 from app.metrics import Metrics
 from app.prompts import PromptBuilder, document_texts
 from app.redis_link import RedisLink
@@ -57,6 +63,7 @@ class Services:
     metrics: Metrics
     keys: KeyRing
     started_at: float
+    recalibration: RecalibrationBackoff = field(default_factory=RecalibrationBackoff)
 
     def warm_document(self, doc_id: str) -> None:
         """Queue the document's KV prefix computation, run only while no question waits."""
@@ -87,9 +94,10 @@ class Services:
     def recalibrate_if_due(self) -> None:
         """After a generation, on a GPU: queue a verify-cost calibration at the cache lengths requests now run
         at, if well beyond the calibrated ones (``app.kv_tuning.schedule_recalibration``). A CPU keeps its
-        start-up calibration (its costs grow along the fitted line; a long prefill would hold up questions)."""
+        start-up calibration (its costs grow along the fitted line; a long prefill would hold up questions).
+        One that requests keep cutting short is held back for a while (``self.recalibration``)."""
         if self.settings.calibrate and self.engine.device.type == "cuda":
-            schedule_recalibration(self.engine, self.scheduler)
+            schedule_recalibration(self.engine, self.scheduler, backoff=self.recalibration)
 
     def live_metrics(self) -> dict[str, Any]:
         counts: dict[tuple[str, str], int] = {}  # (tenant, status) -> documents

@@ -5,6 +5,7 @@ Only ``app`` reads this object; library packages get small frozen config datacla
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -12,6 +13,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from decoding.bundled import BUNDLED  # the one definition of the bundled model names
+from decoding.errors import ModelLoadError
+from decoding.rope import check_rope_scaling
+
+ROPE_SCALING_FORM = ('must be a JSON object like {"rope_type": "yarn", "factor": 4.0, '
+                     '"original_max_position_embeddings": 32768}')
 
 
 class Settings(BaseSettings):
@@ -73,7 +79,7 @@ class Settings(BaseSettings):
         None, ge=256, description="The target's context window in tokens (default: the model's own): lower, or "
         "higher up to what its rope scaling supports (RAGSPEC_ROPE_SCALING); beyond it the service does not start"
     )
-    rope_scaling: dict[str, Any] | None = Field(
+    rope_scaling: Annotated[dict[str, Any] | None, NoDecode] = Field(  # parsed by _rope_scaling_json
         None, description='JSON rope scaling applied to the target\'s config at load, e.g. {"rope_type": "yarn", '
         '"factor": 4.0, "original_max_position_embeddings": 32768}: linear, yarn or llama3; the window becomes '
         "factor x original positions"
@@ -158,6 +164,43 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("kv_cache_bytes", "kv_host_bytes", mode="before")
+    @classmethod
+    def _bytes_or_auto(cls, value: object) -> object:
+        """An integer byte count or ``auto`` (any case), in one line rather than the union's two errors."""
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value.strip())
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ValueError("must be a byte count (integer) or auto")
+
+    @field_validator("rope_scaling", mode="before")
+    @classmethod
+    def _rope_scaling_json(cls, value: object) -> object:
+        """JSON text (the environment's) to a dict, with an example of the form when it is not one."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(ROPE_SCALING_FORM) from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(ROPE_SCALING_FORM)
+        return value
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _rope_scaling_checked(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The checks ``load_model`` runs on it (type, factor, original positions), here: a bad value stops the
+        start before any model loads."""
+        if value is not None:
+            try:
+                check_rope_scaling(value)
+            except ModelLoadError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from decoding.attention import use_grouped_sdpa
 from decoding.kv_cache import SlotCache
+from decoding.kv_cache import fill_random as fill_random_rows
 from decoding.tree import ROOT, DraftTree
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -79,19 +80,9 @@ def target_of(model: Any, device: torch.device, name: str) -> RandomTarget:
 
 
 def fill_random(cache: SlotCache, model: Any, rows: int) -> None:
-    """Make ``rows`` random key/value rows live in every layer of ``cache`` (on the model's device and dtype)."""
-    cfg = model.config
-    heads = int(cfg.num_key_value_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    device, dtype = next(model.parameters()).device, model.dtype
-    for layer in cache.slot_layers:
-        if not layer.is_initialized:  # reserve() alone would allocate on torch's default device
-            layer.lazy_initialization(torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device))
-        layer.reserve(heads, head_dim, dtype, layer.length + rows)
-        keys, values = layer.buffers()
-        keys[:, :, layer.length : layer.length + rows].normal_()
-        values[:, :, layer.length : layer.length + rows].normal_()
-        layer.advance(rows)
+    """Make ``rows`` random key/value rows live in every layer of ``cache`` (on the model's device and dtype):
+    ``decoding.kv_cache.fill_random``, which the GPU calibration uses too."""
+    fill_random_rows(cache, model.config, rows, model.dtype, next(model.parameters()).device)
 
 
 def branchy_tree(branches: int, depth: int, vocab: int, rng: random.Random) -> DraftTree:

@@ -22,7 +22,7 @@ from decoding.prefix_cache import (  # re-exported: the prefix cache's names sta
     segment_keys,
 )
 
-__all__ = ["PrefixCache", "PrefixEntry", "SlotCache", "SlotLayer", "prefix_cache_key", "segment_keys"]
+__all__ = ["PrefixCache", "PrefixEntry", "SlotCache", "SlotLayer", "fill_random", "prefix_cache_key", "segment_keys"]
 
 
 class SlotLayer(CacheLayerMixin):
@@ -181,3 +181,32 @@ class SlotCache(Cache):
         keys = tuple(layer.keys[:, :, start:end].clone() for layer in self.slot_layers)  # type: ignore[index]
         values = tuple(layer.values[:, :, start:end].clone() for layer in self.slot_layers)  # type: ignore[index]
         return PrefixEntry(keys=keys, values=values, topk=topk)
+
+
+def fill_random(
+    cache: SlotCache,
+    config: Any,
+    rows: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> None:
+    """Make ``rows`` more rows live in every layer of ``cache``, with normal random keys/values of the shape a
+    model with this (transformers-style) ``config`` writes, as ``dtype`` on ``device``.
+
+    Stands in for a prefill where only the cost of what runs on the cache is wanted (verify-cost calibration
+    on a GPU, the GPU bench): a long prefill takes seconds, this a memory write, and attention's dense kernels
+    cost the same whatever the rows hold. Not for the quantized CPU runtime, which writes its own layout.
+    ``generator`` (one on ``device``) keeps the global random state untouched.
+    """
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    for layer in cache.slot_layers:
+        if not layer.is_initialized:  # reserve() alone would allocate on torch's default device
+            layer.lazy_initialization(torch.empty(1, kv_heads, 0, head_dim, dtype=dtype, device=device))
+        layer.reserve(kv_heads, head_dim, dtype, layer.length + rows)
+        keys, values = layer.buffers()
+        keys[:, :, layer.length : layer.length + rows].normal_(generator=generator)
+        values[:, :, layer.length : layer.length + rows].normal_(generator=generator)
+        layer.advance(rows)

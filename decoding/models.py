@@ -27,14 +27,13 @@ from decoding.bundled import BUNDLED
 from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.kernels import load as load_kernels
 from decoding.kernels import unavailable_reason, use_cpu_kernels
+from decoding.rope import check_original_positions, check_rope_scaling
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
 KV_DTYPES = ("auto", "float16", "float32")  # KV cache storage of the quantized CPU runtime
-# Rope scalings with frequencies fixed at load: transformers and decoding.cpu_llama (rotary_tables) run them alike
-ROPE_TYPES = ("linear", "yarn", "llama3")
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,21 +90,12 @@ def apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> str:
     the config has already (an HF config's, a GGUF's, or a GGUF's ``rope_freqs``) is replaced, with a warning.
     Returns a tag naming the scaling (it goes into ``LoadedModel.runtime``, which keys the KV caches).
     """
-    if not isinstance(rope_scaling, dict):
-        raise ModelLoadError(f"rope_scaling must be a JSON object, not {rope_scaling!r}")
+    rope_type, _ = check_rope_scaling(rope_scaling)  # the checks the app's settings run too (decoding.rope)
     scaling = dict(rope_scaling)
-    rope_type = scaling.pop("type", None)
-    rope_type = scaling.get("rope_type", rope_type)
-    if rope_type not in ROPE_TYPES:
-        raise ModelLoadError(f"rope_scaling type {rope_type!r} is not supported; use one of {', '.join(ROPE_TYPES)}")
-    factor = scaling.get("factor")
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
-        raise ModelLoadError(f"rope_scaling needs a numeric factor >= 1, not {factor!r}")
+    scaling.pop("type", None)
+    factor = scaling["factor"]
     own = int(getattr(config, "max_position_embeddings", 0) or 0)
-    original = scaling.get("original_max_position_embeddings") or own
-    if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
-        raise ModelLoadError(f"rope_scaling's original_max_position_embeddings must be a positive integer, "
-                             f"not {original!r}")
+    original = check_original_positions(scaling.get("original_max_position_embeddings") or own)
     scaling["rope_type"] = rope_type
     own_freqs = getattr(config, "rope_freqs", None) is not None  # a GGUF's (Llama-3.1): replaced, never stacked
     own_rope = getattr(config, "rope_scaling", None) or ("rope_freqs" if own_freqs else None)

@@ -35,9 +35,9 @@ def test_long_document_and_kv_disk_settings_refuse_negative_values() -> None:
     from pydantic import ValidationError
 
     for name in ("long_document_budget", "long_document_lead", "kv_disk_bytes"):
-        assert getattr(Settings(**{name: 0}), name) == 0  # 0 has a meaning: the whole window / none / off
+        assert getattr(Settings(**{name: 0}), name) == 0  # type: ignore[call-arg, arg-type]  # 0 means: the whole window / none / off
         with pytest.raises(ValidationError, match=name):
-            Settings(**{name: -1})
+            Settings(**{name: -1})  # type: ignore[call-arg, arg-type]
 
 
 def test_retrieval_scoring_settings_are_checked(monkeypatch: Any) -> None:
@@ -51,4 +51,60 @@ def test_retrieval_scoring_settings_are_checked(monkeypatch: Any) -> None:
     for name, bad in (("retrieval_scoring", "sparse"), ("retrieval_lexical_weight", 1.5),
                       ("retrieval_lexical_weight", -0.1)):
         with pytest.raises(ValidationError, match=name):
-            Settings(**{name: bad})
+            Settings(**{name: bad})  # type: ignore[call-arg, arg-type]
+
+
+def test_kv_byte_settings_take_a_byte_count_or_auto_with_a_one_line_error(monkeypatch: Any) -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    for name in ("kv_cache_bytes", "kv_host_bytes"):
+        env = f"RAGSPEC_{name.upper()}"
+        for text, value in (("AUTO", "auto"), (" Auto ", "auto"), ("8589934592", 8 << 30), ("0", 0)):
+            monkeypatch.setenv(env, text)
+            assert getattr(Settings(), name) == value  # type: ignore[call-arg]
+        assert getattr(Settings(**{name: 123}), name) == 123  # type: ignore[call-arg, arg-type]
+        for bad in ("8GiB", "-1", "1.5", "automatic"):
+            monkeypatch.setenv(env, bad)
+            with pytest.raises(ValidationError) as caught:
+                Settings()  # type: ignore[call-arg]
+            errors = caught.value.errors()
+            assert len(errors) == 1 and errors[0]["loc"] == (name,)
+            assert errors[0]["msg"] == "Value error, must be a byte count (integer) or auto"
+        monkeypatch.delenv(env)
+        for bad_value in (-1, True, 2.5):
+            with pytest.raises(ValidationError, match="must be a byte count"):
+                Settings(**{name: bad_value})  # type: ignore[call-arg, arg-type]
+
+
+def test_rope_scaling_is_checked_when_the_settings_are_read(monkeypatch: Any) -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from app.settings import ROPE_SCALING_FORM
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    monkeypatch.setenv("RAGSPEC_ROPE_SCALING", '{"rope_type": "yarn", "factor": 4.0, '
+                       '"original_max_position_embeddings": 32768}')
+    assert Settings().rope_scaling == yarn  # type: ignore[call-arg]
+    linear = Settings(rope_scaling={"type": "linear", "factor": 2}).rope_scaling  # type: ignore[call-arg]
+    assert linear == {"type": "linear", "factor": 2}  # the older key, as load_model takes it
+    assert 'like {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}' in ROPE_SCALING_FORM
+    for text in ("{rope_type: yarn}", "yarn", "[4.0]", "4"):  # not JSON, or JSON but no object
+        monkeypatch.setenv("RAGSPEC_ROPE_SCALING", text)
+        with pytest.raises(ValidationError) as caught:
+            Settings()  # type: ignore[call-arg]
+        errors = caught.value.errors()
+        assert len(errors) == 1 and errors[0]["loc"] == ("rope_scaling",)
+        assert errors[0]["msg"] == f"Value error, {ROPE_SCALING_FORM}"
+    monkeypatch.delenv("RAGSPEC_ROPE_SCALING")
+    # the checks load_model runs (decoding.rope), before any model is loaded
+    for bad, message in (({"rope_type": "dynamic", "factor": 2.0}, "type 'dynamic' is not supported"),
+                         ({"factor": 2.0}, "type None is not supported"),
+                         ({"rope_type": "yarn", "factor": 0.5}, "numeric factor >= 1, not 0.5"),
+                         ({"rope_type": "linear", "factor": "4"}, "numeric factor >= 1, not '4'"),
+                         ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 3.5},
+                          "original_max_position_embeddings must be a positive integer, not 3.5")):
+        with pytest.raises(ValidationError, match="rope_scaling") as caught:
+            Settings(rope_scaling=bad)  # type: ignore[call-arg]
+        assert message in caught.value.errors()[0]["msg"]
