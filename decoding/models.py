@@ -367,12 +367,15 @@ def _vocab_digest(tokenizer: Any) -> str:
 def check_same_vocab(target: LoadedModel, drafter: LoadedModel) -> None:
     """Raise ``VocabularyMismatch`` unless drafter token ids mean the same as target token ids.
 
-    Both the logits widths and the tokenizers' token -> id mappings must be equal.
+    The tokenizers' token -> id mappings must be equal; the logits widths may differ (Qwen2.5-7B pads to 152064
+    rows, 0.5B-3B to 151936) if both cover every id of the tokenizer (RAPID fits q to the target's width).
     """
-    if target.vocab_size != drafter.vocab_size:
+    ids = max(target.tokenizer.get_vocab().values(), default=-1) + 1  # ids the tokenizer can produce
+    if target.vocab_size != drafter.vocab_size and min(target.vocab_size, drafter.vocab_size) < ids:
         raise VocabularyMismatch(
             f"target {target.name} has {target.vocab_size} logits but drafter {drafter.name} has "
-            f"{drafter.vocab_size}: choose a drafter from the same model family and vocabulary"
+            f"{drafter.vocab_size}, not both covering the tokenizer's {ids} ids: choose a drafter from the same "
+            "model family and vocabulary"
         )
     if _vocab_digest(target.tokenizer) == _vocab_digest(drafter.tokenizer):
         return

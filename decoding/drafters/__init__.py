@@ -53,7 +53,9 @@ def _cross_session(kit: DraftingKit) -> Drafter:
 def _rapid(kit: DraftingKit) -> Drafter:
     if kit.draft_lm is None:
         raise ModeUnavailable("the RAG drafter LM (RAPID) is not loaded in this process")
-    return RapidDrafter(kit.draft_lm(), kit.sampling)
+    # the drafter LM's logits may be wider or narrower than the target's (same tokenizer, padded heads)
+    width = None if kit.target_model is None else int(kit.target_model.config.vocab_size)
+    return RapidDrafter(kit.draft_lm(), kit.sampling, width=width)
 
 
 def _rapid_kv(kit: DraftingKit) -> Drafter:

@@ -16,6 +16,12 @@ Greedy requests draft the argmax (point masses: the verifier compares tokens). S
 chain token from the drafter's own distribution under the request's temperature / top-k / top-p and keep that
 distribution q on the node, so recursive rejection sampling stays exact. Every forward is timed: the drafter
 reports its seconds per drafted token (``step_cost_s``), and the engine rations its depth by that cost.
+
+A drafter LM may have more or fewer logits than the target while sharing its tokenizer (Qwen2.5-7B pads its
+head to 152064 rows, the 0.5B-3B models to 151936; ``decoding.models.check_same_vocab`` admits that when both
+cover every token id): ``width`` (the target's) fits each drafter distribution to the target's columns, cut
+off or padded with probability 0, so q meets p column for column. Should the target ever emit an id past the
+drafter's own rows (a padding row it sampled), the drafter cannot read it and stops drafting for the request.
 """
 
 from __future__ import annotations
@@ -35,10 +41,22 @@ from decoding.verify import target_probs
 PREFILL_CHUNK = 1024  # tokens per prefill forward (bounds attention memory on the torch path)
 
 
+def fit_width(logits: torch.Tensor, width: int | None) -> torch.Tensor:
+    """``logits`` ``[..., vocab]`` with exactly ``width`` columns (None: as they are): columns past it cut
+    off, missing ones added as -inf (probability 0), so a drafter's q lines up with the target's p."""
+    have = logits.shape[-1]
+    if width is None or have == width:
+        return logits
+    if have > width:
+        return logits[..., :width]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], width - have), float("-inf"))], dim=-1)
+
+
 class DraftLM:
     """A causal LM with its own KV cache: forwards tokens and returns the last position's logits.
 
-    ``model`` answers the transformers causal-LM call (``decoding.cpu_llama.CpuLlama`` does too).
+    ``model`` answers the transformers causal-LM call (``decoding.cpu_llama.CpuLlama`` does too); ``vocab``
+    is its embedding's row count (0 when its config does not say): ids at or past it cannot be fed.
     """
 
     def __init__(self, model: Any, device: torch.device | str = "cpu") -> None:
@@ -46,6 +64,7 @@ class DraftLM:
         self.device = torch.device(device)
         self.num_layers = int(model.config.num_hidden_layers)
         self.window = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.vocab = int(getattr(model.config, "vocab_size", 0) or 0)
         self.cache = SlotCache(self.num_layers, 256)
 
     @property
@@ -79,7 +98,10 @@ class DraftLM:
 
 
 class RapidDrafter(BaseDrafter):
-    """The RAG drafter (``rapid``): a chain from an LM over the retrieved context, plus near-miss branches."""
+    """The RAG drafter (``rapid``): a chain from an LM over the retrieved context, plus near-miss branches.
+
+    ``width``: the target's logits width, when the drafter LM's may differ (None: the same).
+    """
 
     name = "rapid"
 
@@ -93,6 +115,7 @@ class RapidDrafter(BaseDrafter):
         branches: int = 1,
         branch_depth: int = 2,
         cost_ema: float = 0.3,
+        width: int | None = None,
     ) -> None:
         if gamma < 1:
             raise ValueError("gamma must be >= 1")
@@ -105,6 +128,7 @@ class RapidDrafter(BaseDrafter):
         self.branches = branches
         self.branch_depth = branch_depth
         self.cost_ema = cost_ema
+        self.width = width
         self.step_cost_s = 0.0  # measured per request: the first chain sets it
         self.prefill_s = 0.0
         self.forwards = 0
@@ -148,6 +172,8 @@ class RapidDrafter(BaseDrafter):
         t = time.perf_counter()
         forwards = 1
         logits = self._first(list(request.generated))
+        if logits is None:
+            return tree
         try:
             parent = ROOT
             for d in range(depth):
@@ -170,8 +196,9 @@ class RapidDrafter(BaseDrafter):
 
     # The three steps of a chain; RapidKVDrafter reads the target's own KV instead.
 
-    def _first(self, generated: list[int]) -> torch.Tensor:
-        """The logits after the root: the drafter's cache brought in step with the output."""
+    def _first(self, generated: list[int]) -> torch.Tensor | None:
+        """The logits after the root: the drafter's cache brought in step with the output (None: it cannot
+        be, and the drafter has stopped for this request)."""
         return self._catch_up(generated)
 
     def _next(self, token: int) -> torch.Tensor:
@@ -182,12 +209,16 @@ class RapidDrafter(BaseDrafter):
     def _done(self) -> None:
         """After the chain (its own cache is rolled back lazily, at the next catch-up)."""
 
-    def _catch_up(self, generated: list[int]) -> torch.Tensor:
-        """Cut the cache back to what still agrees with the output, feed the rest (root last)."""
+    def _catch_up(self, generated: list[int]) -> torch.Tensor | None:
+        """Cut the cache back to what still agrees with the output, feed the rest (root last); None, and no
+        more drafts this request, when the output holds an id the drafter LM has no row for."""
         keep = 0
         limit = min(len(self._fed), len(generated) - 1)  # the root is fed again: its logits are needed
         while keep < limit and self._fed[keep] == generated[keep]:
             keep += 1
+        if self.lm.vocab and max(generated[keep:]) >= self.lm.vocab:
+            self.active = False
+            return None
         self.lm.truncate(self._prompt_len + keep)
         self._fed = generated[:]
         return self.lm.feed(generated[keep:])
@@ -196,15 +227,18 @@ class RapidDrafter(BaseDrafter):
         return int(q.argmax()) if self.sampling.greedy else int(torch.multinomial(q, 1, generator=self._generator))
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """q over the target's columns (greedy: the plain softmax, whose argmax is the chain's token)."""
+        logits = fit_width(logits, self.width)
         if self.sampling.greedy:
             return torch.softmax(logits, dim=-1)
         return target_probs(logits, self.sampling)
 
     def _add_branches(self, tree: DraftTree, parent: int, q: torch.Tensor, chosen: int, budget: int) -> None:
-        """The next most likely tokens as point-mass siblings of the chain's node (deterministic drafts)."""
+        """The next most likely tokens as point-mass siblings of the chain's node (deterministic drafts); none
+        the drafter gives probability 0 (a padded column: the drafter could not read it back)."""
         alts = [a for a in torch.topk(q, min(self.branches + 1, q.numel())).indices.tolist() if a != chosen]
         for alt in alts[: self.branches]:
-            if len(tree) >= budget or float(q[alt]) < self.threshold:
+            if len(tree) >= budget or float(q[alt]) < self.threshold or float(q[alt]) <= 0.0:
                 return
             tree.add(parent, int(alt), self.name, kind=f"{self.name}/alt")
 

@@ -175,8 +175,10 @@ def test_vocab_mismatch_on_different_tokenizer(tiny_dir: tuple[Path, LlamaForCau
 
 
 def test_vocab_mismatch_on_logits_width(tiny_dir: tuple[Path, LlamaForCausalLM], tmp_path: Path) -> None:
+    """Same tokenizer, but the drafter has no logits for its last ids (a wider one passes:
+    tests/decoding/test_drafter_width.py)."""
     target = load_model(str(tiny_dir[0]))
-    save_tiny_model(tmp_path, vocab=target.vocab_size + 8)
+    save_tiny_model(tmp_path, vocab=target.vocab_size - 8)
     with pytest.raises(VocabularyMismatch, match="logits"):
         check_same_vocab(target, load_model(str(tmp_path)))
 
