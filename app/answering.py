@@ -288,10 +288,11 @@ def citations_of(p: Plan) -> Citations:
 
 
 def progress_out(event: PrefillEvent | Queued) -> dict[str, object]:
-    """The payload of a progress event: waiting for the engine (``position`` 1 runs next), or the prompt's
-    prefill, ``done`` of ``total`` tokens (``reused`` of them from the KV prefix cache)."""
+    """The payload of a progress event: waiting for the engine (``position`` 1 runs next, ``eta_s`` the
+    estimated seconds until it starts, null until a generation has been timed), or the prompt's prefill,
+    ``done`` of ``total`` tokens (``reused`` of them from the KV prefix cache)."""
     if isinstance(event, Queued):
-        return {"stage": "queued", "position": event.position}
+        return {"stage": "queued", "position": event.position, "eta_s": event.eta_s}
     return {"stage": "prefill", "done": event.done, "total": event.total, "reused": event.reused}
 
 

@@ -5,7 +5,9 @@ to the request's event loop (``call_soon_threadsafe`` into an ``asyncio.Queue``)
 waiting generations, ``submit`` raises ``Overloaded`` (429 with Retry-After). A request that goes away
 sets its cancel event: a waiting job leaves the queue at once, a running one stops within one decode step.
 A job that has to wait gets a ``Queued`` event first and another each time its place in the queue changes,
-so a stream can tell its client where it stands before the first token.
+so a stream can tell its client where it stands before the first token, with an estimate of the wait
+(``app.queue_wait``) once a generation has been timed: only foreground generations that ran to their end
+are timed (not warm-ups or calibrations, nor jobs cut short or failed), on the injectable ``clock``.
 
 Background jobs (warming a document's KV prefix) run only when no generation waits, never count against
 the queue, and a running one is asked to stop when a generation for another prefix arrives.
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import Overloaded
+from app.queue_wait import wait_estimate_s
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +39,11 @@ class _End:
 
 @dataclass(frozen=True)
 class Queued:
-    """A waiting generation's place in the queue: ``position`` 1 runs next."""
+    """A waiting generation's place in the queue (``position`` 1 runs next) and the estimated seconds until
+    it starts (``eta_s``; ``None`` until a generation has been timed)."""
 
     position: int
+    eta_s: float | None = None
 
 
 @dataclass
@@ -95,8 +100,11 @@ class JobHandle:
 
 
 class GenerationScheduler:
-    def __init__(self, queue_size: int, name: str = "generation") -> None:
+    def __init__(self, queue_size: int, name: str = "generation",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.queue_size = queue_size
+        self._clock = clock
+        self._started_at = 0.0  # when the running job started, on ``clock``
         self._waiting: deque[Job] = deque()
         self._background: deque[Job] = deque()
         self._running: Job | None = None
@@ -132,7 +140,7 @@ class GenerationScheduler:
             self._refuse_if_full_locked()
             running = self._running
             if self._waiting or (running is not None and not running.background):  # it has to wait
-                job.push(Queued(len(self._waiting) + 1))
+                job.push(self._queued_locked(len(self._waiting) + 1, self._running_elapsed_locked()))
             self._waiting.append(job)
             if running is not None and running.background and running.key != key:
                 running.cancel.set()  # a warm-up never holds up a question on another document
@@ -180,22 +188,33 @@ class GenerationScheduler:
                 self._waiting.remove(job)
                 job.finished = True
                 job.push(_End())
-                self._announce_locked(place)
+                self._announce_locked(place, self._running_elapsed_locked())
 
     # --- worker ------------------------------------------------------------------------------------
-    def _announce_locked(self, start: int = 0) -> None:
+    def _running_elapsed_locked(self) -> float | None:
+        """How long the running generation has run; ``None`` when none runs (or only a background job)."""
+        running = self._running
+        if running is None or running.background:
+            return None
+        return max(self._clock() - self._started_at, 0.0)
+
+    def _queued_locked(self, position: int, running_elapsed_s: float | None) -> Queued:
+        eta = wait_estimate_s(self._durations, position, running_elapsed_s)
+        return Queued(position, None if eta is None else round(eta, 1))
+
+    def _announce_locked(self, start: int, running_elapsed_s: float | None) -> None:
         """Tell the waiting jobs from index ``start`` on their new places (one ahead of them left)."""
         for place in range(start, len(self._waiting)):
-            self._waiting[place].push(Queued(place + 1))
+            self._waiting[place].push(self._queued_locked(place + 1, running_elapsed_s))
 
     def _next_locked(self) -> Job | None:
-        if self._waiting:
-            job = self._waiting.popleft()
-            self._announce_locked()
-            return job
-        if self._background:
-            return self._background.popleft()
-        return None
+        """Take the next job and mark it running (started now); the waiting jobs hear their new places."""
+        job = self._waiting.popleft() if self._waiting else self._background.popleft() if self._background else None
+        if job is not None:
+            self._running, self._started_at = job, self._clock()
+            if not job.background:
+                self._announce_locked(0, 0.0)
+        return job
 
     def _work(self) -> None:
         while True:
@@ -206,11 +225,9 @@ class GenerationScheduler:
                     job = self._next_locked()
                 if job is None:
                     return
-                self._running = job
             self._execute(job)
 
     def _execute(self, job: Job) -> None:
-        t0 = time.monotonic()
         failure: _Failure | None = None
         try:
             if not (job.background and job.cancel.is_set()):
@@ -224,7 +241,8 @@ class GenerationScheduler:
             with self._cond:  # free the slot before the caller learns the job ended (or failed)
                 self._running = None
                 if not job.background:
-                    self._durations.append(time.monotonic() - t0)
+                    if failure is None and not job.cancel.is_set():  # a whole generation: it times the next
+                        self._durations.append(self._clock() - self._started_at)
                     self.completed += 1
                 self._cond.notify_all()
             job.finished = True

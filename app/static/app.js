@@ -816,13 +816,22 @@
     section.hidden = false;
   }
 
-  /** The status line before the first token: the place in the queue, or how far the prompt has been read
-   *  and how much of it came from the KV cache. */
+  /** The server's estimate of a queued question's wait, for its status line: nothing until the server has
+   *  timed a generation (eta_s null), else whole seconds, at least 1 (an overdue answer ahead reads 0). */
+  function waitText(eta) {
+    const seconds = eta === null || eta === undefined ? NaN : Number(eta);
+    return Number.isFinite(seconds)
+      ? ` (about ${Math.max(1, Math.ceil(seconds)).toLocaleString('en-US')} s)` : '';
+  }
+
+  /** The status line before the first token: the place in the queue with the estimated wait, or how far
+   *  the prompt has been read and how much of it came from the KV cache. */
   function progressText(p) {
     if (p.stage === 'queued') {
       const position = Number(p.position) || 1;
-      return position === 1 ? 'Waiting for the model: next in line…'
-        : `Waiting for the model: ${position.toLocaleString('en-US')} questions ahead…`;
+      const wait = waitText(p.eta_s);
+      return position === 1 ? `Waiting for the model: next in line${wait}…`
+        : `Waiting for the model: ${position.toLocaleString('en-US')} questions ahead${wait}…`;
     }
     const total = Number(p.total) || 0;
     const done = Math.min(Number(p.done) || 0, total);

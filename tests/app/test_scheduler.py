@@ -122,7 +122,8 @@ def test_waiting_jobs_hear_their_place_in_the_queue() -> None:
             gate2.set()
             assert await collect(second) == [Queued(1), "e0"]
             assert await collect(third) == [Queued(2)]
-            assert await collect(fourth) == [Queued(3), Queued(2), Queued(1), "fourth"]
+            events = await collect(fourth)  # the first's end was timed: later places carry an estimate
+            assert [e.position if isinstance(e, Queued) else e for e in events] == [3, 2, 1, "fourth"]
         finally:
             sched.stop()
 

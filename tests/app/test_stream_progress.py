@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionChunk
 
 from app.services import Services
 from tests.app.browser import open_browser
@@ -64,9 +66,22 @@ def engine_held(server: ThreadServer) -> Iterator[threading.Event]:
         holder.join(DEADLINE_S)
 
 
+def time_one_generation(server: ThreadServer) -> None:
+    """One generation the server's scheduler times (a holder let go at once), so that every queued progress
+    from here on carries an ``eta_s`` estimate."""
+    with engine_held(server) as gate:
+        gate.set()
+
+
+def assert_queued_first_in_line_with_an_estimate(progress: dict[str, Any]) -> None:
+    assert set(progress) == {"stage", "position", "eta_s"}, progress
+    assert (progress["stage"], progress["position"]) == ("queued", 1)
+    assert isinstance(progress["eta_s"], float) and progress["eta_s"] >= 0.0
+
+
 def sse_frames(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
     """(event, data) per frame of a raw text/event-stream; a comment frame is (":", its text)."""
-    event, data = "message", []
+    event, data = "message", list[str]()
     for line in lines:
         if line == "":
             if data:
@@ -87,6 +102,7 @@ def test_ask_stream_pings_and_reports_its_place_before_a_slow_first_token(server
             "stream": True}
     seen: list[tuple[str, str]] = []
     released_at = first_byte_at = None
+    time_one_generation(server)
     with engine_held(server) as gate, server.client() as client, client.stream("POST", "/v1/ask", json=body) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for event, data in sse_frames(r.iter_lines()):
@@ -105,7 +121,7 @@ def test_ask_stream_pings_and_reports_its_place_before_a_slow_first_token(server
     first_token = names.index("token")
     assert names.index("sources") < names.index("progress") < first_token
     progress = [json.loads(d) for e, d in seen if e == "progress"]
-    assert progress[0] == {"stage": "queued", "position": 1}
+    assert_queued_first_in_line_with_an_estimate(progress[0])
     assert names[:first_token].count(":") >= 3  # "accepted" and at least two pings while it waited
     prefill = [p for p in progress if p["stage"] == "prefill"]
     assert prefill and all(set(p) == {"stage", "done", "total", "reused"} for p in prefill)
@@ -119,6 +135,7 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
     body = {"model": "ragspec", "messages": [{"role": "user", "content": "How tall is the Eiffel Tower?"}],
             "document_ids": [doc], "max_tokens": 8, "stream": True}
     seen: list[tuple[str, str]] = []
+    time_one_generation(server)
     with engine_held(server) as gate, server.client() as client, client.stream(
         "POST", "/v1/chat/completions", json=body
     ) as r:
@@ -132,7 +149,7 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
     assert seen[0][0] == "message" and datas[-1] == "[DONE]"
     comments = [d for e, d in seen if e == ":"]
     progress = [json.loads(d) for d in comments if d.startswith("{")]
-    assert progress[0] == {"stage": "queued", "position": 1}
+    assert_queued_first_in_line_with_an_estimate(progress[0])
     assert any(p["stage"] == "prefill" for p in progress)
 
     openai = OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=DEADLINE_S)
@@ -141,7 +158,7 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
             model="ragspec", messages=[{"role": "user", "content": "How tall is the Eiffel Tower?"}],
             max_tokens=8, stream=True, extra_body={"document_ids": [doc]},
         )
-        chunks = []
+        chunks: list[ChatCompletionChunk] = []
         for chunk in stream:  # the role chunk comes while the engine is held; pings and comments are skipped
             if not chunks:
                 first_at = time.perf_counter()
@@ -151,7 +168,9 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
             chunks.append(chunk)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks)
-    stats = chunks[-1].model_extra["stats"]
+    extra = chunks[-1].model_extra
+    assert extra is not None
+    stats = extra["stats"]
     assert stats["ttft_ms"] >= (released_at - first_at) * 1000
 
 
@@ -188,7 +207,9 @@ def test_a_stream_that_goes_away_while_queued_leaves_the_queue(server: ThreadSer
 @pytest.mark.browser
 def test_page_shows_its_place_in_the_queue_then_the_answer(server: ThreadServer, doc: str) -> None:
     """The page's own SSE reader over the same stream: pings are skipped, the queued progress shows as the
-    status line while the engine is held, and the answer follows once it is free."""
+    status line (with the estimated wait: a generation has been timed) while the engine is held, and the
+    answer follows once it is free."""
+    time_one_generation(server)
     with open_browser() as browser:
         page = browser.page
         page.call("Page.navigate", url=server.url + "/")
@@ -208,7 +229,7 @@ def test_page_shows_its_place_in_the_queue_then_the_answer(server: ThreadServer,
                 f"&& {turn}.querySelector('.answer-status').textContent",
                 "the page to show the question waiting",
             )
-            assert status == "Waiting for the model: next in line…"
+            assert re.fullmatch(r"Waiting for the model: next in line \(about [1-9]\d* s\)…", status), status
             time.sleep(3 * PING_S)  # pings arrive while it waits: the page must ignore them
             assert page.js(f"{turn}.querySelector('.answer-text').textContent") == ""
             assert page.js(f"{turn}.dataset.state") == "streaming"
