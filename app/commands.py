@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
+from app.progress import ProgressLine
 from app.remote import REMOTE_SUBCOMMANDS, ask_http, ingest_http
 from app.schemas import AskMode
 from app.settings import BUNDLED, Settings
@@ -62,12 +63,31 @@ def _open_store(settings: Settings) -> tuple[Any, Any, Any]:
 
 
 def _ingest_one(
-    settings: Settings, store: Any, tokenizer: Any, embedder: Any, doc_id: str
+    settings: Settings, store: Any, tokenizer: Any, embedder: Any, doc_id: str, name: str
 ) -> tuple[bool, str]:
+    """Index one stored document now, its progress on stderr as ``ingest --url`` shows a server's (the
+    store calls back at each stage and embedding batch after writing them to the row, which is read here);
+    returns whether it is ready and the summary's detail (its size, else the failure)."""
+    from retrieval.errors import DocumentNotFound
+
+    line = ProgressLine(name, sys.stderr)
+
+    def show(_fraction: float) -> None:
+        try:
+            row = store.get(doc_id)
+        except DocumentNotFound:  # deleted meanwhile: the ingest fails and says so
+            return
+        line.show(row.status, row.progress, row.message)
+
     try:
-        record = store.ingest(doc_id, tokenizer, embedder, settings.chunk_tokens, settings.chunk_overlap)
+        record = store.ingest(
+            doc_id, tokenizer, embedder, settings.chunk_tokens, settings.chunk_overlap, progress=show
+        )
     except Exception as exc:  # the store marked it failed with this reason
+        show(0.0)
         return False, str(exc)
+    finally:
+        line.close()
     return True, f"{record.n_chunks} chunks, {record.n_tokens} tokens"
 
 
@@ -94,7 +114,7 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
                 failures += 1
                 sys.stderr.write(f"{path}: {exc}\n")
                 continue
-            ok, detail = _ingest_one(settings, store, tokenizer, embedder, record.id)
+            ok, detail = _ingest_one(settings, store, tokenizer, embedder, record.id, path.name)
             failures += 0 if ok else 1
             say(f"{record.id}\t{'ready' if ok else 'failed'}\t{path}\t{detail}")
     finally:
@@ -135,7 +155,7 @@ def _reindex(args: argparse.Namespace, settings: Settings) -> int:
         store.recover()
         records = store.list() if args.all else [store.get(i) for i in args.ids]
         for record in records:
-            ok, detail = _ingest_one(settings, store, tokenizer, embedder, record.id)
+            ok, detail = _ingest_one(settings, store, tokenizer, embedder, record.id, record.id)
             failures += 0 if ok else 1
             say(f"{record.id}\t{'ready' if ok else 'failed'}\t{record.title}\t{detail}")
         say(f"re-indexed {len(records) - failures} of {len(records)} documents with {embedder.name}")

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TextIO
 
+from app.progress import ACTIVE, ProgressLine
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -123,24 +124,18 @@ def _detail(doc: dict[str, Any]) -> str:
 
 def follow(client: httpx.Client, doc_id: str, name: str, out: TextIO, poll_s: float = POLL_S) -> dict[str, Any]:
     """Poll the document until it is ready or failed, writing its progress to ``out`` whenever it moves
-    (on a terminal one line rewritten in place, else one line per change); returns the last record."""
-    tty = out.isatty()
-    shown = ""
+    (``app.progress``: on a terminal one line rewritten in place, else one line per change); returns the
+    last record."""
+    line = ProgressLine(name, out)
     while True:
         response = client.get(f"/v1/documents/{doc_id}")
         if response.status_code != 200:
+            line.close()
             return {"id": doc_id, "status": "failed", "message": error_text(response)}
         doc: dict[str, Any] = response.json()
-        line = f"{name}: {doc['status']} {round(100 * float(doc['progress'])):3d}%"
-        if doc["status"] in ("queued", "indexing") and doc.get("message"):
-            line += f" {doc['message']}"
-        if line != shown:
-            out.write(f"\r{line:<{len(shown)}}" if tty else line + "\n")
-            out.flush()
-            shown = line
-        if doc["status"] not in ("queued", "indexing"):
-            if tty:
-                out.write("\n")
+        line.show(doc["status"], float(doc["progress"]), doc.get("message"))
+        if doc["status"] not in ACTIVE:
+            line.close()
             return doc
         time.sleep(poll_s)
 

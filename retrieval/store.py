@@ -165,11 +165,15 @@ class DocumentStore:
 
         On any error the document becomes ``failed`` with the error as message, no partial files stay
         behind, and the error is raised again. Re-ingesting a ready document replaces its index.
+        ``progress`` gets the fraction done after the row is written at each stage (0.0 as chunking starts)
+        and embedding batch, then 1.0 once ready, so a caller reading the row sees the stage of each call.
         """
         self._update(doc_id, status="indexing", progress=0.0, message=STAGE_CHUNKING)
         reporter = _ProgressReporter(self, doc_id, progress)
         work = self._work_dir(doc_id)
         try:
+            if progress is not None:
+                progress(0.0)
             text = self.load_text(doc_id)
             pages = doc_files.read_pages(self._doc_dir(doc_id) / "source")
             tokens = tokenize(text, tokenizer)

@@ -17,6 +17,8 @@ import pytest
 
 from app.cli import SUBCOMMANDS, main
 from app.remote import follow
+from retrieval.embedding import DEFAULT_BATCH_SIZE
+from retrieval.store import DocumentStore
 from tests.app.live import (
     DEADLINE_S,
     LANDMARKS,
@@ -84,6 +86,63 @@ def test_ingest_reindex_and_ask(
     assert main(["ask", "Where is the Colosseum?", "--doc", doc, "--max-tokens", "8", "--json"]) == 0  # in process
     body = json.loads(capsys.readouterr().out)
     assert body["answer"] and body["sources"][0]["document_id"] == doc and "cited_answer" in body
+
+
+# ---- local ingest / reindex: the same progress lines as ingest --url -------------------------------
+
+
+LOCAL_LINE = re.compile(r"^(\S+): (indexing|ready|failed) +(\d+)%(?: (.*))?$")
+
+
+def _local_progress(err: str, name: str) -> list[tuple[str, int, str | None]]:
+    """The progress lines of ``name`` on stderr: (status, percent, stage)."""
+    found = (LOCAL_LINE.match(line) for line in err.splitlines())
+    return [(m[2], int(m[3]), m[4]) for m in found if m and m[1] == name]
+
+
+def _assert_every_stage(shown: list[tuple[str, int, str | None]], passages: int) -> None:
+    """Chunking, then each embedding batch with its count, building the index, ready: percents never go back."""
+    percents = [p for _, p, _ in shown]
+    assert percents == sorted(percents), shown
+    assert shown[0] == ("indexing", 0, "chunking the text") and shown[-1] == ("ready", 100, None), shown
+    counts = [int(m[1]) for *_, stage in shown if (m := re.fullmatch(rf"embedding passages: (\d+) of {passages}",
+                                                                  stage or ""))]
+    assert counts == [*range(0, passages, DEFAULT_BATCH_SIZE), passages], shown
+    assert ("indexing", 95, "building the index") in shown
+
+
+def test_local_ingest_and_reindex_show_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    for name, value in {"DATA_DIR": str(data), "TARGET_MODEL": str(BUNDLED_GGUF_DIR), "LOG_LEVEL": "WARNING"}.items():
+        monkeypatch.setenv(f"RAGSPEC_{name}", value)
+    records = tmp_path / "records.txt"
+    records.write_text(long_text(), encoding="utf-8")
+
+    assert main(["ingest", str(records)]) == 0
+    out, err = capsys.readouterr()
+    doc, status, path, detail = out.strip().split("\t")  # the summary is one line on stdout, as before
+    assert (status, path) == ("ready", str(records)) and re.fullmatch(r"\d+ chunks, \d+ tokens", detail)
+    store = DocumentStore(data / "documents")
+    windows = store.load_passages(doc)
+    store.close()
+    assert windows is not None
+    passages = len(windows)
+    assert passages > 3 * DEFAULT_BATCH_SIZE  # several batches
+    _assert_every_stage(_local_progress(err, "records.txt"), passages)
+
+    assert main(["reindex", "--all"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == f"{doc}\tready\trecords.txt\t{detail}" and "re-indexed 1 of 1" in out
+    _assert_every_stage(_local_progress(err, doc), passages)
+
+    terminal = Terminal()  # on a terminal: one line rewritten in place, ended once
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(["reindex", doc]) == 0
+    text = terminal.getvalue()
+    assert text.endswith("\n") and text.count("\n") == 1 and text.count("\r") >= passages // DEFAULT_BATCH_SIZE
+    assert text.rstrip("\n").split("\r")[-1].startswith(f"{doc}: ready 100%")
 
 
 # ---- commands against a server: ingest --url, list, delete ----------------------------------------
