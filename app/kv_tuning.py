@@ -23,12 +23,10 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from app.scheduler import GenerationScheduler
-from app.settings import Settings
 from decoding.calibration import calibrate
 from decoding.engine import Engine
 from decoding.errors import ModelLoadError
@@ -40,6 +38,10 @@ from decoding.kv_memory import (
     largest_window,
 )
 from decoding.models import LoadedModel
+
+if TYPE_CHECKING:  # annotations only: the GPU checks import this module where fastapi / pydantic are absent
+    from app.scheduler import GenerationScheduler
+    from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -88,10 +88,11 @@ def test_forced_random_trees_are_lossless(device: torch.device, seed: int) -> No
 
 
 def test_bf16_speculative_agrees_with_autoregressive(device: torch.device, report: Any) -> None:
-    """bf16 may round a verify row unlike a decode step; over several prompts most tokens must still agree."""
+    """bf16 may round a verify row unlike a decode step; over several prompts most tokens must still agree (on
+    the sharpened model: an unsharpened random head has ~4 % of steps within one bf16 step of a tie)."""
     rows: list[dict[str, Any]] = []
     for seed in range(4):
-        model = tiny_llama(device, torch.bfloat16, seed=seed)
+        model = peaked_llama(device, torch.bfloat16, seed=seed)
         engine = Engine(device_target(model, device), config=EngineConfig(max_budget=32))
         prompt = make_prompt(seed)
         ar = generate(engine, prompt)
