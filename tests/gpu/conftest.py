@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench.gpu_models import IdTokenizer, RandomTarget
 from decoding.attention import use_grouped_sdpa
 
 HERE = Path(__file__).resolve().parent
@@ -73,25 +73,9 @@ def tiny_llama(
     return model
 
 
-class IdTokenizer:
-    def decode(self, ids: list[int], **_: Any) -> str:
-        return "".join(f"<{i}>" for i in ids)
-
-
-@dataclass
-class DeviceTarget:
-    """A model on the test device as the engine's target (``decoding.engine.TargetModel``)."""
-
-    model: Any
-    tokenizer: Any
-    name: str
-    device: torch.device
-    eos_token_ids: tuple[int, ...]
-    max_context: int
-
-
-def device_target(model: Any, device: torch.device, name: str = "tiny") -> DeviceTarget:
-    return DeviceTarget(model, IdTokenizer(), f"{name}-{model.dtype}", device, (), 1024)
+def device_target(model: Any, device: torch.device, name: str = "tiny") -> RandomTarget:
+    """A model on the test device as the engine's target (``decoding.engine.TargetModel``), 1024-token window."""
+    return RandomTarget(model, IdTokenizer(), f"{name}-{model.dtype}", device, (), 1024)
 
 
 def nocache_greedy(model: Any, ids: list[int], n: int) -> list[int]:
