@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -108,3 +110,16 @@ def test_rope_scaling_is_checked_when_the_settings_are_read(monkeypatch: Any) ->
         with pytest.raises(ValidationError, match="rope_scaling") as caught:
             Settings(rope_scaling=bad)  # type: ignore[call-arg]
         assert message in caught.value.errors()[0]["msg"]
+
+
+def test_prefill_chunk_refuses_zero_and_non_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAGSPEC_PREFILL_CHUNK: unset means by device; a chunk of 0 rows, a negative one or a word is refused."""
+    from pydantic import ValidationError
+
+    assert Settings().prefill_chunk is None  # type: ignore[call-arg]
+    for value in ("0", "-256", "big"):
+        monkeypatch.setenv("RAGSPEC_PREFILL_CHUNK", value)
+        with pytest.raises(ValidationError, match="prefill_chunk"):
+            Settings()  # type: ignore[call-arg]
+    monkeypatch.setenv("RAGSPEC_PREFILL_CHUNK", "1024")
+    assert Settings().prefill_chunk == 1024  # type: ignore[call-arg]
