@@ -1,4 +1,5 @@
-"""One answer: check the request, retrieve sources, build the target's prompt, queue the generation, and
+"""One answer: check the request, rank the documents' chunks once (sources, the target's window, RAPID's
+context), build the target's prompt, queue the generation, and
 account for it afterwards (session history, cross-session draft cache, metrics).
 
 Both APIs (``/v1/ask`` and ``/v1/chat/completions``) go through ``plan`` -> ``start`` -> events ->
@@ -21,15 +22,15 @@ from starlette.requests import Request
 from app.citations import cite
 from app.drafting import needs_draft_prompt, needs_draft_rows
 from app.errors import InvalidRequest, Overloaded
-from app.followup import follow_up_query, merge_hits
+from app.followup import retrieval_queries
 from app.prompts import SYSTEM_PROMPT, document_texts
 from app.scheduler import JobHandle, Queued
 from app.schemas import AskStats, Citations, Source, Usage
 from app.services import Services
 from app.sessions import Turn
-from decoding.drafter import Drafter
-from decoding.drafters import MODES
-from decoding.generation import (
+from decoding.drafters.registry import MODES
+from decoding.speculative.drafter import Drafter
+from decoding.speculative.generation import (
     DoneEvent,
     GenerationConfig,
     GenerationEvent,
@@ -38,7 +39,7 @@ from decoding.generation import (
     SamplingParams,
     TokenEvent,
 )
-from decoding.stats import GenerationStats
+from decoding.speculative.stats import GenerationStats
 from retrieval.errors import DocumentNotReady
 from retrieval.retriever import Hit, join_hits, pack_hits
 
@@ -127,7 +128,7 @@ def admit(
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
     # a question (with its history) too long for the window is the request's fault: a 400 before any stream
     # starts, found by tokenizing it alone (the documents are fitted after retrieval)
-    services.prompts.fit([], q.question, q.history, max_tokens, None, tenant, system=q.system)
+    services.prompts.fit([], q.question, q.history, max_tokens, None, system=q.system)
     drafters = services.drafters.for_mode(q.mode, tenant, q.sampling)
     _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
     records = [services.store.get(doc_id, tenant) for doc_id in dict.fromkeys(q.document_ids)]  # unknown: 404
@@ -144,18 +145,14 @@ def admit(
         raise DocumentNotReady(first.id, first.status, first.message)
 
     def build() -> tuple[Prompt, list[Source]]:
-        sources: list[Source] = []
-        hits: list[Hit] = []
+        # retrieval scored once: sources, the target's window (documents longer than it) and RAPID's context
+        ranking, hits = None, []
         if doc_ids:
-            hits = services.retriever.retrieve(q.question, doc_ids, tenant=tenant).hits
-            follow_up = follow_up_query(q.question, q.history)  # app/followup.py: why a follow-up asks twice
-            if follow_up is not None:
-                hits = merge_hits(hits, services.retriever.retrieve(follow_up, doc_ids, tenant=tenant).hits)
-            sources = [source_of(h) for h in sorted(hits, key=lambda h: -h.score)]  # best first
+            ranking = services.retriever.rank(retrieval_queries(q.question, q.history), doc_ids, tenant=tenant)
+            hits = ranking.relevant().hits
+        sources = [source_of(h) for h in sorted(hits, key=lambda h: -h.score)]  # best first
         docs = document_texts(services.store, records)
-        prompt = services.prompts.fit(
-            docs, q.question, q.history, max_tokens, services.retriever, tenant, system=q.system
-        )
+        prompt = services.prompts.fit(docs, q.question, q.history, max_tokens, ranking, system=q.system)
         if prompt.prefix_key is not None and doc_ids:
             services.prefixes.add(prompt.prefix_key, doc_ids)
         # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows

@@ -8,8 +8,12 @@ similarity is below the threshold are dropped (a lexical match alone never makes
 top-k by score are packed into a token budget (default ``max(L/24, 4096)`` capped, L = total document tokens)
 and re-ordered by document position (order of ``doc_ids``, then character start).
 
-``pack_hits`` is the reusable packing step: ``Retriever.select_for_window`` uses it without a threshold
-to pick, for a document longer than the target's window, the most relevant chunks that fit.
+A question is scored once (``Retriever.rank``): the ``Ranking`` holds every chunk's score for the request's
+queries (the question, and for a follow-up the question after the conversation's earlier questions; a chunk
+keeps its better score), and everything else is cut from it without asking again: the relevant chunks
+(``Ranking.relevant``: the sources, RAPID's context) and, for documents longer than the target's window, the
+most relevant chunks that fit it (``Ranking.window``: no threshold, after a fixed lead). ``pack_hits`` is the
+packing step both use.
 """
 
 from __future__ import annotations
@@ -143,6 +147,36 @@ def _result(hits: list[Hit], budget_tokens: int) -> RetrievalResult:
 
 
 @dataclass(frozen=True)
+class Ranking:
+    """Every scored chunk of the asked documents for one request (``Retriever.rank``), and the cuts made from it.
+
+    ``hits`` in document order with their scores; ``threshold`` and ``top_k`` are what ``relevant`` applies,
+    ``budget_tokens`` its default budget (``default_budget`` of the documents' length).
+    """
+
+    doc_ids: tuple[str, ...]
+    hits: tuple[Hit, ...]
+    threshold: float
+    top_k: int
+    budget_tokens: int
+
+    def relevant(self, budget_tokens: int | None = None, *, threshold: float | None = None) -> RetrievalResult:
+        """The top-k by score of the chunks whose similarity reaches the threshold, packed into the budget, in
+        document order: the sources of an answer and RAPID's context."""
+        budget = self.budget_tokens if budget_tokens is None else budget_tokens
+        floor = self.threshold if threshold is None else threshold
+        kept = sorted((h for h in self.hits if h.similarity is not None and h.similarity >= floor),
+                      key=lambda h: -h.score)
+        return _result(pack_hits(kept[: self.top_k], budget, self.doc_ids), budget)
+
+    def window(self, budget_tokens: int, lead_tokens: int = 0) -> RetrievalResult:
+        """The best-scoring chunks (no threshold, no top-k) that fit ``budget_tokens``, in document order, after
+        the documents' first ``lead_tokens`` (see ``pack_hits``): what a target reads of documents longer than
+        its window."""
+        return _result(pack_hits(self.hits, budget_tokens, self.doc_ids, lead_tokens), budget_tokens)
+
+
+@dataclass(frozen=True)
 class _Loaded:
     updated_at: float
     index: VectorIndex
@@ -197,6 +231,35 @@ class Retriever:
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
+    def rank(
+        self, queries: Sequence[str], doc_ids: Sequence[str], *, top_k: int | None = None, tenant: str | None = None
+    ) -> Ranking:
+        """Every chunk of ``doc_ids`` scored once for ``queries`` (one embedder call for all of them); a chunk
+        keeps its best score over the queries. ``top_k`` only bounds the windows an approximate (HNSW / IVF)
+        index is searched for, and is the ranking's top-k for ``Ranking.relevant``."""
+        queries = list(dict.fromkeys(queries))
+        if not queries:
+            raise ValueError("rank needs at least one query")
+        top_k = self.top_k if top_k is None else top_k
+        loaded = self._load_all(doc_ids, tenant)
+        vectors = (self.embedder.encode_query(queries[0])[None] if len(queries) == 1
+                   else self.embedder.encode(queries))  # [queries, dim]
+        w = self.lexical_weight
+        lexical = [self._lexical_scores(q, loaded) for q in queries]  # [queries][docs] -> [chunks]
+        hits: list[Hit] = []
+        for d, (doc_id, doc) in enumerate(zip(doc_ids, loaded, strict=True)):
+            sims = np.stack([_dense_scores(doc, v, top_k) for v in vectors])  # [queries, chunks], -inf: unsearched
+            lexs = np.stack([lex[d] for lex in lexical])
+            scores = (1 - w) * sims.astype(np.float64) + w * lexs.astype(np.float64)
+            scores[np.isneginf(sims)] = -np.inf
+            best = scores.argmax(axis=0)  # the first query wins a tie
+            for c, chunk in enumerate(doc.chunks):
+                q = int(best[c])
+                if sims[q, c] > -np.inf:
+                    hits.append(_hit(doc_id, chunk, float(scores[q, c]), float(sims[q, c])))
+        total = sum(self.store.get(doc_id).n_tokens for doc_id in doc_ids)
+        return Ranking(tuple(doc_ids), tuple(hits), self.threshold, top_k, default_budget(total, self.budget_cap))
+
     def retrieve(
         self,
         query: str,
@@ -207,52 +270,13 @@ class Retriever:
         budget_tokens: int | None = None,
         tenant: str | None = None,
     ) -> RetrievalResult:
-        """Hits for ``query`` over ``doc_ids``: the top-k by score of the chunks whose similarity reaches the
-        threshold, packed into the budget (default ``default_budget(L, budget_cap)``), in document order."""
-        top_k = self.top_k if top_k is None else top_k
-        threshold = self.threshold if threshold is None else threshold
-        loaded = self._load_all(doc_ids, tenant)
-        if budget_tokens is None:
-            budget_tokens = default_budget(self._total_tokens(doc_ids), self.budget_cap)
-        hits = [h for h in self._score(query, doc_ids, loaded, top_k) if h.similarity is not None
-                and h.similarity >= threshold]
-        hits.sort(key=lambda h: -h.score)
-        return _result(pack_hits(hits[:top_k], budget_tokens, doc_ids), budget_tokens)
-
-    def select_for_window(
-        self,
-        query: str,
-        doc_ids: Sequence[str],
-        budget_tokens: int,
-        *,
-        lead_tokens: int = 0,
-        tenant: str | None = None,
-    ) -> RetrievalResult:
-        """The best-scoring chunks (no threshold, no top-k) that fit ``budget_tokens``, in document order,
-        after the documents' first ``lead_tokens`` (see ``pack_hits``): what a target reads of documents
-        longer than its window."""
-        loaded = self._load_all(doc_ids, tenant)
-        hits = self._score(query, doc_ids, loaded)
-        return _result(pack_hits(hits, budget_tokens, doc_ids, lead_tokens), budget_tokens)
+        """``rank([query], ...).relevant(...)``: the relevant chunks for one query."""
+        ranking = self.rank([query], doc_ids, top_k=top_k, tenant=tenant)
+        return ranking.relevant(budget_tokens, threshold=threshold)
 
     def score(self, query: str, doc_ids: Sequence[str], *, tenant: str | None = None) -> list[Hit]:
         """Every chunk of ``doc_ids`` scored for ``query``, unranked."""
-        return self._score(query, doc_ids, self._load_all(doc_ids, tenant))
-
-    def _score(self, query: str, doc_ids: Sequence[str], loaded: Sequence[_Loaded],
-               top_k: int | None = None) -> list[Hit]:
-        """``top_k`` only bounds the windows an approximate (HNSW / IVF) index is searched for; flat indexes
-        are scored exactly."""
-        query_vec = self.embedder.encode_query(query)
-        dense = [_dense_scores(doc, query_vec, top_k or self.top_k) for doc in loaded]
-        lexical = self._lexical_scores(query, loaded)
-        w = self.lexical_weight
-        return [
-            _hit(doc_id, chunk, (1 - w) * float(sim) + w * float(lex), float(sim))
-            for doc_id, doc, sims, lexs in zip(doc_ids, loaded, dense, lexical, strict=True)
-            for chunk, sim, lex in zip(doc.chunks, sims, lexs, strict=True)
-            if sim > -np.inf
-        ]
+        return list(self.rank([query], doc_ids, tenant=tenant).hits)
 
     def _lexical_scores(self, query: str, loaded: Sequence[_Loaded]) -> list[np.ndarray]:
         scores = [np.zeros(len(doc.chunks), dtype=np.float32) for doc in loaded]
@@ -270,9 +294,6 @@ class Retriever:
                 self._cache.clear()
             else:
                 self._cache.pop(doc_id, None)
-
-    def _total_tokens(self, doc_ids: Sequence[str]) -> int:
-        return sum(self.store.get(d).n_tokens for d in doc_ids)
 
     def _load_all(self, doc_ids: Sequence[str], tenant: str | None) -> list[_Loaded]:
         if len(set(doc_ids)) != len(doc_ids):

@@ -1,4 +1,5 @@
-"""Shared fixtures and helpers: a real redis-server on a free loopback port, the bundled model assets, PDFs."""
+"""Shared fixtures and helpers: a real redis-server on a free loopback port, the bundled model assets, PDFs,
+an embedder that counts its calls."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from decoding import bundled as assets
+from decoding.runtime import bundled as assets
+from retrieval.embedding import Embedder
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
@@ -99,7 +103,7 @@ def module_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
 @pytest.fixture(scope="session")
 def bundled_gguf_dir() -> Path:
     """The bundled SmolLM2 GGUF dir (`ragspec models` makes it; `make test` runs that first)."""
-    from decoding.bundled import has_gguf_dir
+    from decoding.runtime.bundled import has_gguf_dir
 
     if not has_gguf_dir(BUNDLED_GGUF_DIR):
         pytest.fail(f"{BUNDLED_GGUF_DIR} missing: run `ragspec models` (make test does)")
@@ -109,7 +113,7 @@ def bundled_gguf_dir() -> Path:
 @pytest.fixture(scope="session")
 def bundled_target_dir(bundled_gguf_dir: Path) -> Path:
     """The fp32 SmolLM2 safetensors dir, the torch runtime's reference (converted once, about a minute)."""
-    from decoding.bundled import ensure_converted
+    from decoding.runtime.bundled_build import ensure_converted
 
     return ensure_converted(bundled_gguf_dir.parent)
 
@@ -127,3 +131,19 @@ def make_pdf(pages: list[str], title: str | None = None) -> bytes:
         if text:
             pdf.multi_cell(0, 8, text)
     return bytes(pdf.output())
+
+
+class CountingEmbedder:
+    """An embedder that counts its calls (every call is a forward of the embedding model)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.calls: list[list[str]] = []
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32, progress: Any = None) -> np.ndarray:
+        self.calls.append(list(texts))
+        return self.inner.encode(texts, batch_size, progress)
+
+    def encode_query(self, text: str) -> np.ndarray:
+        self.calls.append([text])
+        return self.inner.encode_query(text)

@@ -4,6 +4,7 @@ engine at once (bundled SmolLM2 on one thread, a 4K window read whole)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -12,7 +13,11 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.app.live import metric, upload_text, wait_for, wait_indexed
+from app.answering import Question, plan
+from decoding.speculative.generation import SamplingParams
+from retrieval.store import DEFAULT_TENANT
+from tests.app.live import ThreadServer, metric, upload_text, wait_for, wait_indexed
+from tests.conftest import CountingEmbedder
 
 pytestmark = pytest.mark.real_model
 
@@ -81,3 +86,31 @@ def test_a_client_leaving_during_a_long_prefill_frees_the_engine(client: httpx.C
     # the next question runs at once, after the chunks the cancelled one finished (they stay cached)
     quick = client.post("/v1/ask", json={**body, "stream": False}).json()
     assert quick["stats"]["prefix_reused_tokens"] >= last["done"]
+
+
+def test_a_question_is_embedded_once_and_its_ranking_feeds_window_and_sources(
+    server: ThreadServer, client: httpx.Client, doc: str
+) -> None:
+    """One embedder call per question on the long-document path (its sources, the window the target reads and,
+    in a session, the follow-up query come from one ranking), and the follow-up's window holds its sources."""
+    services = server.app.state.services
+    counting = CountingEmbedder(services.retriever.embedder)
+    services.retriever.embedder = counting
+    question, follow_up = "Who keeps the key to the tide gate?", "And what colour is it painted?"
+    try:
+        first = client.post("/v1/ask", json={"question": question, "document_ids": [doc], "max_tokens": 2}).json()
+        assert first["stats"]["context_truncated"] is True and first["sources"]
+        assert counting.calls == [[question]]
+        second = client.post("/v1/ask", json={"question": follow_up, "session_id": first["session_id"],
+                                              "max_tokens": 2, "mode": "rapid_kv"}).json()
+        assert counting.calls[1:] == [[follow_up, f"{question} {follow_up}"]]
+        asked = Question(follow_up, [doc], 2, SamplingParams(), history=[(question, first["answer"])])
+        planned = asyncio.run(plan(services, DEFAULT_TENANT, asked))
+        assert len(counting.calls) == 3
+    finally:
+        services.retriever.embedder = counting.inner
+    assert second["stats"]["context_truncated"] is True
+    (source,) = [s for s in second["sources"] if "tide gate, painted red" in s["text"]]
+    assert [s.chunk_id for s in planned.sources] == [s["chunk_id"] for s in second["sources"]]
+    window = services.target.tokenizer.decode(planned.prompt.prefix_ids)
+    assert source["text"] in window  # the window is cut from the same ranking as the sources

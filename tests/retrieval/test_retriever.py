@@ -21,6 +21,7 @@ from retrieval.retriever import (
     pack_hits,
 )
 from retrieval.store import DocumentStore
+from tests.conftest import CountingEmbedder
 
 ANIMALS = "\n\n".join([
     "Cats are small domesticated carnivores. They sleep for most of the day and hunt mice at night.",
@@ -123,23 +124,61 @@ def test_budget_limits_hits(indexed: Any, minilm: Embedder) -> None:
     assert "wolves" in result.hits[0].text or any("wolves" in h.text for h in result.hits)
 
 
-def test_select_for_window_fills_the_budget_without_threshold(indexed: Any, minilm: Embedder) -> None:
+def test_window_fills_the_budget_without_threshold(indexed: Any, minilm: Embedder) -> None:
     store, animals, space = indexed
     retriever = Retriever(store, minilm, threshold=0.99)  # the threshold does not apply here
     chunks = store.load_chunks(animals) + store.load_chunks(space)
     budget = sum(c.n_tokens for c in chunks) // 2
-    result = retriever.select_for_window("goldfish memory", [animals, space], budget)
+    ranking = retriever.rank(["goldfish memory"], [animals, space])
+    result = ranking.window(budget)
     assert result.hits and result.used_tokens <= budget
     assert any("Goldfish" in h.text for h in result.hits)
     keys = [([animals, space].index(h.document_id), h.start) for h in result.hits]
     assert keys == sorted(keys)
-    full = retriever.select_for_window("goldfish memory", [animals, space], 10**6)
+    full = ranking.window(10**6)
     kept = {(h.document_id, h.chunk_id) for h in result.hits}
     for h in full.hits:  # a chunk is left out only when it no longer fit after the better ones
         if (h.document_id, h.chunk_id) not in kept:
             better = sum(k.n_tokens for k in result.hits if k.score > h.score)
             assert better + h.n_tokens > budget
     assert len(full.hits) == len(chunks)
+
+
+def test_one_ranking_feeds_every_cut_with_one_embedder_call(indexed: Any, minilm: Embedder) -> None:
+    """``rank`` embeds once for every query; ``relevant`` is what ``retrieve`` returns and ``window`` cuts the
+    same scores again: no cut asks the embedder."""
+    store, animals, space = indexed
+    counting = CountingEmbedder(minilm)
+    retriever = Retriever(store, counting, threshold=0.2)  # type: ignore[arg-type]
+    ranking = retriever.rank(["How long do parrots live?"], [animals, space])
+    assert len(counting.calls) == 1
+    relevant, window = ranking.relevant(), ranking.window(40, lead_tokens=10)
+    assert ranking.relevant(30).used_tokens <= 30 and window.used_tokens <= 40
+    assert len(counting.calls) == 1
+    assert relevant == Retriever(store, minilm, threshold=0.2).retrieve("How long do parrots live?", [animals, space])
+    assert {h.chunk_id for h in relevant.hits} <= {h.chunk_id for h in ranking.hits}
+
+
+def test_two_queries_rank_each_chunk_by_its_better_score(indexed: Any, minilm: Embedder) -> None:
+    """A follow-up's ranking (question + question after the conversation): both embedded in one call, each chunk
+    with the better of its two scores (and that query's similarity)."""
+    store, animals, space = indexed
+    counting = CountingEmbedder(minilm)
+    retriever = Retriever(store, counting)  # type: ignore[arg-type]
+    queries = ["And how long do they live?", "Tell me about parrots. And how long do they live?"]
+    both = retriever.rank(queries, [animals, space])
+    assert counting.calls == [queries]
+    alone = [{(h.document_id, h.chunk_id): h for h in retriever.rank([q], [animals, space]).hits} for q in queries]
+    for h in both.hits:
+        first, second = alone[0][h.document_id, h.chunk_id], alone[1][h.document_id, h.chunk_id]
+        best = second if second.score > first.score else first
+        assert h.score == pytest.approx(best.score, abs=1e-5)
+        assert h.similarity == pytest.approx(best.similarity, abs=1e-5)
+    parrots = next(h for h in both.hits if "eighty years" in h.text)
+    assert parrots.score > alone[0][parrots.document_id, parrots.chunk_id].score  # the second query found it
+    assert retriever.rank([queries[0], queries[0]], [animals]).hits == retriever.rank([queries[0]], [animals]).hits
+    with pytest.raises(ValueError, match="at least one query"):
+        retriever.rank([], [animals])
 
 
 def test_errors_and_cache_invalidation(indexed: Any, minilm: Embedder, target_tokenizer: Any) -> None:
