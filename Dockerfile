@@ -6,7 +6,7 @@
 #                   (run with `--gpus all`; the host needs the NVIDIA driver and container toolkit)
 #
 # Two stages: `builder` has a C compiler, makes the virtualenv and compiles ragspec's CPU kernels
-# (decoding/kernels); `runtime` gets the virtualenv and the compiled kernels, and no compiler. The bundled
+# (decoding/runtime/kernels); `runtime` gets the virtualenv and the compiled kernels, and no compiler. The bundled
 # models (SmolLM2-135M-Instruct target/drafter, all-MiniLM-L6-v2 embedder) are installed at build time into
 # /opt/ragspec-models, inside the image and outside the /data volume, so a rebuilt image brings its own
 # models (a volume over them would keep serving the old ones) and nothing downloads weights at run time.

@@ -44,7 +44,7 @@ def _load_tokenizer(settings: Settings) -> Any:
     """The target's tokenizer only (chunk sizes are counted in target tokens); never downloads."""
     from transformers import AutoTokenizer
 
-    from decoding.bundled import bundled_gguf_dir
+    from decoding.runtime.bundled import bundled_gguf_dir
 
     source = bundled_gguf_dir(settings.models_dir) if settings.target_model == BUNDLED else settings.target_model
     path = Path(str(source)).expanduser()
@@ -190,7 +190,7 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     from app.answering import Question
     from app.errors import translate
     from app.services import load_services
-    from decoding.generation import SamplingParams, TokenEvent
+    from decoding.speculative.generation import SamplingParams, TokenEvent
 
     services = load_services(settings.model_copy(update={"calibrate": False}))
     tenant = _tenant(args.api_key)
@@ -257,7 +257,7 @@ def add_ask(sub: SubParsers) -> None:
 
 def _kernels(args: argparse.Namespace, settings: Settings) -> int:
     from app.services import configure_kernels
-    from decoding import kernels
+    from decoding.runtime import kernels
 
     configure_kernels(settings)
     try:

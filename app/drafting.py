@@ -1,4 +1,4 @@
-"""Which drafters a request gets, by mode (``decoding.drafters``' registry, shared with the benchmark). A mode
+"""Which drafters a request gets, by mode (``decoding.drafters.registry``' registry, shared with the benchmark). A mode
 whose drafter this process cannot build answers 'not available' (a 4xx) rather than silently falling back
 to something else."""
 
@@ -12,8 +12,6 @@ from typing import Any
 import torch
 
 from app.errors import NotAvailableYet
-from decoding.drafter import Drafter
-from decoding.drafters import MODES, DraftingKit, DraftLM, ModeUnavailable, build_drafters
 from decoding.drafters.racer import (
     CrossSessionConfig,
     LogitsTable,
@@ -22,7 +20,9 @@ from decoding.drafters.racer import (
     SharedTier,
     open_shared_tier,
 )
-from decoding.generation import SamplingParams
+from decoding.drafters.registry import MODES, DraftingKit, DraftLM, ModeUnavailable, build_drafters
+from decoding.speculative.drafter import Drafter
+from decoding.speculative.generation import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,7 +27,6 @@ logger = logging.getLogger(__name__)
 TENANT = "ragspec.tenant"  # scope key: the caller's tenant ("none" when refused before one was known)
 METRICS_VIEW = "ragspec.metrics_view"  # scope key on /metrics: "total", "all" or "tenant"
 NO_TENANT = "none"
-MetricsView = Literal["total", "all", "tenant"]
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/", "/docs"})  # no key needed (no tenant data)
 PUBLIC_PREFIXES = ("/static/",)

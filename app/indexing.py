@@ -43,29 +43,24 @@ class IndexingJobs:
         self.on_ready = on_ready
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._unfinished = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="ragspec-indexing", daemon=True)
         self._thread.start()
 
     def submit(self, doc_id: str) -> None:
-        with self._cond:
+        with self._lock:
             self._unfinished += 1
         self._queue.put(doc_id)
 
     @property
     def pending(self) -> int:
         """Documents submitted and not finished (queued or being indexed)."""
-        with self._cond:
+        with self._lock:
             return self._unfinished
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until every submitted document is processed (CLI ingest, tests)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._unfinished == 0, timeout)
 
     def _work(self) -> None:
         while True:
@@ -75,9 +70,8 @@ class IndexingJobs:
             try:
                 self._ingest(doc_id)
             finally:
-                with self._cond:
+                with self._lock:
                     self._unfinished -= 1
-                    self._cond.notify_all()
 
     def _ingest(self, doc_id: str) -> None:
         try:

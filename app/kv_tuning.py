@@ -1,9 +1,9 @@
 """Fitting the KV cache tiers and the verify-cost calibration to the device the service runs on.
 
 The measurements live here (free device memory, available RAM, the device's kind); the arithmetic is in
-``decoding.kv_memory`` and the calibration itself in ``decoding.calibration``.
+``decoding.cache.memory`` and the calibration itself in ``decoding.speculative.calibration``.
 
-- Device tier (``RAGSPEC_KV_CACHE_BYTES``, ``auto``): on CUDA, what ``decoding.kv_memory.device_kv_budget``
+- Device tier (``RAGSPEC_KV_CACHE_BYTES``, ``auto``): on CUDA, what ``decoding.cache.memory.device_kv_budget``
   leaves of the device memory free once every model is loaded; on a CPU 2 GiB, as before (the models and
   the working caches share that RAM with everything else on the machine, so a fixed, modest share).
 - Host tier (``RAGSPEC_KV_HOST_BYTES``, ``auto``): on CUDA, ``HOST_FRACTION`` of the RAM available at
@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from decoding.calibration import calibrate
-from decoding.engine import Engine
-from decoding.errors import ModelLoadError
-from decoding.kv_memory import (
+from decoding.cache.memory import (
     DEVICE_MARGIN_BYTES,
     device_kv_budget,
     host_kv_budget,
     kv_bytes_per_token,
     largest_window,
 )
-from decoding.models import LoadedModel
+from decoding.errors import ModelLoadError
+from decoding.runtime.models import LoadedModel
+from decoding.speculative.calibration import calibrate
+from decoding.speculative.engine import Engine
 
 if TYPE_CHECKING:  # annotations only: the GPU checks import this module where fastapi / pydantic are absent
     from app.scheduler import GenerationScheduler

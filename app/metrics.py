@@ -1,6 +1,6 @@
 """Prometheus metrics, one registry per app (several apps may live in one process, e.g. in tests).
 
-Generation stats are data (``decoding.stats``); this module only reports them. Gauges that mirror live
+Generation stats are data (``decoding.speculative.stats``); this module only reports them. Gauges that mirror live
 state (queue depth, KV-cache bytes, indexing jobs, Redis) are read at scrape time by a collector.
 
 Series about a tenant's traffic (requests, latency, generations, tokens, its documents) carry a ``tenant``
@@ -24,7 +24,7 @@ from prometheus_client.samples import Sample
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.gate import NO_TENANT, TENANT
-from decoding.stats import GenerationStats
+from decoding.speculative.stats import GenerationStats
 
 TENANT_LABEL = "tenant"
 ARRIVED = "ragspec.arrived"  # scope key: time.perf_counter() when the request reached the app (ttft counts from it)

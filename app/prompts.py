@@ -1,13 +1,14 @@
 """The target's prompt: whole document(s) + question, fitted to the window.
 
-Layout ``[system][document][history][question]`` through ``decoding.prompt.build_prompt``. The prefix
+Layout ``[system][document][history][question]`` through ``decoding.speculative.prompt.build_prompt``. The prefix
 (system + document) never depends on the question, so its token ids are cached here per prefix key and
 its KV by the engine's prefix cache. When the documents do not fit the target's window (minus the
 question, history and ``max_tokens``), the target reads the most relevant chunks that fit, in document
-order (``Retriever.select_for_window``) after a fixed lead of the documents' beginning, and the prompt is
-marked ``context_truncated``. Such a prefix depends on the question, so it is cached chunk by chunk: every
-chunk is a segment of the prefix (``Prompt.segment_ends``), and a later question whose selection starts
-with the same chunks reuses their KV (the lead always; the whole prefix for a repeated question).
+order (``Ranking.window``, cut from the request's one ranking) after a fixed lead of the documents'
+beginning, and the prompt is marked ``context_truncated``. Such a prefix depends on the question, so it is
+cached chunk by chunk: every chunk is a segment of the prefix (``Prompt.segment_ends``), and a later question
+whose selection starts with the same chunks reuses their KV (the lead always; the whole prefix for a repeated
+question).
 
 The tokenizer is used from one thread at a time here (fast tokenizers toggle backend state per call),
 with a private copy so indexing and detokenizing elsewhere never race with it.
@@ -27,9 +28,9 @@ from functools import cached_property, partial
 from typing import Any
 
 from app.errors import ContextTooLong
-from decoding.generation import Prompt
-from decoding.prompt import build_prompt, context_rows
-from retrieval.retriever import Hit, Retriever, hit_pieces
+from decoding.speculative.generation import Prompt
+from decoding.speculative.prompt import build_prompt, context_rows
+from retrieval.retriever import Hit, Ranking, Retriever, hit_pieces
 from retrieval.store import DocumentRecord, DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class PromptBuilder:
         lead = min(self.lead_tokens, self._long_budget(self.max_context - max_tokens - 64))
         if retriever is None or lead <= 0:
             return None
-        selection = retriever.select_for_window("", [d.id for d in docs], lead, lead_tokens=lead, tenant=tenant)
+        selection = retriever.rank([""], [d.id for d in docs], tenant=tenant).window(lead, lead_tokens=lead)
         return self._build(system, hit_pieces(selection.hits), "", (), key) if selection.hits else None
 
     def _long_budget(self, room: int) -> int:
@@ -215,11 +216,11 @@ class PromptBuilder:
         question: str,
         history: Sequence[tuple[str, str]],
         max_tokens: int,
-        retriever: Retriever | None,
-        tenant: str | None,
+        ranking: Ranking | None,
         system: str = SYSTEM_PROMPT,
     ) -> Prompt:
-        """The target's prompt over ``docs``, cut to the most relevant chunks when it is too long.
+        """The target's prompt over ``docs``, cut to the most relevant chunks of ``ranking`` (the request's
+        retrieval over ``docs``) when it is too long.
 
         Older history turns are dropped first when even an empty document does not fit. Raises
         ``ContextTooLong`` when the question alone does not fit.
@@ -240,19 +241,16 @@ class PromptBuilder:
             prompt = self._prompt(system, docs, question, history, key)
             if len(prompt.ids) <= room:
                 return prompt
-        if retriever is None:
+        if ranking is None:
             raise ContextTooLong(f"the documents do not fit the {room} tokens left in the window")
         # The most relevant chunks in document order, after the documents' lead; each chunk a cacheable segment
         # (its KV is reused by any later prompt over these documents that starts with the same chunks).
-        doc_ids = [d.id for d in docs]
-        key = prefix_key(self.model_name, system, doc_ids)
+        key = prefix_key(self.model_name, system, [d.id for d in docs])
         budget = self._long_budget(budget)
         for _ in range(FIT_ATTEMPTS):
             if budget <= 0:
                 break
-            selection = retriever.select_for_window(
-                question, doc_ids, budget, lead_tokens=self.lead_tokens, tenant=tenant
-            )
+            selection = ranking.window(budget, lead_tokens=self.lead_tokens)
             cut = self._build(system, hit_pieces(selection.hits), question, history, key)
             if len(cut.ids) <= room:
                 logger.info("documents cut to %d tokens to fit the window", len(cut.prefix_ids))

@@ -177,12 +177,6 @@ class AskResponse(BaseModel):
     stats: AskStats
 
 
-class TokenFrame(BaseModel):
-    """``data`` of an ``event: token`` frame."""
-
-    text: str
-
-
 # ---- OpenAI-compatible ----------------------------------------------------------------------------
 
 

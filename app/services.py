@@ -31,11 +31,18 @@ from app.redis_link import RedisLink
 from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
 from app.settings import Settings
-from decoding import kernels
-from decoding.engine import Engine, EngineConfig
+from decoding.cache.prefix import PrefixCache
 from decoding.errors import ModelLoadError
-from decoding.kv_cache import PrefixCache
-from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint, with_context_window
+from decoding.runtime import kernels
+from decoding.runtime.models import (
+    LoadedModel,
+    LoadOptions,
+    check_same_vocab,
+    load_model,
+    tokenizer_fingerprint,
+    with_context_window,
+)
+from decoding.speculative.engine import Engine, EngineConfig
 from retrieval.embedding import Embedder, load_embedder
 from retrieval.retriever import Retriever
 from retrieval.store import DocumentStore
@@ -126,7 +133,7 @@ class Services:
 
 
 def configure_kernels(settings: Settings) -> None:
-    """Hand the CPU kernels' settings (used at all, build dir, compiler) to ``decoding.kernels``."""
+    """Hand the CPU kernels' settings (used at all, build dir, compiler) to ``decoding.runtime.kernels``."""
     kernels.configure(
         enabled=settings.cpu_kernels, cache_dir=settings.kernel_cache, compiler=settings.kernel_compiler
     )
@@ -135,18 +142,11 @@ def configure_kernels(settings: Settings) -> None:
 def load_llm(settings: Settings, spec: str, rope_scaling: dict[str, Any] | None = None) -> LoadedModel:
     """A target or drafter LM as the settings ask for it (local files only)."""
     configure_kernels(settings)
-    return load_model(
-        spec,
-        models_dir=settings.models_dir,
-        device=settings.device,
-        dtype=settings.dtype,
-        threads=settings.threads,
-        local_files_only=True,
-        cpu_kernels=settings.cpu_kernels,
-        cpu_quant=settings.cpu_quant,
-        kv_dtype=settings.kv_dtype,
-        rope_scaling=rope_scaling,
-    )
+    return load_model(spec, LoadOptions(
+        models_dir=settings.models_dir, device=settings.device, dtype=settings.dtype, threads=settings.threads,
+        local_files_only=True, cpu_kernels=settings.cpu_kernels, cpu_quant=settings.cpu_quant,
+        kv_dtype=settings.kv_dtype, rope_scaling=rope_scaling,
+    ))
 
 
 def load_target(settings: Settings) -> LoadedModel:
@@ -172,20 +172,17 @@ def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
     return drafter
 
 
-def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
-    """Load models, open the store (recovering from a crash) and start the worker threads."""
-    t0 = time.perf_counter()
-    config = ServiceConfig.from_settings(settings)
-    data_dir = settings.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-
-    store = DocumentStore(data_dir / "documents", max_pdf_pages=settings.max_pdf_pages)
+def open_store(settings: Settings) -> DocumentStore:
+    """The document store, recovered from an interrupted shutdown (its half-indexed documents fail)."""
+    store = DocumentStore(settings.data_dir / "documents", max_pdf_pages=settings.max_pdf_pages)
     report = store.recover()
     if report.failed:
-        logger.warning(
-            "documents interrupted by the last shutdown are now failed: %s", ", ".join(report.failed)
-        )
+        logger.warning("documents interrupted by the last shutdown are now failed: %s", ", ".join(report.failed))
+    return store
 
+
+def open_embedder(settings: Settings, store: DocumentStore) -> Embedder:
+    """The embedder, warmed up; documents indexed by another one are named in the log (``ragspec reindex``)."""
     embedder = load_embedder(settings.embedding_model, settings.embedding_kind, settings.device)
     embedder.encode_query("warm-up")  # fixes the tokenizer's truncation state before threads share it
     stale = store.stale(embedder)
@@ -196,9 +193,12 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             len(stale),
             embedder.name,
         )
+    return embedder
 
-    target = load_target(settings)
-    drafters = Drafters(
+
+def open_drafters(settings: Settings, target: LoadedModel) -> Drafters:
+    """Every drafter's process-wide state: RACER's tables and cross-session tier, RAPID's LM."""
+    return Drafters(
         DraftingConfig(
             redis_url=settings.redis_url,
             draft_cache_ttl_s=settings.draft_cache_ttl_s,
@@ -210,25 +210,28 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
             device=str(target.device),
         )
     )
-    prefix_cache = None
-    if settings.kv_cache_bytes != 0:  # sized once every model is loaded (auto: from the free device memory)
-        device_bytes, host_bytes = kv_budgets(settings, target)
-        prefix_cache = PrefixCache(
-            device_bytes,
-            data_dir / "kv" if settings.kv_cache_persist and settings.kv_disk_bytes > 0 else None,
-            disk_budget=settings.kv_disk_bytes,
-            host_budget=host_bytes,
-            device=target.device,
-        )
-    elif target.device.type == "cuda":
-        check_window_fits(target)  # kv_budgets checks it otherwise: one generation at the window must fit
-    engine = Engine(
-        target,
-        prefix_cache,
-        config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk,
-                            prefill_chunk=settings.prefill_chunk),
+
+
+def open_prefix_cache(settings: Settings, target: LoadedModel) -> PrefixCache | None:
+    """The KV prefix cache (None when switched off), sized once every model is loaded (auto: from the free
+    device memory)."""
+    if settings.kv_cache_bytes == 0:
+        if target.device.type == "cuda":
+            check_window_fits(target)  # kv_budgets checks it otherwise: one generation at the window must fit
+        return None
+    device_bytes, host_bytes = kv_budgets(settings, target)
+    persist = settings.kv_cache_persist and settings.kv_disk_bytes > 0
+    return PrefixCache(
+        device_bytes,
+        settings.data_dir / "kv" if persist else None,
+        disk_budget=settings.kv_disk_bytes,
+        host_budget=host_bytes,
+        device=target.device,
     )
-    retriever = Retriever(
+
+
+def open_retriever(settings: Settings, store: DocumentStore, embedder: Embedder) -> Retriever:
+    return Retriever(
         store,
         embedder,
         threshold=settings.retrieval_threshold,
@@ -237,11 +240,34 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         scoring=settings.retrieval_scoring,
         lexical_weight=settings.retrieval_lexical_weight,
     )
-    prefixes = PrefixRegistry(data_dir / "kv-prefixes.json")
+
+
+def open_prefixes(settings: Settings, store: DocumentStore, prefix_cache: PrefixCache | None) -> PrefixRegistry:
+    """Which KV prefixes each document is part of; those of documents that are gone are dropped (memory, disk)."""
+    prefixes = PrefixRegistry(settings.data_dir / "kv-prefixes.json")
     orphans = prefixes.prune({r.id for r in store.list()})
     if prefix_cache is not None:
-        for key in orphans:  # KV of documents that are gone: memory and disk
+        for key in orphans:
             prefix_cache.drop(key)
+    return prefixes
+
+
+def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
+    """Load models, open the store (recovering from a crash) and start the worker threads."""
+    t0 = time.perf_counter()
+    config = ServiceConfig.from_settings(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings)
+    embedder = open_embedder(settings, store)
+    target = load_target(settings)
+    drafters = open_drafters(settings, target)
+    prefix_cache = open_prefix_cache(settings, target)
+    engine = Engine(
+        target,
+        prefix_cache,
+        config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk,
+                            prefill_chunk=settings.prefill_chunk),
+    )
     scheduler = GenerationScheduler(settings.queue_size)
     redis = RedisLink(settings.redis_url)
     indexing = IndexingJobs(
@@ -258,17 +284,12 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         prefix_cache=prefix_cache,
         embedder=embedder,
         store=store,
-        retriever=retriever,
+        retriever=open_retriever(settings, store, embedder),
         indexing=indexing,
         scheduler=scheduler,
-        prompts=PromptBuilder(
-            target.tokenizer,
-            target.name,
-            engine.max_context,
-            long_budget=settings.long_document_budget,
-            lead_tokens=settings.long_document_lead,
-        ),
-        prefixes=prefixes,
+        prompts=PromptBuilder(target.tokenizer, target.name, engine.max_context,
+                              long_budget=settings.long_document_budget, lead_tokens=settings.long_document_lead),
+        prefixes=open_prefixes(settings, store, prefix_cache),
         drafters=drafters,
         redis=redis,
         sessions=SessionStore(redis, config.sessions.session_ttl_s, config.sessions.max_turns,
@@ -280,10 +301,6 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
     indexing.on_ready = services.warm_document
     if settings.calibrate:
         start_calibration(engine, scheduler)  # 256 and 2048 tokens; on a GPU, longer caches up to the window
-    logger.info(
-        "services ready in %.1f s (target %s, embedder %s)",
-        time.perf_counter() - t0,
-        target.name,
-        embedder.name,
-    )
+    logger.info("services ready in %.1f s (target %s, embedder %s)", time.perf_counter() - t0, target.name,
+                embedder.name)
     return services

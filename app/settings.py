@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from decoding.bundled import BUNDLED  # the one definition of the bundled model names
 from decoding.errors import ModelLoadError
-from decoding.rope import check_rope_scaling
+from decoding.runtime.bundled import BUNDLED  # the one definition of the bundled model names
+from decoding.runtime.rope import check_rope_scaling
 
 ROPE_SCALING_FORM = ('must be a JSON object like {"rope_type": "yarn", "factor": 4.0, '
                      '"original_max_position_embeddings": 32768}')
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     )
     retrieval_lexical_weight: float | None = Field(
         None, ge=0.0, le=1.0, description="Weight of BM25 in a chunk's hybrid score (default: calibrated on the QA "
-        "set, see README Retrieval)"
+        "set, see docs/architecture.md, Retrieval)"
     )
     retrieval_budget_cap: int = Field(8192, ge=256, description="Cap on the RAG context budget max(L/24, 4096)")
     retrieval_top_k: int = Field(16, ge=1, le=256, description="Hits considered per question")

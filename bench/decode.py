@@ -58,10 +58,11 @@ from bench.decode_measure import (
     verify_curve,
 )
 from bench.decode_methods import DRAFTERS, ENGINE_CONFIG, SYSTEM, Bench, Case, Run, all_methods, default_methods
-from decoding.calibration import calibrate
-from decoding.engine import Engine
-from decoding.kernels import kernels_active
-from decoding.kv_cache import PrefixCache
+from decoding.cache.prefix import PrefixCache
+from decoding.runtime.kernels import kernels_active
+from decoding.runtime.models import LoadOptions
+from decoding.speculative.calibration import calibrate
+from decoding.speculative.engine import Engine
 
 logger = logging.getLogger("bench.decode")
 
@@ -73,7 +74,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     before = rss_mb()
-    target = load_target(args.model, Path(args.data_dir), cpu_quant=args.cpu_quant, kv_dtype=args.kv_dtype)
+    options = LoadOptions(cpu_quant=args.cpu_quant, kv_dtype=args.kv_dtype)
+    target = load_target(args.model, Path(args.data_dir), options=options)
     target_rss = rss_mb() - before
     methods = all_methods(target)
     llm, llama_rss = (None, 0.0)
@@ -96,7 +98,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     calibrate(engine)
     other_kv = None
     if any(n.startswith("autoregressive_kv") for n in names):
-        from decoding.cpu_llama import CpuLlama
+        from decoding.runtime.cpu_llama import CpuLlama
 
         model: CpuLlama = target.model
         kv = torch.float32 if model.kv_dtype == torch.float16 else torch.float16

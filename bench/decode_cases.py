@@ -10,8 +10,8 @@ from typing import Any
 
 from bench.common import DocQA
 from bench.decode_methods import RAPID_BUDGET, RAPID_SWEEP, SYSTEM, Case
-from decoding.models import LoadedModel
-from decoding.prompt import build_prompt, context_rows
+from decoding.runtime.models import LoadedModel
+from decoding.speculative.prompt import build_prompt, context_rows
 from retrieval.retriever import Hit, join_hits
 
 # ---- prompts ----------------------------------------------------------------------------------------

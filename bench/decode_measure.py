@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,11 @@ import torch
 from bench.common import DocQA, median, rss_mb
 from bench.decode_cases import make_cases
 from bench.decode_methods import ENGINE_CONFIG, REFERENCES, Bench, Case, Run
-from decoding.calibration import verify_costs
-from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
-from decoding.kv_cache import PrefixCache
-from decoding.models import LoadedModel
+from decoding.cache.prefix import PrefixCache
+from decoding.runtime.models import LoadedModel
+from decoding.speculative.calibration import verify_costs
+from decoding.speculative.engine import Engine
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 
 logger = logging.getLogger("bench.decode")
 
@@ -94,7 +93,7 @@ def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str
             "acceptance_length": round(median([r.acceptance_length for r in reps]), 4),
             "accepted_by_source": _sum_sources([r.accepted_by_source for r in reps]),
             "drafted_by_source": _sum_sources([r.drafted_by_source for r in reps]),
-            "reps": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in reps],
+            "decode_tokens_per_s_reps": [round(r.decode_tps, 3) for r in reps],  # the spread behind the median
         }
     return out
 
@@ -133,7 +132,7 @@ def measure_ttft_repeat(
 
 def gguf_of(spec: str, data_dir: Path) -> Path | None:
     """The GGUF file a target spec is served from (what llama.cpp gets), if any."""
-    from decoding.bundled import GGUF_LINK, bundled_gguf_dir
+    from decoding.runtime.bundled import GGUF_LINK, bundled_gguf_dir
 
     if spec == "bundled":
         return bundled_gguf_dir(data_dir / "models") / GGUF_LINK

@@ -18,8 +18,6 @@ import numpy as np
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from decoding.drafter import Drafter
-from decoding.drafters import DraftingKit, DraftLM, build_drafters
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
     AutomatonCache,
@@ -29,12 +27,14 @@ from decoding.drafters.racer import (
     RacerConfig,
     RacerFactory,
 )
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
-from decoding.models import LoadedModel
+from decoding.drafters.registry import DraftingKit, DraftLM, build_drafters
+from decoding.runtime.models import LoadedModel
+from decoding.speculative.drafter import Drafter
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 
 if TYPE_CHECKING:
-    from decoding.cpu_llama import CpuLlama  # noqa: F401
+    from decoding.runtime.cpu_llama import CpuLlama  # noqa: F401
 
 logger = logging.getLogger("bench.decode")
 
@@ -119,7 +119,7 @@ def racer_cross_session(bench: Bench, case: Case) -> list[Drafter]:
 
 def mode(name: str) -> DrafterFactory:
     """A service mode from the drafter registry, with RACER's per-request knowledge as in ``racer_single`` and
-    an empty cross-session tier (a tenant's first question: ``bench.racer_parts`` measures repeated ones)."""
+    an empty cross-session tier (a tenant's first question)."""
 
     def make(bench: Bench, case: Case) -> list[Drafter]:
         table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)

@@ -10,7 +10,7 @@ drafter's (temperature 1), one speculative step drafting x ~ q emits a token dis
 
     out = q a + (1 - sum_x q(x) a(x)) r,   a = min(1, p_hat / q),   r = norm(max(p - p_hat, p - q, 0)),
 
-p_hat = ``decoding.verify.transfer(p, q, eta)``. The total variation TV(out, p) is 0 at eta = 0 (exact
+p_hat = ``decoding.speculative.verify.transfer(p, q, eta)``. The total variation TV(out, p) is 0 at eta = 0 (exact
 speculative sampling) and measures how much eta > 0 changes the output: its mean over positions is reported
 per eta, with the drafter's own TV(q, p) for scale.
 
@@ -34,24 +34,15 @@ import torch
 from bench.common import REPO, load_target, machine_info, qa_documents, write_json
 from bench.datasets import load_qa
 from bench.decode import RagContext, make_cases
-from decoding.drafters import DraftingKit, build_drafters
-from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig, SamplingParams
-from decoding.kv_cache import PrefixCache, SlotCache
-from decoding.verify import transfer
+from decoding.cache.prefix import PrefixCache
+from decoding.cache.slot import SlotCache
+from decoding.drafters.registry import DraftingKit, build_drafters
+from decoding.speculative.engine import Engine
+from decoding.speculative.generation import DoneEvent, GenerationConfig, SamplingParams
+from decoding.speculative.verify import one_step_output
 
 logger = logging.getLogger("bench.eta")
 ETAS = (0.0, 5.0, 10.0, 20.0)
-
-
-def one_step_output(p: torch.Tensor, q: torch.Tensor, eta: float) -> torch.Tensor:
-    """The emitted token's distribution after one drafted token x ~ q under the eta rule (rows: positions)."""
-    p_hat = torch.stack([transfer(pi, qi, eta) for pi, qi in zip(p, q, strict=True)]) if eta else p
-    a = torch.where(q > 0, torch.clamp(p_hat / q, max=1.0), torch.zeros_like(q))
-    accepted = q * a
-    residual = torch.clamp(torch.maximum(p - p_hat, p - q), min=0.0)
-    residual = residual / residual.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-    return accepted + (1.0 - accepted.sum(dim=-1, keepdim=True)) * residual
 
 
 def next_token_probs(model: Any, context: list[int], answer: list[int]) -> torch.Tensor:

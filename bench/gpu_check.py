@@ -43,12 +43,12 @@ import torch
 from bench.common import REPO, machine_info, median, out, write_json
 from bench.gpu_correctness import correctness
 from bench.gpu_models import SHAPES, branchy_tree, build_model, fill_random, target_of
-from decoding.drafter import DraftRequest, PromptInfo
+from decoding.cache.slot import SlotCache
 from decoding.drafters.rapid import DraftLM, RapidKVDrafter
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import SamplingParams
-from decoding.kv_cache import SlotCache
-from decoding.tree import DraftTree
+from decoding.speculative.drafter import DraftRequest, PromptInfo
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import SamplingParams
+from decoding.speculative.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from bench.gpu_models import build_model, target_of
-from decoding.drafter import BaseDrafter, DraftRequest
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
-from decoding.tree import ROOT, DraftTree
+from decoding.speculative.drafter import BaseDrafter, DraftRequest
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.speculative.tree import ROOT, DraftTree
 
 
 class ForcedTrees(BaseDrafter):

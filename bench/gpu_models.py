@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.attention import use_grouped_sdpa
-from decoding.kv_cache import SlotCache
-from decoding.kv_cache import fill_random as fill_random_rows
-from decoding.tree import ROOT, DraftTree
+from decoding.cache.slot import SlotCache
+from decoding.cache.slot import fill_random as fill_random_rows
+from decoding.runtime.attention import use_grouped_sdpa
+from decoding.speculative.tree import ROOT, DraftTree
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}  # fmt: skip
@@ -60,7 +60,7 @@ class RandomTarget:
 
 def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     """A random Llama of ``SHAPES[shape]`` made on ``device`` in ``dtype`` (parameters never exist elsewhere),
-    switched to the engine's attention like ``decoding.models`` does."""
+    switched to the engine's attention like ``decoding.runtime.models`` does."""
     config = LlamaConfig(**SHAPES[shape], attn_implementation="sdpa")
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -81,7 +81,7 @@ def target_of(model: Any, device: torch.device, name: str) -> RandomTarget:
 
 def fill_random(cache: SlotCache, model: Any, rows: int) -> None:
     """Make ``rows`` random key/value rows live in every layer of ``cache`` (on the model's device and dtype):
-    ``decoding.kv_cache.fill_random``, which the GPU calibration uses too."""
+    ``decoding.cache.slot.fill_random``, which the GPU calibration uses too."""
     fill_random_rows(cache, model.config, rows, model.dtype, next(model.parameters()).device)
 
 

@@ -185,7 +185,7 @@ def local_server(data_dir: Path, queue_size: int) -> Iterator[str]:
 
     from app.main import create_app
     from app.settings import Settings
-    from decoding.bundled import bundled_gguf_dir
+    from decoding.runtime.bundled import bundled_gguf_dir
 
     models_dir = Settings().models_dir  # type: ignore[call-arg]  # RAGSPEC_DATA_DIR or ./data
     settings = Settings(  # type: ignore[call-arg]

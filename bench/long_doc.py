@@ -3,7 +3,7 @@
     python -m bench.long_doc [--quick] [--json PATH]
 
 Everything goes through the service's own parts: ``DocumentStore`` ingest (512-token chunks, the bundled
-embedder), ``Retriever.select_for_window`` and ``PromptBuilder.fit`` (the target's prompt: the documents' lead,
+embedder), ``Retriever.rank`` and ``PromptBuilder.fit`` (the target's prompt: the documents' lead,
 then the best chunks in document order, each chunk a cacheable segment), and the ``Engine`` with a
 ``PrefixCache``.
 
@@ -32,9 +32,9 @@ from typing import Any
 from app.prompts import DocumentText, PromptBuilder
 from bench.common import REPO, load_target, machine_info, median, write_json
 from bench.datasets import DATA_DIR, DECODING_DOCS, load_qa, passage_pattern
-from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
-from decoding.kv_cache import PrefixCache, segment_keys
+from decoding.cache.prefix import PrefixCache, segment_keys
+from decoding.speculative.engine import Engine
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 from retrieval.embedding import load_embedder
 from retrieval.retriever import Retriever
 from retrieval.store import DocumentStore
@@ -96,7 +96,8 @@ class Setup:
                              lead_tokens=lead)
 
     def prompt(self, builder: PromptBuilder, question: str) -> Prompt:
-        return builder.fit(self.docs, question, [], MAX_TOKENS, self.retriever, None)
+        ranking = self.retriever.rank([question], [self.record.id])
+        return builder.fit(self.docs, question, [], MAX_TOKENS, ranking)
 
     def warm(self, builder: PromptBuilder) -> Prompt | None:
         return builder.warm_prompt(self.docs, MAX_TOKENS, self.retriever)

@@ -36,7 +36,7 @@ from typing import Any
 from bench.common import out
 from bench.retrieval_ingest import bench_ingest
 from bench.retrieval_qa import SCOPES, SPLITS, bench_qa
-from decoding.bundled import GGUF_DIR_NAME, SMOLLM2_GGUF, SMOLLM2_MODULE
+from decoding.runtime.bundled import GGUF_DIR_NAME, SMOLLM2_GGUF, SMOLLM2_MODULE
 from retrieval.embedding import load_embedder
 
 logger = logging.getLogger("bench.retrieval")

@@ -49,7 +49,8 @@ def _imported_packages(source: str) -> set[str]:
 
 
 def test_the_check_sees_imports() -> None:
-    assert _imported_packages("import app.x\ndef f():\n    from decoding.tree import ROOT\n") == {"app", "decoding"}
+    source = "import app.x\ndef f():\n    from decoding.speculative.tree import ROOT\n"
+    assert _imported_packages(source) == {"app", "decoding"}
 
 
 def test_libraries_never_import_each_other_nor_the_app() -> None:
@@ -60,4 +61,110 @@ def test_libraries_never_import_each_other_nor_the_app() -> None:
         for path in sorted((REPO / package).rglob("*.py")):
             imported = _imported_packages(path.read_text()) & others
             found += [f"{path.relative_to(REPO)} imports {name}" for name in sorted(imported)]
+    assert not found, found
+
+
+PACKAGES = ("app", "retrieval", "decoding")
+ROOMS = ("drafters", "speculative", "runtime", "cache")  # decoding's rooms, each importing only those after it
+
+
+def _module_names() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in it: a function-local import is still an edge)."""
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in (``a.b.C`` -> ``a.b``)
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {owner(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                edges |= {owner(f"{base}.{alias.name}") or owner(base) for alias in node.names}
+        graph[name] = {e for e in edges if e is not None and e != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    """No module of app, retrieval and decoding reaches itself through imports (function-local ones included)."""
+    graph = _import_graph(_module_names())
+    assert "decoding.speculative.engine" in graph["decoding.speculative.calibration"]  # the graph is read
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_decoding_rooms_form_a_ladder() -> None:
+    """drafters -> speculative -> runtime -> cache -> errors: no room imports one before it."""
+    graph = _import_graph(_module_names())
+
+    def room(module: str) -> int:
+        parts = module.split(".")
+        return ROOMS.index(parts[1]) if len(parts) > 2 and parts[1] in ROOMS else len(ROOMS)
+
+    up = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith("decoding.")
+                for d in deps if d.startswith("decoding.") and room(d) < room(m))
+    assert not up, up
+
+
+def test_only_the_bench_tests_import_the_bench() -> None:
+    """bench/ is a user of the libraries, not a library of the tests: only tests/bench (the benchmarks' own tests)
+    and tests/gpu (the test half of scripts/gpu-check, which shares bench.gpu_models' random-weight targets with
+    bench.gpu_check) import it."""
+    allowed = (REPO / "tests" / "bench", REPO / "tests" / "gpu")
+    found = [str(path.relative_to(REPO)) for path in sorted((REPO / "tests").rglob("*.py"))
+             if not path.is_relative_to(allowed[0]) and not path.is_relative_to(allowed[1])
+             and "bench" in _imported_packages(path.read_text())]
     assert not found, found

@@ -26,7 +26,7 @@ from app.schemas import AskRequest, AskResponse
 from app.services import Services
 from app.sessions import Turn
 from app.sse import comment, frame, sse_response
-from decoding.generation import PrefillEvent, SamplingParams
+from decoding.speculative.generation import PrefillEvent, SamplingParams
 
 logger = logging.getLogger(__name__)
 

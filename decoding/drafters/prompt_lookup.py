@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo
-from decoding.tree import DraftTree
+from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo
+from decoding.speculative.tree import DraftTree
 
 
 class PromptLookupDrafter(BaseDrafter):

@@ -18,7 +18,7 @@ distribution q on the node, so recursive rejection sampling stays exact. Every f
 reports its seconds per drafted token (``step_cost_s``), and the engine rations its depth by that cost.
 
 A drafter LM may have more or fewer logits than the target while sharing its tokenizer (Qwen2.5-7B pads its
-head to 152064 rows, the 0.5B-3B models to 151936; ``decoding.models.check_same_vocab`` admits that when both
+head to 152064 rows, the 0.5B-3B models to 151936; ``decoding.runtime.models.check_same_vocab`` admits that when both
 cover every token id): ``width`` (the target's) fits each drafter distribution to the target's columns, cut
 off or padded with probability 0, so q meets p column for column. Should the target ever emit an id past the
 drafter's own rows (a padding row it sampled), the drafter cannot read it and stops drafting for the request.
@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo
-from decoding.generation import SamplingParams
-from decoding.kv_cache import SlotCache
-from decoding.tree import ROOT, DraftTree
-from decoding.verify import target_probs
+from decoding.cache.slot import SlotCache
+from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo
+from decoding.speculative.generation import SamplingParams
+from decoding.speculative.tree import ROOT, DraftTree
+from decoding.speculative.verify import target_probs
 
 PREFILL_CHUNK = 1024  # tokens per prefill forward (bounds attention memory on the torch path)
 
@@ -55,7 +55,7 @@ def fit_width(logits: torch.Tensor, width: int | None) -> torch.Tensor:
 class DraftLM:
     """A causal LM with its own KV cache: forwards tokens and returns the last position's logits.
 
-    ``model`` answers the transformers causal-LM call (``decoding.cpu_llama.CpuLlama`` does too); ``vocab``
+    ``model`` answers the transformers causal-LM call (``decoding.runtime.cpu_llama.CpuLlama`` does too); ``vocab``
     is its embedding's row count (0 when its config does not say): ids at or past it cannot be fed.
     """
 

@@ -18,7 +18,7 @@ import pytest
 from httpx_sse import connect_sse
 from openai import OpenAI
 
-from decoding.drafters import MODES
+from decoding.drafters.registry import MODES
 from tests.app.live import LANDMARKS, ThreadServer, ask, upload_text, wait_indexed
 
 pytestmark = pytest.mark.real_model

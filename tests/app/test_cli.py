@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import SUBCOMMANDS, build_parser, main
-from decoding.bundled import MARKER_NAME
+from decoding.runtime.bundled import MARKER_NAME
 from tests.conftest import DATA_DIR
 
 

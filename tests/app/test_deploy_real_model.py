@@ -1,4 +1,4 @@
-"""Deploying a real model with docker-compose.yml (README "A real model on a GPU"), read through
+"""Deploying a real model with docker-compose.yml (docs/operations.md "A real model on a GPU"), read through
 ``docker-compose config`` as in tests/app/test_deploy.py: the settings a real model needs pass through to
 both services from the shell or a `.env` file, only when set; unset or empty they leave valid settings; the
 env_file reaches the containers; host weights are mounted read-only at /models; the GPU service keeps its
@@ -20,7 +20,7 @@ from tests.app.test_deploy import COMPOSE_FILE, REPO, dockerfile_instructions, n
 
 SERVICES = ("ragspec", "ragspec-gpu")
 ENV_FILE = REPO / "ragspec.env"
-# what README "A real model on a GPU" tells a deployer to set
+# what docs/operations.md "A real model on a GPU" tells a deployer to set
 PASSTHROUGH = {
     "RAGSPEC_TARGET_MODEL": "/models/Qwen2.5-7B-Instruct",
     "RAGSPEC_DRAFTER_MODEL": "/models/Qwen2.5-0.5B-Instruct",

@@ -22,12 +22,12 @@ from app.kv_tuning import (
 )
 from app.scheduler import GenerationScheduler
 from app.settings import Settings
-from decoding.budget import BudgetPolicy
-from decoding.calibration import calibrate
-from decoding.engine import Engine
+from decoding.cache.memory import device_kv_budget, kv_bytes_per_token
 from decoding.errors import ModelLoadError
-from decoding.kv_memory import device_kv_budget, kv_bytes_per_token
-from decoding.models import LoadedModel
+from decoding.runtime.models import LoadedModel
+from decoding.speculative.budget import BudgetPolicy
+from decoding.speculative.calibration import calibrate
+from decoding.speculative.engine import Engine
 from tests.decoding.conftest import make_tiny_llama, tiny_target
 
 GIB = 1 << 30

@@ -12,7 +12,7 @@ from app.errors import ContextTooLong, InvalidRequest
 from app.prompts import SYSTEM_PROMPT, DocumentText, PromptBuilder
 from app.routes.openai import conversation
 from app.schemas import ChatMessage
-from decoding.prompt import build_prompt
+from decoding.speculative.prompt import build_prompt
 from retrieval.retriever import Hit
 
 
@@ -28,8 +28,8 @@ DOCS = [DocumentText("d1", "Notes", 20, lambda: NOTES)]
 def test_cached_prefix_plus_suffix_equals_the_whole_prompt(tokenizer) -> None:  # type: ignore[no-untyped-def]
     builder = PromptBuilder(tokenizer, "smollm2", max_context=4096)
     history = [("Where is tea grown?", "In Assam.")]
-    first = builder.fit(DOCS, "What about coffee?", history, 32, None, None)
-    again = builder.fit(DOCS, "And tea?", [], 32, None, None)  # prefix ids from the cache this time
+    first = builder.fit(DOCS, "What about coffee?", history, 32, None)
+    again = builder.fit(DOCS, "And tea?", [], 32, None)  # prefix ids from the cache this time
     for prompt, question, hist in ((first, "What about coffee?", history), (again, "And tea?", [])):
         whole = build_prompt(
             tokenizer,
@@ -48,10 +48,10 @@ def test_cached_prefix_plus_suffix_equals_the_whole_prompt(tokenizer) -> None:  
 def test_history_is_dropped_before_the_question_is_refused(tokenizer) -> None:  # type: ignore[no-untyped-def]
     builder = PromptBuilder(tokenizer, "smollm2", max_context=300)
     long_turns = [("q " * 60, "a " * 60)] * 3
-    prompt = builder.fit([], "Short question?", long_turns, 16, None, None)
+    prompt = builder.fit([], "Short question?", long_turns, 16, None)
     assert len(prompt.ids) + 16 <= 300
     with pytest.raises(ContextTooLong):
-        builder.fit([], "word " * 400, [], 16, None, None)
+        builder.fit([], "word " * 400, [], 16, None)
 
 
 def test_a_long_history_is_trimmed_with_a_few_prompt_builds(tokenizer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -62,7 +62,7 @@ def test_a_long_history_is_trimmed_with_a_few_prompt_builds(tokenizer, monkeypat
     builds = []
     real = builder._build
     monkeypatch.setattr(builder, "_build", lambda *a, **k: builds.append(1) or real(*a, **k))
-    prompt = builder.fit([], "And coffee?", turns, 16, None, None)
+    prompt = builder.fit([], "And coffee?", turns, 16, None)
     assert len(builds) <= 12
     assert len(prompt.ids) + 16 <= 600
     kept = [t for t in turns if f"Question {turns.index(t)} about" in tokenizer.decode(prompt.ids)]
@@ -94,7 +94,7 @@ def test_draft_prompt_is_the_target_layout_over_the_retrieved_chunks(tokenizer) 
     draft = builder.draft_prompt("Coffee needs shade.", "What about coffee?", history)
     same = build_prompt(tokenizer, system=SYSTEM_PROMPT, document="Coffee needs shade.", question="What about coffee?",
                         history=history, prefix_key=None)
-    target = builder.fit(DOCS, "What about coffee?", history, 32, None, None)
+    target = builder.fit(DOCS, "What about coffee?", history, 32, None)
     assert draft == same.ids
     assert draft[-len(target.suffix_ids):] == list(target.suffix_ids)  # same question and history tokens
     assert len(draft) < len(target.ids)
@@ -105,7 +105,7 @@ def test_draft_rows_cover_the_retrieved_spans_and_the_prompt_around_the_document
     text = "Tea is grown in Assam. " * 20 + "Coffee needs shade and rain. " + "Cocoa grows near the equator. " * 20
     docs = [DocumentText("d1", "Notes", 200, lambda: text)]
     builder = PromptBuilder(tokenizer, "smollm2", max_context=4096)
-    prompt = builder.fit(docs, "What does coffee need?", [], 32, None, None)
+    prompt = builder.fit(docs, "What does coffee need?", [], 32, None)
     start = text.index("Coffee")
     hit = Hit("d1", 3, "Coffee needs shade and rain. ", 0.9, start, start + 29, None, 7)
     rows = builder.draft_rows(prompt, docs, [hit])

@@ -14,9 +14,9 @@ import torch
 from app.kv_tuning import RecalibrationBackoff, schedule_recalibration
 from app.services import Services
 from app.settings import Settings
-from decoding.budget import BudgetPolicy
-from decoding.calibration import calibrate
-from decoding.engine import Engine
+from decoding.speculative.budget import BudgetPolicy
+from decoding.speculative.calibration import calibrate
+from decoding.speculative.engine import Engine
 from tests.decoding.conftest import tiny_target
 
 

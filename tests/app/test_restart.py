@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.kv_tags import PrefixRegistry
-from decoding.kv_cache import PrefixCache, PrefixEntry
+from decoding.cache.prefix import PrefixCache, PrefixEntry
 from tests.app.live import (
     LANDMARKS,
     ProcessServer,

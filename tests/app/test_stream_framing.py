@@ -17,7 +17,7 @@ from app.routes import openai as openai_route
 from app.scheduler import GenerationScheduler
 from app.schemas import Source
 from app.sse import comment, encode, frame
-from decoding.generation import GenerationConfig, Prompt, SamplingParams, TokenEvent
+from decoding.speculative.generation import GenerationConfig, Prompt, SamplingParams, TokenEvent
 
 
 def failing_job(cancel: threading.Event) -> Iterator[TokenEvent]:

@@ -13,15 +13,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoding import kernels
-from decoding.attention import use_grouped_sdpa
-from decoding.cpu_llama import CpuLlama, weights_from_hf
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
-from decoding.kernels import use_cpu_kernels
-from decoding.quant import WeightType
+from decoding.runtime import kernels
+from decoding.runtime.attention import use_grouped_sdpa
+from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
+from decoding.runtime.kernels import use_cpu_kernels
+from decoding.runtime.quant import WeightType
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
 
 if TYPE_CHECKING:  # the fixtures of modules that never run an engine need not import it
-    from decoding.engine import Engine
+    from decoding.speculative.engine import Engine
 
 VOCAB = 97
 PROMPT = Prompt(prefix_ids=[5, 17, 3, 42, 8, 8, 23, 61, 5, 17], suffix_ids=[3, 42, 9], prefix_key=None)
@@ -51,7 +51,7 @@ def make_tiny_llama(
     seed: int = 0, vocab: int = VOCAB, layers: int = 2, peaked: float = 1.0, cpu_kernels: bool = True,
     heads: int = 4, kv_heads: int = 2, head_dim: int | None = None,
 ) -> LlamaForCausalLM:
-    """A random-weight Llama; ``cpu_kernels`` switches it to decoding.kernels (when this machine has them)."""
+    """A random-weight Llama; ``cpu_kernels`` switches it to decoding.runtime.kernels (when this machine has them)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab,
@@ -99,7 +99,7 @@ needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="CPU kernels u
 
 @pytest.fixture(scope="module", params=["quantized", "cpu_kernels", "torch_kernels"])
 def tiny(request: pytest.FixtureRequest) -> TinyTarget:
-    """The tiny target on the quantized CPU runtime, on decoding.kernels (fp32) and on torch's kernels:
+    """The tiny target on the quantized CPU runtime, on decoding.runtime.kernels (fp32) and on torch's kernels:
     everything must hold on all three."""
     torch.set_num_threads(1)
     if request.param == "quantized":

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from decoding.attention import NAME, use_grouped_sdpa
-from decoding.engine import Engine
-from decoding.kv_cache import SlotCache
-from decoding.tree import ROOT, DraftTree, tree_layout
+from decoding.cache.slot import SlotCache
+from decoding.runtime.attention import NAME, use_grouped_sdpa
+from decoding.speculative.engine import Engine
+from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import TinyTarget, make_tiny_llama
 
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from decoding.budget import AcceptanceModel, BudgetPolicy, TreeSelector
-from decoding.tree import ROOT, DraftTree
+from decoding.speculative.budget import AcceptanceModel, BudgetPolicy, TreeSelector
+from decoding.speculative.tree import ROOT, DraftTree
 
 # Costs relative to one token: a CPU (measured on the bundled model with the CPU kernels) and a GPU.
 CPU = {0: 1.0, 1: 1.04, 2: 1.07, 3: 1.15, 4: 1.25, 6: 1.35, 8: 1.44, 12: 1.7, 16: 2.0, 24: 2.5, 32: 3.0, 48: 4.2,

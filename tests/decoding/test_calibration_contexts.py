@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from decoding.budget import DEFAULT_BUCKETS, BudgetPolicy
-from decoding.calibration import calibrate
-from decoding.engine import Engine
+from decoding.speculative.budget import DEFAULT_BUCKETS, BudgetPolicy
+from decoding.speculative.calibration import calibrate
+from decoding.speculative.engine import Engine
 from tests.decoding.conftest import tiny_target
 
 

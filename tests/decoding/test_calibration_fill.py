@@ -1,4 +1,4 @@
-"""Random key/value rows in place of a prefill (``decoding.kv_cache.fill_random``): the layout a prefill writes,
+"""Random key/value rows in place of a prefill (``decoding.cache.slot.fill_random``): the layout a prefill writes,
 appended after the live rows; the calibration uses them off a CPU (here forced with ``fill=True``) and runs
 no prefill then, while a CPU engine keeps prefilling random tokens as before."""
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from decoding.budget import BudgetPolicy
-from decoding.calibration import calibrate, verify_costs
-from decoding.engine import Engine
-from decoding.kv_cache import SlotCache, fill_random
+from decoding.cache.slot import SlotCache, fill_random
+from decoding.speculative.budget import BudgetPolicy
+from decoding.speculative.calibration import calibrate, verify_costs
+from decoding.speculative.engine import Engine
 from tests.decoding.conftest import tiny_target
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from decoding import kernels
-from decoding.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
-from decoding.kv_cache import SlotCache
-from decoding.quant import QuantMatrix, WeightType, quantize, stack_rows
-from decoding.tree import ROOT, DraftTree, tree_layout
+from decoding.cache.slot import SlotCache
+from decoding.runtime import kernels
+from decoding.runtime.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
+from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
+from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import make_tiny_llama, needs_kernels, quantized_tiny_llama
 
 lib = kernels.load()
@@ -363,8 +363,8 @@ def test_gguf_weights_are_read_as_stored_and_unpermuted(tmp_path: Path) -> None:
 def test_unsupported_architectures_say_why() -> None:
     from transformers import LlamaConfig
 
-    from decoding.cpu_llama import check_supported
     from decoding.errors import ModelLoadError
+    from decoding.runtime.cpu_llama import check_supported
 
     with pytest.raises(ModelLoadError, match="SiLU"):
         check_supported(LlamaConfig(hidden_act="gelu"))
@@ -376,7 +376,7 @@ def test_bad_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     import gguf
 
     from decoding.errors import ModelLoadError
-    from decoding.models import load_model
+    from decoding.runtime.models import LoadOptions, load_model
 
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"not a gguf file at all" * 10)
@@ -398,4 +398,4 @@ def test_bad_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     (two / "a.gguf").write_bytes(b"x")
     (two / "b.gguf").write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="several GGUF files"):
-        load_model(str(two), local_files_only=True)
+        load_model(str(two), LoadOptions(local_files_only=True))

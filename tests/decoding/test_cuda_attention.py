@@ -1,4 +1,4 @@
-"""The CUDA attention paths (decoding.attention_cuda), run on CPU tensors with the CUDA branch forced: each
+"""The CUDA attention paths (decoding.runtime.attention_cuda), run on CPU tensors with the CUDA branch forced: each
 path is exact attention (against float64 math over explicitly repeated heads), none repeats key/value heads,
 and the CPU behaviour is unchanged when the branch is not forced."""
 
@@ -17,12 +17,12 @@ from transformers.masking_utils import sdpa_mask
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 
-from decoding import attention_cuda
-from decoding.attention import NAME, use_grouped_sdpa
-from decoding.attention_cuda import attend, describe_tree_mask, grouped_mask
-from decoding.engine import Engine, EngineConfig
-from decoding.kv_cache import SlotCache
-from decoding.tree import ROOT, DraftTree, tree_layout
+from decoding.cache.slot import SlotCache
+from decoding.runtime import attention_cuda
+from decoding.runtime.attention import NAME, use_grouped_sdpa
+from decoding.runtime.attention_cuda import attend, describe_tree_mask, grouped_mask
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import TinyTarget, make_tiny_llama
 
 

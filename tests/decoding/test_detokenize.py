@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from decoding.detokenize import IncrementalDetokenizer, StopMatcher
+from decoding.speculative.detokenize import IncrementalDetokenizer, StopMatcher
 
 TEXTS = [
     "Hello world, this is a test.  Two spaces and\nnew lines\n\n  indented.",

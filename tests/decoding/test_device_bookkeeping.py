@@ -4,7 +4,7 @@ device.
 
 The target's logits are wrapped in ``OnDevice``, a tensor subclass standing in for an accelerator's tensor:
 everything computed from them stays ``OnDevice``, and every host read of one (``.tolist()``, ``float()``,
-``.cpu()``...) is recorded. ``decoding.host.fetch`` is the one sanctioned way over: the spy counts the calls
+``.cpu()``...) is recorded. ``decoding.runtime.host.fetch`` is the one sanctioned way over: the spy counts the calls
 that carry an ``OnDevice`` tensor (a real transfer on a device) and hands back plain tensors.
 """
 
@@ -16,15 +16,16 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from decoding import engine as engine_module
-from decoding import host
-from decoding.drafter import BaseDrafter, Drafter, PromptInfo, VerifyOutcome
+from decoding.cache.prefix import PrefixCache, PrefixEntry
+from decoding.cache.slot import SlotCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.rapid import DraftLM, RapidDrafter
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
-from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache
-from decoding.prefill import TOPK_CHUNK, TOPK_LOGITS_BYTES, default_prefill_chunk, topk_chunk
+from decoding.runtime import host
+from decoding.speculative import engine as engine_module
+from decoding.speculative.drafter import BaseDrafter, Drafter, PromptInfo, VerifyOutcome
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
+from decoding.speculative.prefill import TOPK_CHUNK, TOPK_LOGITS_BYTES, default_prefill_chunk, topk_chunk
 from tests.decoding.conftest import VOCAB, TinyTarget, tiny_target
 
 N = 24
@@ -265,7 +266,7 @@ def test_large_chunks_split_where_every_row_keeps_its_logits(
 ) -> None:
     """With a large prefill chunk, a prompt runs in one forward; with prompt_topk in forwards of at most
     ``topk_chunk`` rows, and its top-k then equals a small-chunk prefill's."""
-    monkeypatch.setattr("decoding.prefill.TOPK_LOGITS_BYTES", 300 * VOCAB * 4)  # 300 rows of this vocab
+    monkeypatch.setattr("decoding.speculative.prefill.TOPK_LOGITS_BYTES", 300 * VOCAB * 4)  # 300 rows of this vocab
     ids = [(7 * i + 3) % VOCAB for i in range(500)]
     rows: list[int] = []
 

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from decoding.drafter import DraftRequest, PromptInfo
-from decoding.drafters import DraftingKit, DraftLM, RapidDrafter, build_drafters
 from decoding.drafters.rapid import fit_width
-from decoding.engine import Engine
+from decoding.drafters.registry import DraftingKit, DraftLM, RapidDrafter, build_drafters
 from decoding.errors import VocabularyMismatch
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
-from decoding.models import check_same_vocab, load_model
-from decoding.tree import DraftTree
-from decoding.verify import target_probs
+from decoding.runtime.models import check_same_vocab, load_model
+from decoding.speculative.drafter import DraftRequest, PromptInfo
+from decoding.speculative.engine import Engine
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
+from decoding.speculative.tree import DraftTree
+from decoding.speculative.verify import target_probs
 from tests.decoding.conftest import PROMPT, VOCAB, make_tiny_llama, make_tokenizer, naive_greedy, run, tiny_target, tv
 from tests.decoding.test_models import save_tiny_model
 

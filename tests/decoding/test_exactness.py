@@ -10,18 +10,18 @@ from dataclasses import replace
 
 import pytest
 
-from decoding.budget import BudgetPolicy
-from decoding.calibration import calibrate
-from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
+from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, PrefillEvent, Prompt, TokenEvent
-from decoding.kv_cache import PrefixCache
-from decoding.tree import ROOT, DraftTree
+from decoding.speculative.budget import BudgetPolicy
+from decoding.speculative.calibration import calibrate
+from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, PrefillEvent, Prompt, TokenEvent
+from decoding.speculative.tree import ROOT, DraftTree
 from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, naive_greedy, run
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(BaseDrafter):
     """Proposes from a known answer: right for ``right`` tokens of each draft, then wrong ones."""
 
     def __init__(self, answer: Sequence[int], right: int | None, width: int = 1, name: str = "scripted") -> None:
@@ -56,14 +56,11 @@ class ScriptedDrafter:
     def observe(self, outcome: VerifyOutcome) -> None:
         self.observed.append(outcome)
 
-    def end(self, output_ids: Sequence[int]) -> None:
-        pass
-
     def reset(self) -> None:
         self.observed.clear()
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(BaseDrafter):
     """Random trees mixing right and wrong tokens at random depths and widths."""
 
     name = "random"
@@ -71,9 +68,6 @@ class RandomTreeDrafter:
     def __init__(self, answer: Sequence[int], seed: int) -> None:
         self.answer = list(answer)
         self.rng = random.Random(seed)
-
-    def begin(self, prompt: PromptInfo) -> None:
-        pass
 
     def propose(self, request: DraftRequest) -> DraftTree:
         pos = len(request.generated)
@@ -88,15 +82,6 @@ class RandomTreeDrafter:
                 tok = good if self.rng.random() < 0.6 else self.rng.randrange(VOCAB)
                 frontier.append((tree.add(parent, tok, self.name), depth + 1))
         return tree
-
-    def observe(self, outcome: VerifyOutcome) -> None:
-        pass
-
-    def end(self, output_ids: Sequence[int]) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 N = 40

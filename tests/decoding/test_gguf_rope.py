@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from decoding.cpu_llama import CpuLlama, gguf_config, rotary_frequencies, rotary_tables, weights_from_gguf
 from decoding.errors import ModelLoadError
+from decoding.runtime.cpu_llama import CpuLlama, gguf_config, rotary_frequencies, rotary_tables, weights_from_gguf
 from tests.decoding.conftest import make_tokenizer, needs_kernels
 
 ROPE = gguf.Keys.Rope
@@ -202,7 +202,7 @@ def test_rope_freqs_with_a_rope_scaling_in_one_config_is_refused() -> None:
 def test_a_user_rope_scaling_replaces_the_ggufs_own(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """load_model(rope_scaling=...) wins over a GGUF's own scaling or rope_freqs, as over an HF config's, and
     says so; the two are never stacked."""
-    from decoding.models import load_model
+    from decoding.runtime.models import LoadOptions, load_model
 
     tokenizer = make_tokenizer()
     scaling = {"rope_type": "linear", "factor": 2.0}
@@ -212,8 +212,8 @@ def test_a_user_rope_scaling_replaces_the_ggufs_own(tmp_path: Path, caplog: pyte
         _write(tmp_path / name / "m.gguf", meta, rope_freqs=freqs, vocab=len(tokenizer))
         tokenizer.save_pretrained(tmp_path / name)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="decoding.models"):
-            loaded = load_model(str(tmp_path / name), rope_scaling=scaling)
+        with caplog.at_level(logging.WARNING, logger="decoding.runtime.models"):
+            loaded = load_model(str(tmp_path / name), LoadOptions(rope_scaling=scaling))
         assert "replaces the model's own rope scaling" in caplog.text, name
         config = loaded.model.config
         assert config.rope_scaling == scaling and getattr(config, "rope_freqs", None) is None
@@ -239,7 +239,7 @@ def test_bundled_smollm2_gguf_config_is_unchanged(bundled_gguf_dir: Path) -> Non
 def test_the_torch_runtime_gets_a_ggufs_rope_scaling_or_refuses_it(tmp_path: Path) -> None:
     """transformers' GGUF reader drops the rope scaling: the torch runtime (GPU, or cpu_quant none) gets the
     GGUF's linear / yarn scaling written into its config, and a rope_freqs GGUF is refused, never run unscaled."""
-    from decoding.models import load_model
+    from decoding.runtime.models import LoadOptions, load_model
 
     tokenizer = make_tokenizer()
     cases = (("plain", None, None), ("linear", {ROPE.SCALING_TYPE: "linear", ROPE.SCALING_FACTOR: 2.0}, None),
@@ -249,12 +249,12 @@ def test_the_torch_runtime_gets_a_ggufs_rope_scaling_or_refuses_it(tmp_path: Pat
         (tmp_path / name).mkdir()
         _write(tmp_path / name / "m.gguf", meta, rope_freqs=freqs, vocab=len(tokenizer))
         tokenizer.save_pretrained(tmp_path / name)
-    assert load_model(str(tmp_path / "plain"), cpu_quant="none").model.config.rope_scaling is None
-    linear = load_model(str(tmp_path / "linear"), cpu_quant="none").model
+    assert load_model(str(tmp_path / "plain"), LoadOptions(cpu_quant="none")).model.config.rope_scaling is None
+    linear = load_model(str(tmp_path / "linear"), LoadOptions(cpu_quant="none")).model
     assert linear.config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     want = _default_inv_freq(10000.0, HEAD_DIM) / 2.0
     assert torch.allclose(linear.model.rotary_emb.inv_freq.double(), want, rtol=1e-6)  # what the model runs
-    yarn = load_model(str(tmp_path / "yarn"), cpu_quant="none").model.config.rope_scaling
+    yarn = load_model(str(tmp_path / "yarn"), LoadOptions(cpu_quant="none")).model.config.rope_scaling
     assert yarn["rope_type"] == "yarn" and yarn["factor"] == 4.0
     with pytest.raises(ModelLoadError, match="rope_freqs"):
-        load_model(str(tmp_path / "l31"), cpu_quant="none")
+        load_model(str(tmp_path / "l31"), LoadOptions(cpu_quant="none"))

@@ -1,4 +1,4 @@
-"""decoding.kernels: agreement with torch, batch invariance (bit for bit), mask parsing, build and fallback."""
+"""decoding.runtime.kernels: agreement with torch, batch invariance (bit for bit), mask parsing, build and fallback."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from decoding import kernels
-from decoding.attention import _visibility
-from decoding.tree import ROOT, DraftTree, tree_layout
+from decoding.runtime import kernels
+from decoding.runtime.attention import _visibility
+from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import make_tiny_llama
 
 lib = kernels.load()
@@ -234,7 +234,7 @@ def test_disabled_by_settings_falls_back(tmp_path: Path) -> None:
 
 
 def test_the_library_reads_no_environment(tmp_path: Path) -> None:
-    """The old variables (RAGSPEC_KERNEL_CACHE, RAGSPEC_CPU_KERNELS, CC) do nothing to ``decoding.kernels``
+    """The old variables (RAGSPEC_KERNEL_CACHE, RAGSPEC_CPU_KERNELS, CC) do nothing to ``decoding.runtime.kernels``
     by themselves; the service's settings carry the cache dir and compiler to it."""
     code = (
         "from pathlib import Path; from decoding import kernels;"

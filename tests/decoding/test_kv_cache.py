@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from decoding.kv_cache import PrefixCache, PrefixEntry, SlotCache, prefix_cache_key, segment_keys
+from decoding.cache.prefix import PrefixCache, PrefixEntry, prefix_cache_key, segment_keys
+from decoding.cache.slot import SlotCache
 
 
 def entry(n: int, fill: float, layers: int = 2) -> PrefixEntry:

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoding import bundled, bundled_build, kernels
 from decoding.errors import ModelLoadError, VocabularyMismatch
-from decoding.kernels import kernels_active
-from decoding.models import LoadedModel, check_same_vocab, load_model, tokenizer_fingerprint
+from decoding.runtime import bundled, bundled_build, bundled_install, kernels
+from decoding.runtime.kernels import kernels_active
+from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
 from tests.decoding.conftest import make_tokenizer
 
 
@@ -50,7 +50,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaForCa
 
 def test_load_local_dir_gives_eval_model_with_facts(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     path, original = tiny_dir
-    loaded = load_model(str(path), cpu_quant="none")
+    loaded = load_model(str(path), LoadOptions(cpu_quant="none"))
     assert isinstance(loaded, LoadedModel)
     assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
     assert loaded.runtime == "torch:float32"
@@ -60,7 +60,7 @@ def test_load_local_dir_gives_eval_model_with_facts(tiny_dir: tuple[Path, LlamaF
     assert loaded.vocab_size == len(loaded.tokenizer) == original.config.vocab_size
     assert loaded.name == path.name
     ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
-    plain = load_model(str(path), cpu_quant="none", cpu_kernels=False)
+    plain = load_model(str(path), LoadOptions(cpu_quant="none", cpu_kernels=False))
     assert not kernels_active(plain.model)
     with torch.inference_mode():
         assert torch.equal(plain.model(ids).logits, original(ids).logits)
@@ -75,7 +75,7 @@ def test_cpu_loads_quantize_an_hf_dir(tiny_dir: tuple[Path, LlamaForCausalLM], q
                                       weights: str) -> None:
     """On a CPU an HF model is quantized at load (q8_0 by default) and served by the quantized runtime."""
     path, original = tiny_dir
-    loaded = load_model(str(path), cpu_quant=quant, kv_dtype=kv)
+    loaded = load_model(str(path), LoadOptions(cpu_quant=quant, kv_dtype=kv))
     kv_name = "float16" if kv == "auto" else kv
     assert loaded.runtime == f"cpu-quantized:quantized:{weights}/kv-{kv_name}"
     assert loaded.weight_bytes < sum(p.numel() * 4 for p in original.parameters()) / 3
@@ -89,9 +89,9 @@ def test_cpu_loads_quantize_an_hf_dir(tiny_dir: tuple[Path, LlamaForCausalLM], q
 
 def test_unknown_quant_and_kv_settings_are_domain_errors(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     with pytest.raises(ModelLoadError, match="cpu_quant"):
-        load_model(str(tiny_dir[0]), cpu_quant="q2_k")
+        load_model(str(tiny_dir[0]), LoadOptions(cpu_quant="q2_k"))
     with pytest.raises(ModelLoadError, match="kv_dtype"):
-        load_model(str(tiny_dir[0]), kv_dtype="int4")
+        load_model(str(tiny_dir[0]), LoadOptions(kv_dtype="int4"))
 
 
 def test_without_kernels_the_cpu_target_falls_back_to_torch(
@@ -110,7 +110,7 @@ def test_without_kernels_the_cpu_target_falls_back_to_torch(
 
 def test_load_with_explicit_dtype_and_threads(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     before = torch.get_num_threads()
-    loaded = load_model(str(tiny_dir[0]), device="cpu", dtype="bfloat16", threads=1)
+    loaded = load_model(str(tiny_dir[0]), LoadOptions(device="cpu", dtype="bfloat16", threads=1))
     assert loaded.dtype == torch.bfloat16
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert torch.get_num_threads() == 1
@@ -124,7 +124,7 @@ def test_bundled_spec_on_torch_uses_the_fp32_dir(tiny_dir: tuple[Path, LlamaForC
     shutil.copytree(tiny_dir[0], fp32)
     (fp32 / bundled.MARKER_NAME).write_text(json.dumps({"format": bundled.FORMAT_VERSION}))
     (fp32 / "model.safetensors").touch(exist_ok=True)
-    loaded = load_model("bundled", models_dir=tmp_path, cpu_quant="none")
+    loaded = load_model("bundled", LoadOptions(models_dir=tmp_path, cpu_quant="none"))
     assert loaded.name == f"bundled:{bundled.TARGET_DIR_NAME}" and loaded.runtime == "torch:float32"
 
 
@@ -143,15 +143,16 @@ def test_load_errors_are_domain_errors(
     if quant == "auto" and spec == "bundled" and models_dir is not None and kernels.load() is None:
         pytest.skip("without the CPU kernels 'bundled' converts on demand")
     with pytest.raises(ModelLoadError, match=message):
-        load_model(spec.format(tmp=tmp_path), models_dir=models_dir, local_files_only=True, cpu_quant=quant)
+        options = LoadOptions(models_dir=models_dir, local_files_only=True, cpu_quant=quant)
+        load_model(spec.format(tmp=tmp_path), options)
 
 
 def test_bad_device_and_dtype(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
     with pytest.raises(ModelLoadError, match="dtype"):
-        load_model(str(tiny_dir[0]), dtype="float8")
+        load_model(str(tiny_dir[0]), LoadOptions(dtype="float8"))
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="CUDA"):
-            load_model(str(tiny_dir[0]), device="cuda")
+            load_model(str(tiny_dir[0]), LoadOptions(device="cuda"))
 
 
 def test_same_vocab_passes_for_two_models_sharing_a_tokenizer(
@@ -229,21 +230,21 @@ def test_move_into_place_replaces_stale_dir_and_keeps_finished_one(tmp_path: Pat
 def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) -> None:
     """The GGUF dir in seconds; the fp32 conversion (about a minute) only when asked, verified inside
     (logits equality with transformers' GGUF model), and equal to the GGUF's blocks dequantized."""
-    first = bundled.install_bundled(tmp_path)
+    first = bundled_install.install_bundled(tmp_path)
     assert not first.converted and not bundled.is_converted(first.target_dir)
     assert bundled.has_gguf_dir(first.gguf_dir) and (first.gguf_dir / bundled.GGUF_LINK).resolve() == first.gguf_path
     assert [p.name for p in tmp_path.iterdir()] == [bundled.GGUF_DIR_NAME]  # no temp dirs left
     if kernels.load() is not None:
-        served = load_model("bundled", models_dir=tmp_path, threads=1)
+        served = load_model("bundled", LoadOptions(models_dir=tmp_path, threads=1))
         assert served.runtime == "cpu-quantized:gguf:Q4_1+Q8_0/kv-float16"
         assert served.eos_token_ids == (2,) and served.max_context == 8192 and served.vocab_size == 49152
         assert served.weight_bytes < 100_000_000
 
-    assets = bundled.install_bundled(tmp_path, fp32=True)
+    assets = bundled_install.install_bundled(tmp_path, fp32=True)
     assert assets.converted and assets.target_dir == bundled.bundled_target_dir(tmp_path)
     assert bundled.is_converted(assets.target_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([bundled.GGUF_DIR_NAME, bundled.TARGET_DIR_NAME])
-    again = bundled.install_bundled(tmp_path, fp32=True)
+    again = bundled_install.install_bundled(tmp_path, fp32=True)
     assert not again.converted and again.convert_s == 0.0
 
     files = {p.name for p in assets.target_dir.iterdir()}
@@ -252,14 +253,14 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) ->
     assert config["tie_word_embeddings"] is True and config["eos_token_id"] == 2
     assert json.loads((assets.target_dir / "generation_config.json").read_text())["eos_token_id"] == 2
 
-    loaded = load_model("bundled", models_dir=tmp_path, threads=1, cpu_quant="none")
+    loaded = load_model("bundled", LoadOptions(models_dir=tmp_path, threads=1, cpu_quant="none"))
     tok = loaded.tokenizer
     assert tok.eos_token == "<|im_end|>" and loaded.eos_token_ids == (2,)
     assert tok("Hello world").input_ids == tok("Hello world", add_special_tokens=False).input_ids  # no BOS
     assert tok.tokenize(" 2024") == ["Ġ", "2", "0", "2", "4"]  # smollm pre-tokenizer: single digits
     assert loaded.max_context == 8192 and loaded.vocab_size == 49152
     model: Any = loaded.model
-    from decoding.cpu_llama import weights_from_gguf
+    from decoding.runtime.cpu_llama import weights_from_gguf
 
     gguf = weights_from_gguf(assets.gguf_path)
     layer = model.model.layers[7]
@@ -281,7 +282,7 @@ def test_a_cuda_load_puts_the_weights_on_the_gpu_while_reading(
     (the model they return stays on the CPU, so a ``.to('cuda')`` after the load would fail this test)."""
     from transformers import AutoModelForCausalLM
 
-    import decoding.models as models
+    import decoding.runtime.models as models
 
     calls: list[dict[str, Any]] = []
 
@@ -291,7 +292,7 @@ def test_a_cuda_load_puts_the_weights_on_the_gpu_while_reading(
 
     monkeypatch.setattr(models, "resolve_device", lambda device: torch.device("cuda", 1))
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
-    loaded = load_model(str(tiny_dir[0]), device="cuda:1")
+    loaded = load_model(str(tiny_dir[0]), LoadOptions(device="cuda:1"))
     assert calls[-1]["device_map"] == {"": torch.device("cuda", 1)}
     assert calls[-1]["dtype"] == torch.bfloat16 and loaded.dtype == torch.bfloat16  # auto on a GPU
     assert loaded.device == torch.device("cuda", 1) and loaded.runtime == "torch:bfloat16"
@@ -310,7 +311,7 @@ def test_a_cpu_load_builds_on_the_host_as_before(
         return real(source, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", staticmethod(spy))
-    loaded = load_model(str(tiny_dir[0]), device="cpu", cpu_quant="none", cpu_kernels=False)
+    loaded = load_model(str(tiny_dir[0]), LoadOptions(device="cpu", cpu_quant="none", cpu_kernels=False))
     assert calls and all("device_map" not in kwargs for kwargs in calls)
     ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
     with torch.inference_mode():

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen2ForCausalLM
 
-from decoding import kernels
-from decoding.cpu_llama import rotary_tables
 from decoding.errors import ModelLoadError
-from decoding.models import apply_rope_scaling, load_model, with_context_window
+from decoding.runtime import kernels
+from decoding.runtime.cpu_llama import rotary_tables
+from decoding.runtime.models import LoadOptions, apply_rope_scaling, load_model, with_context_window
 from tests.decoding.conftest import make_tokenizer
 from tests.decoding.test_models import save_tiny_model
 
@@ -57,11 +57,11 @@ def _reference(path: Path, scaling: dict[str, Any] | None) -> Qwen2ForCausalLM:
 
 
 def test_rope_scaling_reaches_the_torch_model(qwen_dir: Path) -> None:
-    loaded = load_model(str(qwen_dir), cpu_quant="none", cpu_kernels=False, rope_scaling=YARN)
+    loaded = load_model(str(qwen_dir), LoadOptions(cpu_quant="none", cpu_kernels=False, rope_scaling=YARN))
     assert loaded.model.config.rope_scaling == YARN
     assert loaded.max_context == 4 * 256  # factor x original
     assert loaded.runtime == "torch+rope-yarnx4@256:float32"  # the engine keys prefix KV on it
-    plain = load_model(str(qwen_dir), cpu_quant="none", cpu_kernels=False)
+    plain = load_model(str(qwen_dir), LoadOptions(cpu_quant="none", cpu_kernels=False))
     assert plain.max_context == 256 and plain.runtime == "torch:float32"
     ids = _ids(loaded)
     with torch.inference_mode():
@@ -74,7 +74,7 @@ def test_rope_scaling_reaches_the_torch_model(qwen_dir: Path) -> None:
 def test_rope_scaling_reaches_the_quantized_runtime(qwen_dir: Path) -> None:
     """An HF model quantized at load: the rotary tables are the scaled ones transformers computes, for the
     raised window, and the outputs follow transformers' scaled model."""
-    loaded = load_model(str(qwen_dir), cpu_quant="q8_0", rope_scaling=YARN)
+    loaded = load_model(str(qwen_dir), LoadOptions(cpu_quant="q8_0", rope_scaling=YARN))
     assert loaded.runtime == "cpu-quantized+rope-yarnx4@256:quantized:q8_0/kv-float16"
     assert loaded.max_context == 1024 and loaded.model.max_positions == 1024
     reference = _reference(qwen_dir, YARN)
@@ -99,12 +99,12 @@ def test_rope_scaling_reaches_a_gguf_on_the_quantized_runtime(tmp_path: Path) ->
     _write_gguf(tmp_path / "gguf" / "tiny.gguf", model)
     tokenizer.save_pretrained(tmp_path / "gguf")
     scaling = {"rope_type": "linear", "factor": 2.0}
-    loaded = load_model(str(tmp_path / "gguf"), rope_scaling=scaling)
+    loaded = load_model(str(tmp_path / "gguf"), LoadOptions(rope_scaling=scaling))
     assert loaded.runtime.startswith("cpu-quantized+rope-linearx2@256:gguf:")
     assert loaded.model.config.rope_scaling == scaling and loaded.max_context == 512
     config = LlamaConfig(**{**model.config.to_dict(), "rope_scaling": scaling, "max_position_embeddings": 512})
     assert torch.equal(loaded.model.cos, rotary_tables(config, 512)[0])
-    on_torch = load_model(str(tmp_path / "gguf"), cpu_quant="none", rope_scaling=scaling)  # transformers' GGUF
+    on_torch = load_model(str(tmp_path / "gguf"), LoadOptions(cpu_quant="none", rope_scaling=scaling))  # HF's GGUF
     assert on_torch.runtime == "torch+rope-linearx2@256:float32" and on_torch.max_context == 512
     assert on_torch.model.config.rope_scaling == scaling
 
@@ -153,16 +153,16 @@ def test_bad_rope_scalings_are_refused(scaling: Any, message: str) -> None:
 
 def test_a_bad_rope_scaling_stops_the_load(qwen_dir: Path) -> None:
     with pytest.raises(ModelLoadError, match="not supported"):
-        load_model(str(qwen_dir), cpu_quant="none", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+        load_model(str(qwen_dir), LoadOptions(cpu_quant="none", rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
 
 
 def test_context_window_up_to_the_supported_positions(qwen_dir: Path) -> None:
-    plain = load_model(str(qwen_dir), cpu_quant="none", cpu_kernels=False)
+    plain = load_model(str(qwen_dir), LoadOptions(cpu_quant="none", cpu_kernels=False))
     assert with_context_window(plain, 200).max_context == 200
     assert with_context_window(plain, 256).max_context == 256
     with pytest.raises(ModelLoadError, match="beyond the 256 positions"):
         with_context_window(plain, 1024)
-    scaled = load_model(str(qwen_dir), cpu_quant="none", cpu_kernels=False, rope_scaling=YARN)
+    scaled = load_model(str(qwen_dir), LoadOptions(cpu_quant="none", cpu_kernels=False, rope_scaling=YARN))
     assert with_context_window(scaled, 1024).max_context == 1024
     with pytest.raises(ModelLoadError, match="beyond the 1024 positions"):
         with_context_window(scaled, 1025)

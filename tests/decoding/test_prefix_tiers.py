@@ -1,5 +1,5 @@
 """Prefix cache tiers: where loaded entries live, the host tier below the device, quotas for huge entries,
-and the tier sizing arithmetic (``decoding.kv_memory``)."""
+and the tier sizing arithmetic (``decoding.cache.memory``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, Qwen2Config
 
-import decoding.prefix_cache as prefix_cache
-from decoding.kv_cache import PrefixCache, PrefixEntry
-from decoding.kv_memory import device_kv_budget, host_kv_budget, kv_bytes_per_token, largest_window
+import decoding.cache.prefix as prefix_cache
+from decoding.cache.memory import device_kv_budget, host_kv_budget, kv_bytes_per_token, largest_window
+from decoding.cache.prefix import PrefixCache, PrefixEntry
 from tests.decoding.conftest import make_tiny_llama
 
 META = torch.device("meta")

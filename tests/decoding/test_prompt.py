@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from decoding.errors import DecodingError
-from decoding.prompt import build_prompt, render_chat
+from decoding.speculative.prompt import build_prompt, render_chat
 from tests.decoding.conftest import make_tokenizer
 
 SYSTEM = "Answer the question from the document."

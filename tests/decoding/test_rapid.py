@@ -10,14 +10,21 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from decoding import engine as engine_module
-from decoding.drafter import DraftRequest, PromptInfo
-from decoding.drafters import DraftingKit, DraftLM, ModeUnavailable, RapidDrafter, RapidKVDrafter, build_drafters
 from decoding.drafters.racer import LogitsTable, RacerConfig, RacerFactory
-from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
-from decoding.tree import DraftTree
-from decoding.verify import Verdict, target_probs
+from decoding.drafters.registry import (
+    DraftingKit,
+    DraftLM,
+    ModeUnavailable,
+    RapidDrafter,
+    RapidKVDrafter,
+    build_drafters,
+)
+from decoding.speculative import engine as engine_module
+from decoding.speculative.drafter import DraftRequest, PromptInfo
+from decoding.speculative.engine import Engine
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
+from decoding.speculative.tree import DraftTree
+from decoding.speculative.verify import Verdict, target_probs
 from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, naive_greedy, needs_kernels, run, tiny_target, tv
 
 N = 40

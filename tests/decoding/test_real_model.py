@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding import kernels
+from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, TokenEvent
-from decoding.kv_cache import PrefixCache
-from decoding.models import LoadedModel, load_model
-from decoding.prompt import build_prompt
+from decoding.runtime import kernels
+from decoding.runtime.models import LoadedModel, LoadOptions, load_model
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, TokenEvent
+from decoding.speculative.prompt import build_prompt
 
 pytestmark = pytest.mark.real_model
 
@@ -57,7 +57,7 @@ def _three_runs(target: LoadedModel) -> list[DoneEvent]:
 @pytest.mark.skipif(kernels.load() is None, reason="CPU kernels unavailable: no quantized runtime")
 def test_quantized_runtime_speculation_is_lossless(bundled_gguf_dir: Path) -> None:
     torch.set_num_threads(2)
-    target = load_model("bundled", models_dir=bundled_gguf_dir.parent)
+    target = load_model("bundled", LoadOptions(models_dir=bundled_gguf_dir.parent))
     assert target.runtime.startswith("cpu-quantized:gguf:")
     plain, speculative, cached = _three_runs(target)
     assert speculative.token_ids == plain.token_ids == cached.token_ids
@@ -66,7 +66,7 @@ def test_quantized_runtime_speculation_is_lossless(bundled_gguf_dir: Path) -> No
 
 def test_torch_runtime_matches_hf_generate_and_speculation_is_lossless(bundled_target_dir: Path) -> None:
     torch.set_num_threads(2)
-    target = load_model("bundled", models_dir=bundled_target_dir.parent, cpu_quant="none")
+    target = load_model("bundled", LoadOptions(models_dir=bundled_target_dir.parent, cpu_quant="none"))
     prompt = _prompt(target)
     with torch.inference_mode():
         hf = target.model.generate(  # type: ignore[operator]  # transformers types generate loosely

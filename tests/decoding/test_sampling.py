@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from decoding.coupled import SeededNoise, sample_coupled
-from decoding.engine import Engine
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
-from decoding.tree import ROOT, DraftTree, merge_trees
-from decoding.verify import target_probs, transfer, verify_sampling
+from decoding.speculative.coupled import SeededNoise, sample_coupled
+from decoding.speculative.drafter import BaseDrafter
+from decoding.speculative.engine import Engine
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
+from decoding.speculative.tree import ROOT, DraftTree, merge_trees
+from decoding.speculative.verify import one_step_output, target_probs, transfer, verify_sampling
 from tests.decoding.conftest import TinyTarget, tiny_target, tv
 
 TV_TOLERANCE = 0.03  # with 20k draws the TV of an exact sampler stays well below this (expected ~0.01)
@@ -60,20 +61,8 @@ def test_target_probs_top_k_top_p() -> None:
     assert float(cold[0, 0]) > 0.999
 
 
-class _QuietDrafter:
+class _QuietDrafter(BaseDrafter):
     """A drafter that learns nothing: only ``propose`` differs between the test drafters."""
-
-    def begin(self, prompt: object) -> None:
-        pass
-
-    def observe(self, outcome: object) -> None:
-        pass
-
-    def end(self, output_ids: object) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 class ChainDrafter(_QuietDrafter):
@@ -233,8 +222,6 @@ def test_eta_zero_is_plain_speculative_sampling() -> None:
 def test_eta_moves_the_output_towards_the_drafter() -> None:
     """eta > 0 is not lossless: one step's output distribution leaves p, more so as eta grows, and the
     engine-level rule (``verify_sampling``) matches the analytic one the eta benchmark reports."""
-    from bench.eta import one_step_output
-
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     q = torch.tensor([[0.1, 0.2, 0.6, 0.1]])
     tvs = [0.5 * float((one_step_output(p, q, eta) - p).abs().sum()) for eta in (0.0, 5.0, 10.0, 20.0)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.tree import ROOT, DraftTree, merge_trees, tree_layout
+from decoding.speculative.tree import ROOT, DraftTree, merge_trees, tree_layout
 
 
 def test_chain_depths_paths_children() -> None:

@@ -24,7 +24,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench.gpu_models import IdTokenizer, RandomTarget
-from decoding.attention import use_grouped_sdpa
+from decoding.runtime.attention import use_grouped_sdpa
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 97
@@ -74,7 +74,7 @@ def tiny_llama(
 
 
 def device_target(model: Any, device: torch.device, name: str = "tiny") -> RandomTarget:
-    """A model on the test device as the engine's target (``decoding.engine.TargetModel``), 1024-token window."""
+    """A model on the test device as the engine's target (``speculative.engine.TargetModel``), 1024-token window."""
     return RandomTarget(model, IdTokenizer(), f"{name}-{model.dtype}", device, (), 1024)
 
 

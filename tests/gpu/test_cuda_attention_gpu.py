@@ -1,4 +1,4 @@
-"""decoding.attention_cuda on the device: flash takes grouped heads and returns the natural log-sum-exp the
+"""decoding.runtime.attention_cuda on the device: flash takes grouped heads and returns the natural log-sum-exp the
 tree path merges with, every path equals float64 attention over explicitly repeated heads in bf16 and fp32,
 no SDPA call would make the math kernel repeat key/value heads, and a tiny Llama (4 query heads per KV head)
 and Qwen2 (7) through the engine copy no heads and equal eager attention.
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch.backends.cuda import SDPAParams, can_use_flash_attention
 from torch.nn.attention.bias import CausalBias
 
-from decoding import attention_cuda
-from decoding.attention_cuda import attend, describe_tree_mask, prefix_attention
-from decoding.tree import tree_layout
+from decoding.runtime import attention_cuda
+from decoding.runtime.attention_cuda import attend, describe_tree_mask, prefix_attention
+from decoding.speculative.tree import tree_layout
 from tests.decoding.test_cuda_attention import CAUSAL, MODELS, _additive, _qkv, _tree, engine_matches_eager, reference
 
 pytestmark = pytest.mark.gpu  # tests/gpu/conftest.py skips them without CUDA

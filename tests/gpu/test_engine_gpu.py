@@ -1,7 +1,7 @@
 """The engine's device bookkeeping on the device: speculative greedy == autoregressive, unseeded sampling runs
 (a CPU generator never meets a device tensor), seeded sampling does not depend on drafting, a prefix cache
 read back from disk after a restart feeds prompt top-k, and one device-to-host transfer per decoding step
-(counted at ``decoding.host.fetch``, and on CUDA as synchronizations with ``set_sync_debug_mode``)."""
+(counted at ``decoding.runtime.host.fetch``, and on CUDA as synchronizations with ``set_sync_debug_mode``)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from decoding import host
-from decoding.drafter import BaseDrafter, Drafter, PromptInfo
+from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.rapid import DraftLM, RapidDrafter
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
-from decoding.kv_cache import PrefixCache
+from decoding.runtime import host
+from decoding.speculative.drafter import BaseDrafter, Drafter, PromptInfo
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
 from tests.gpu.conftest import VOCAB, device_target, tiny_llama
 
 pytestmark = pytest.mark.gpu  # (tests/gpu/conftest.py also marks and skips everything here without CUDA)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from bench.gpu_correctness import ForcedTrees, first_mismatch
-from decoding.drafter import Drafter
-from decoding.drafters import DRAFTERS, DraftingKit, DraftLM
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.drafters.registry import DRAFTERS, DraftingKit, DraftLM
+from decoding.speculative.drafter import Drafter
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 from tests.gpu.conftest import VOCAB, device_target, nocache_greedy, tiny_llama
 
 N = 32  # new tokens per generation

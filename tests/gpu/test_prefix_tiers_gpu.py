@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from app.kv_tuning import free_device_bytes, kv_budgets
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
-from decoding.kv_cache import PrefixCache, PrefixEntry
-from decoding.models import LoadedModel
+from decoding.cache.prefix import PrefixCache, PrefixEntry
+from decoding.runtime.models import LoadedModel
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 from tests.gpu.conftest import VOCAB, device_target, tiny_llama
 
 PROMPT = Prompt(prefix_ids=[(7 * i + 3) % VOCAB for i in range(300)], suffix_ids=[5, 17, 42], prefix_key="doc")

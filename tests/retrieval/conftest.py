@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from decoding import bundled as assets
+from decoding.runtime import bundled as assets
 from tests.conftest import DATA_DIR
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download anything in tests

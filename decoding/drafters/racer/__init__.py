@@ -21,7 +21,6 @@ from decoding.drafters.racer.cross_session import (
     InProcessSharedTier,
     Namespace,
     SharedTier,
-    open_shared_tier,
 )
 from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.drafters.racer.paths import (
@@ -33,7 +32,7 @@ from decoding.drafters.racer.paths import (
     shared_paths,
 )
 from decoding.drafters.racer.racer import RacerConfig, RacerDrafter, RacerFactory
-from decoding.drafters.racer.redis_tier import RedisSharedTier
+from decoding.drafters.racer.redis_tier import RedisSharedTier, open_shared_tier
 from decoding.drafters.racer.snapshots import AutomatonCache
 from decoding.drafters.racer.tier_drafter import CrossSessionDrafter
 

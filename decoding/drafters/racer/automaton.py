@@ -159,12 +159,6 @@ class NgramAutomaton:
             if depth[i] > 0:
                 yield i
 
-    def suffix_chain(self, node: int) -> Iterator[int]:
-        """``node``, its suffix link, that node's link, ... down to the root (inclusive)."""
-        while node != NONE:
-            yield node
-            node = self._link[node]
-
     def lookup(self, tokens: Sequence[int]) -> int:
         """The node of exactly ``tokens`` (length <= max_ngram), or NONE."""
         node = ROOT

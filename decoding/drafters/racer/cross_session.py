@@ -220,15 +220,6 @@ class InProcessSharedTier(SharedTier):
             return 0 if space is None else len(space)
 
 
-def open_shared_tier(config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> SharedTier:
-    """Redis when ``config.redis_url`` is set, else in process. One per process."""
-    if config.redis_url:
-        from decoding.drafters.racer.redis_tier import RedisSharedTier
-
-        return RedisSharedTier(config, clock)
-    return InProcessSharedTier(config, clock)
-
-
 class CrossSessionCache:
     """One tenant's view of the shared tier (namespace = model id, tokenizer hash, tenant)."""
 

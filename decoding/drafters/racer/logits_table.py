@@ -4,7 +4,7 @@ Row x holds the top-k ids the target predicted the last time it read x: filled f
 at every prompt position and from every verified tree node, rejected nodes included (the target saw
 them, so its prediction after them is free information). One table per target model, shared by all
 requests of that process, in memory only (vocab x k int32): a table warmed by earlier sessions was
-measured to draft no better than one learned from the request's own prompt (README, RACER part by part),
+measured to draft no better than one learned from the request's own prompt (docs/benchmarks.md, studies),
 so it is not persisted.
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from decoding.drafters.racer.automaton import NONE, NgramAutomaton
 from decoding.drafters.racer.logits_table import LogitsTable
-from decoding.tree import ROOT, DraftTree
+from decoding.speculative.tree import ROOT, DraftTree
 
 SOURCE_RETRIEVAL = "racer.retrieval"
 SOURCE_LOGITS = "racer.logits"

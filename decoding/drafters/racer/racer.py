@@ -29,14 +29,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.racer.automaton import NgramAutomaton
 from decoding.drafters.racer.cross_session import CrossSessionCache, SharedTier
 from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.drafters.racer.paths import logits_paths, retrieval_paths
 from decoding.drafters.racer.snapshots import AutomatonCache
 from decoding.drafters.racer.tier_drafter import CrossSessionDrafter, TierDraft
-from decoding.tree import DraftTree, merge_trees
+from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
+from decoding.speculative.tree import DraftTree, merge_trees
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decoding.drafters.racer.cross_session import Context, Continuation, CrossSessionConfig, Namespace, SharedTier
+from decoding.drafters.racer.cross_session import (
+    Context,
+    Continuation,
+    CrossSessionConfig,
+    InProcessSharedTier,
+    Namespace,
+    SharedTier,
+)
 from decoding.drafters.racer.redis_schema import (
     LEARN_LUA,
     context_hash,
@@ -312,3 +319,10 @@ class RedisSharedTier(SharedTier):
         with self._cv:
             return {"backend": "redis", "available": not self._down, "queued": len(self._jobs),
                     "mirrored": len(self._mirror), **self.counters}
+
+
+def open_shared_tier(config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> SharedTier:
+    """Redis when ``config.redis_url`` is set, else in process. One per process."""
+    if config.redis_url:
+        return RedisSharedTier(config, clock)
+    return InProcessSharedTier(config, clock)

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from decoding.drafter import BaseDrafter, DraftRequest, PromptInfo
 from decoding.drafters.racer.cross_session import CrossSessionCache
 from decoding.drafters.racer.paths import SOURCE_CROSS_SESSION, shared_paths
-from decoding.tree import DraftTree
+from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo
+from decoding.speculative.tree import DraftTree
 
 
 class TierDraft:
@@ -38,11 +38,6 @@ class TierDraft:
         self._prompt_tail: list[int] = []
         self._guess: tuple[int, int] | None = None  # (position in the text, token) of the last best path's head
         self._streak = 0
-
-    @property
-    def prompt_tail(self) -> list[int]:
-        """The prompt's last ``context_len`` tokens (an answer is learned with them as leading context)."""
-        return self._prompt_tail
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         n = self.shared.context_len

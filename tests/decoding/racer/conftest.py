@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.racer.automaton import NONE, ROOT, NgramAutomaton
-from decoding.tree import ROOT as TREE_ROOT
-from decoding.tree import DraftTree
+from decoding.speculative.drafter import DraftRequest, PromptInfo, VerifyOutcome
+from decoding.speculative.tree import ROOT as TREE_ROOT
+from decoding.speculative.tree import DraftTree
 
 
 def oracle_counts(text: Sequence[int], max_ngram: int) -> dict[tuple[int, ...], int]:

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from decoding.drafter import DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
     SOURCE_CROSS_SESSION,
@@ -22,9 +21,10 @@ from decoding.drafters.racer import (
     RacerFactory,
     RedisSharedTier,
 )
-from decoding.engine import Engine, EngineConfig
-from decoding.generation import DoneEvent, GenerationConfig, Prompt
-from decoding.tree import DraftTree
+from decoding.speculative.drafter import BaseDrafter, DraftRequest, VerifyOutcome
+from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
+from decoding.speculative.tree import DraftTree
 from tests.conftest import RedisServer
 from tests.decoding.conftest import VOCAB, TinyTarget
 
@@ -77,21 +77,13 @@ def test_racer_without_prompt_topk(tiny: TinyTarget, reference: list[int]) -> No
     assert table.rows_filled > 0  # learnt from verify top-k alone
 
 
-class WrongFirst:
+class WrongFirst(BaseDrafter):
     """A drafter placed before RACER that proposes wrong tokens: RACER's nodes must still be verified."""
 
     name = "wrong"
 
-    def begin(self, prompt: PromptInfo) -> None: ...
-
     def propose(self, request: DraftRequest) -> DraftTree:
         return DraftTree.chain([(request.root + 1) % VOCAB, 0], self.name)
-
-    def observe(self, outcome: VerifyOutcome) -> None: ...
-
-    def end(self, output_ids: Sequence[int]) -> None: ...
-
-    def reset(self) -> None: ...
 
 
 def test_racer_after_another_drafter(engine: Engine, reference: list[int]) -> None:
@@ -138,7 +130,7 @@ def test_cross_session_drafter_alone_drafts_a_repeated_answer_exactly(tiny: Tiny
     assert RacerFactory(RacerConfig(), LogitsTable(VOCAB)).cross_session_drafter("acme") is None
 
 
-class KillRedis:
+class KillRedis(BaseDrafter):
     """Stops the Redis server after ``after`` verify steps (a drafter that only observes)."""
 
     name = "kill-redis"
@@ -146,19 +138,10 @@ class KillRedis:
     def __init__(self, server: RedisServer, after: int) -> None:
         self.server, self.after, self.steps = server, after, 0
 
-    def begin(self, prompt: PromptInfo) -> None: ...
-
-    def propose(self, request: DraftRequest) -> DraftTree:
-        return DraftTree()
-
     def observe(self, outcome: VerifyOutcome) -> None:
         self.steps += 1
         if self.steps == self.after:
             self.server.stop()
-
-    def end(self, output_ids: Sequence[int]) -> None: ...
-
-    def reset(self) -> None: ...
 
 
 @pytest.mark.redis

@@ -17,7 +17,7 @@ from decoding.drafters.racer.paths import (
     retrieval_paths,
     shared_paths,
 )
-from decoding.tree import ROOT, DraftTree, merge_trees
+from decoding.speculative.tree import ROOT, DraftTree, merge_trees
 
 
 def paths(tree: DraftTree) -> list[tuple[int, ...]]:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from decoding.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.drafters.racer import (
     SOURCE_CROSS_SESSION,
     SOURCE_LOGITS,
@@ -22,7 +21,8 @@ from decoding.drafters.racer import (
     RacerDrafter,
     RacerFactory,
 )
-from decoding.tree import ROOT
+from decoding.speculative.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
+from decoding.speculative.tree import ROOT
 from tests.decoding.racer.conftest import scripted_run, strings
 
 VOCAB = 500

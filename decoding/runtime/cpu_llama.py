@@ -1,0 +1,272 @@
+"""The CPU target runtime: a lean Llama forward on quantized weights, over ragspec's batch-invariant kernels.
+
+gpt-fast style: the model is a list of layer weights and one short forward,
+
+    embed (dequantized rows) -> [rs_layer: norm, fused qkv, rope + KV store, attention, o, norm, fused
+    gate/up, silu * up, down] x layers -> rs_head: final norm + LM head
+
+where each ``rs_layer`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel
+region: no per-op Python, no transformers module tree on the hot path. Weights stay in their GGUF block
+formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is quantized at load.
+
+It answers the same call as a transformers causal LM (``input_ids``, ``position_ids``, an additive tree mask,
+a ``SlotCache`` as ``past_key_values``, ``logits_to_keep``), so the engine drives it like any target. Every
+output element is computed by the same operations whatever the number of rows in the forward (see the C
+file), so a draft-tree node's logits equal its logits decoded alone, bit for bit, at any thread count.
+Supported: Llama-family decoders (Llama, Mistral without a sliding window, Qwen2 with its q/k/v biases),
+SiLU MLP, RMSNorm, rotary embeddings whose frequencies do not depend on the sequence length.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from decoding.cache.slot import SlotCache
+from decoding.errors import ModelLoadError
+from decoding.runtime import kernels
+from decoding.runtime.attention import _visibility
+from decoding.runtime.llama_weights import (  # re-exported: the runtime's public names stay importable from here
+    LayerWeights,
+    LlamaWeights,
+    _unpermute_rows,
+    check_supported,
+    gguf_config,
+    llama_dims,
+    weights_from_gguf,
+    weights_from_hf,
+)
+
+__all__ = [
+    "CpuLlama",
+    "LayerWeights",
+    "LlamaWeights",
+    "_unpermute_rows",
+    "check_supported",
+    "gguf_config",
+    "rotary_frequencies",
+    "rotary_tables",
+    "weights_from_gguf",
+    "weights_from_hf",
+]
+
+CHUNK_ROWS = 128  # rows per kernel forward: longer causal inputs (prefill) run in chunks of this size
+
+
+def rotary_frequencies(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies ``[D/2]`` and attention scaling of a config's rotary embedding, as transformers
+    computes them; a GGUF's ``config.rope_freqs`` (Llama-3.1's per-dimension divisors, see
+    ``decoding.runtime.llama_weights.gguf_rope``) divides the default ones, as llama.cpp does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    divisors = getattr(config, "rope_freqs", None)
+    if rope_type == "default":
+        _, _, _, d, _ = llama_dims(config)
+        base = float(getattr(config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float) / d))
+        scaling = 1.0
+        if divisors is not None:
+            if len(divisors) != inv_freq.numel():
+                raise ModelLoadError(f"rope_freqs has {len(divisors)} values for {inv_freq.numel()} frequencies")
+            inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
+    elif divisors is not None:  # both would scale the frequencies twice: refused, never one silently dropped
+        raise ModelLoadError(f"a config with rope_freqs and a {rope_type!r} rope scaling: at most one applies")
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def rotary_tables(config: PretrainedConfig, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[positions, D/2]`` as transformers computes them (fp32, attention scaling applied)."""
+    inv_freq, scaling = rotary_frequencies(config)
+    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [P, D/2]
+    return (freqs.cos() * scaling).contiguous(), (freqs.sin() * scaling).contiguous()
+
+
+# ---- ctypes mirrors of the C structs -------------------------------------------------------------------
+
+_p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", _p), ("ffn_norm", _p), ("wqkv", _p), ("wo", _p), ("wgu", _p), ("wdown", _p),
+        ("t_qkv", _i), ("t_o", _i), ("t_gu", _i), ("t_down", _i),
+        ("ld_qkv", _l), ("ld_o", _l), ("ld_gu", _l), ("ld_down", _l), ("b_qkv", _p),
+    ]  # fmt: skip
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f)]
+
+
+class _Scratch(ctypes.Structure):
+    _fields_ = [
+        ("h", _p), ("qkv", _p), ("q", _p), ("att", _p), ("gu", _p), ("act", _p), ("xd", _p), ("xs", _p),
+        ("work", _p), ("xq", _p),
+    ]  # fmt: skip
+
+
+def _addr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else int(t.data_ptr())
+
+
+def _layer_struct(lw: LayerWeights) -> _Layer:
+    return _Layer(
+        _addr(lw.attn_norm), _addr(lw.ffn_norm),
+        _addr(lw.qkv.data), _addr(lw.o.data), _addr(lw.gate_up.data), _addr(lw.down.data),
+        int(lw.qkv.kind), int(lw.o.kind), int(lw.gate_up.kind), int(lw.down.kind),
+        lw.qkv.group_bytes, lw.o.group_bytes, lw.gate_up.group_bytes, lw.down.group_bytes, _addr(lw.qkv_bias),
+    )  # fmt: skip
+
+
+class _Buffers:
+    """Per-thread scratch for forwards of up to ``rows`` rows; grown on demand."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.work_floats = 0
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.struct = _Scratch()
+
+    def ensure(self, rows: int, work_floats: int, e: int, qkv: int, hd: int, inter: int) -> _Scratch:
+        if rows <= self.rows and work_floats <= self.work_floats:
+            return self.struct
+        self.rows, self.work_floats = max(rows, self.rows), max(work_floats, self.work_floats)
+        r, widest = self.rows, max(e, hd, inter)
+        f32 = torch.float32
+        t = {
+            "h": torch.empty(r * e, dtype=f32), "qkv": torch.empty(r * qkv, dtype=f32),
+            "q": torch.empty(r * hd, dtype=f32), "att": torch.empty(r * hd, dtype=f32),
+            "gu": torch.empty(r * 2 * inter, dtype=f32), "act": torch.empty(r * inter, dtype=f32),
+            "xd": torch.empty(r * widest // 32, dtype=f32), "xs": torch.empty(r * widest // 32, dtype=f32),
+            "work": torch.empty(self.work_floats, dtype=f32), "xq": torch.empty(r * widest, dtype=torch.int8),
+        }  # fmt: skip
+        self.tensors = t
+        self.struct = _Scratch(*(_addr(t[field[0]]) for field in _Scratch._fields_))
+        return self.struct
+
+
+class CpuLlama:
+    """The target's forward on quantized weights (batch 1, CPU, fp32 activations, fp32 / fp16 KV)."""
+
+    dtype = torch.float32  # activations and logits
+    device = torch.device("cpu")
+
+    def __init__(self, weights: LlamaWeights, kv_dtype: torch.dtype = torch.float16) -> None:
+        lib = kernels.load()
+        if lib is None:
+            raise ModelLoadError(f"the quantized CPU runtime needs the CPU kernels: {kernels.unavailable_reason()}")
+        if kv_dtype not in (torch.float32, torch.float16):
+            raise ModelLoadError(f"KV cache dtype must be float32 or float16, not {kv_dtype}")
+        self.lib = lib
+        self.weights = weights
+        self.config = weights.config
+        check_supported(self.config)
+        self.kv_dtype = kv_dtype
+        self.runtime_tag = f"{weights.source}/kv-{str(kv_dtype).removeprefix('torch.')}"
+        e, h, g, d, inter = llama_dims(self.config)
+        self.dims = (e, h, g, d, inter)
+        self.vocab = weights.head.rows
+        self.max_positions = int(self.config.max_position_embeddings)
+        self.cos, self.sin = rotary_tables(self.config, self.max_positions)
+        eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
+        self.eps = eps
+        self.shape = _Shape(e, h, g, d, inter, eps, 1.0 / math.sqrt(d))
+        self.layer_structs = [_layer_struct(lw) for lw in weights.layers]
+        self._local = threading.local()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.weights.layers)
+
+    def _buffers(self) -> _Buffers:
+        buf: _Buffers | None = getattr(self._local, "buffers", None)
+        if buf is None:
+            buf = self._local.buffers = _Buffers()
+        return buf
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # [1, n]
+        position_ids: torch.Tensor | None = None,  # [1, n]
+        attention_mask: torch.Tensor | None = None,  # [1, 1, n, L + n] additive (a tree) or None (causal)
+        past_key_values: SlotCache | None = None,
+        logits_to_keep: int = 0,
+        **_: Any,
+    ) -> SimpleNamespace:
+        ids = input_ids.reshape(-1)
+        n = ids.numel()
+        cache = past_key_values if past_key_values is not None else SlotCache(self.num_layers, n)  # one-off
+        start = cache.length
+        pos = (position_ids.reshape(-1) if position_ids is not None else torch.arange(start, start + n))
+        pos = pos.to(torch.int64).contiguous()
+        if int(pos.max()) >= self.max_positions:
+            raise ValueError(f"position {int(pos.max())} beyond the model's {self.max_positions}")
+        keep = n if not logits_to_keep else min(int(logits_to_keep), n)
+        if n == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.weights.embed.rows:
+            raise ValueError(f"token ids must be in [0, {self.weights.embed.rows}), got {n} ids")
+        x = kernels.dequant_rows(self.lib, self.weights.embed, ids)  # [n, E]
+        self._reserve(cache, start + n)
+        if attention_mask is not None:
+            if n > kernels.MAX_ROWS:
+                raise ValueError(f"a tree forward takes at most {kernels.MAX_ROWS} rows, got {n}")
+            vis = _visibility(attention_mask, n, start + n)
+            if vis is None:
+                raise ValueError("CpuLlama takes a causal forward or a 0 / -inf visibility mask, not a bias")
+            self._layers(x, pos, cache, start, vis)
+        else:
+            for c0 in range(0, n, CHUNK_ROWS):
+                c1 = min(n, c0 + CHUNK_ROWS)
+                vis = _visibility(None, c1 - c0, start + c1)
+                assert vis is not None
+                self._layers(x[c0:c1], pos[c0:c1], cache, start + c0, vis)
+        return SimpleNamespace(logits=self._head(x, keep).unsqueeze(0))
+
+    def _reserve(self, cache: SlotCache, rows: int) -> None:
+        _, _, g, d, _ = self.dims
+        for layer in cache.slot_layers:
+            layer.reserve(g, d, self.kv_dtype, rows)
+
+    def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: SlotCache, start: int, vis: Any) -> None:
+        """Run rows ``x`` [m, E] (positions ``pos``) through every layer, storing their KV at ``start``.."""
+        past, path, off = vis
+        m = x.shape[0]
+        e, h, g, d, inter = self.dims
+        max_path = int((off[1:] - off[:-1]).max())
+        work = kernels.attention_work_floats(h, m, d, past + max_path)
+        scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
+        threads = torch.get_num_threads()
+        half = int(self.kv_dtype == torch.float16)
+        assert x.is_contiguous(), "rows are updated in place"
+        xp, pp, cp, sp = _addr(x), _addr(pos), _addr(self.cos), _addr(self.sin)
+        path_p, off_p = _addr(path), _addr(off)
+        for layer, lw in zip(cache.slot_layers, self.layer_structs, strict=True):
+            kbuf, vbuf = layer.buffers()
+            self.lib.rs_layer(
+                ctypes.byref(lw), ctypes.byref(self.shape), xp, m, pp, cp, sp,
+                _addr(kbuf), _addr(vbuf), kbuf.stride(1), kbuf.stride(2), start, half,
+                past, path_p, off_p, ctypes.byref(scratch), threads,
+            )  # fmt: skip
+            layer.advance(m)
+
+    def _head(self, x: torch.Tensor, keep: int) -> torch.Tensor:
+        """Final norm and LM head of the last ``keep`` rows: logits ``[keep, V]``."""
+        n, e = x.shape
+        head = self.weights.head
+        logits = torch.empty(keep, self.vocab, dtype=torch.float32)
+        _, h, g, d, inter = self.dims
+        scratch = self._buffers().ensure(keep, 0, e, (h + 2 * g) * d, h * d, inter)
+        self.lib.rs_head(
+            _addr(x), n, keep, e, _addr(self.weights.norm), self.eps, _addr(head.data), int(head.kind),
+            head.group_bytes, self.vocab, _addr(logits), ctypes.byref(scratch), torch.get_num_threads(),
+        )  # fmt: skip
+        return logits

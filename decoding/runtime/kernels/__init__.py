@@ -1,0 +1,306 @@
+"""Batch-invariant CPU kernels for the target's forwards (decode steps and draft-tree verification).
+
+Two C files (AVX2 + FMA + F16C, OpenMP) compiled once with a C compiler (default ``cc`` on the PATH) into a
+cache dir (default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Both, and whether the kernels are
+used at all, are plain configuration (``configure``, called by the service from its settings before it
+loads a model): this package reads no environment variables.
+
+- ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
+  on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
+  layer;
+- ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32 or fp16 KV), used by
+  both CPU paths, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``).
+
+Where they cannot be used (no compiler, a CPU without AVX2, ``configure(enabled=False)``) the target runs on
+transformers with fp32 weights: same results up to rounding, slower.
+
+Exactness: each output element is computed by the same operation sequence whatever the batch shape (see
+the C files), so a token's logits inside a verify pass equal its logits in a plain decode step bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from decoding.runtime.quant import QuantMatrix
+
+logger = logging.getLogger(__name__)
+
+SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"))
+HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
+KERNEL_FLAG = "_ragspec_cpu_kernels"  # set on every module of a switched model; the attention layers read it
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_why_not = ""
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Where and how the kernels are built, and whether they are used."""
+
+    enabled: bool = True
+    cache_dir: Path | None = None  # None: ~/.cache/ragspec/kernels
+    compiler: str | None = None  # None: cc (or gcc) found on the PATH
+
+
+_config = KernelConfig()
+
+
+def configure(enabled: bool = True, cache_dir: Path | str | None = None, compiler: str | None = None) -> None:
+    """Set the kernels' configuration; a change forgets an earlier load decision (the next ``load`` decides
+    again). Call it before loading a model: a model switched to the kernels keeps the library it found."""
+    global _config, _lib, _tried, _why_not
+    new = KernelConfig(enabled, None if cache_dir is None else Path(cache_dir), compiler or None)
+    with _lock:
+        if new != _config:
+            _config = new
+            _lib, _tried, _why_not = None, False, ""
+
+
+def config() -> KernelConfig:
+    return _config
+
+
+def cache_dir() -> Path:
+    return _config.cache_dir or Path.home() / ".cache" / "ragspec" / "kernels"
+
+
+def _library_path(compiler: str) -> Path:
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
+    h.update(" ".join((compiler, *FLAGS, platform.machine())).encode())
+    return cache_dir() / f"libragspec_cpu-{h.hexdigest()[:16]}.so"
+
+
+def _cpu_supported() -> str:
+    """'' when this machine can run the kernels, else the reason."""
+    if not _config.enabled:
+        return "disabled by configuration (cpu_kernels off)"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs Linux x86-64 (this is {platform.system()} {platform.machine()})"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"needs AVX2 + FMA (torch reports {capability})"
+    return ""
+
+
+def build(force: bool = False) -> Path:
+    """Compile the kernels into the cache dir (atomically) and return the library path."""
+    compiler = _config.compiler or shutil.which("cc") or shutil.which("gcc") or ""
+    if not compiler:
+        raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
+    out = _library_path(compiler)
+    if out.is_file() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, *(str(src) for src in SOURCES), "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling the CPU kernels failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    logger.info("built CPU kernels at %s", out)
+    return out
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library, building it on first use; None (with the reason logged once) if unavailable."""
+    global _lib, _tried, _why_not
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        _why_not = _cpu_supported()
+        if not _why_not:
+            try:
+                lib = ctypes.CDLL(str(build()))
+                _declare(lib)
+                _lib = lib
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                _why_not = str(exc)
+        if _lib is None:
+            logger.warning("CPU kernels unavailable, using torch's: %s", _why_not)
+        return _lib
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The library if ``load`` succeeded already (no building, no locking: for hot paths)."""
+    return _lib
+
+
+def unavailable_reason() -> str:
+    load()
+    return _why_not
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i, f, lg = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+    lib.rs_linear_f32.argtypes = [p, i, i, p, i, p, p, i]
+    lib.rs_linear_f32.restype = None
+    lib.rs_attention.argtypes = [p, lg, lg, i, i, i, p, p, lg, lg, i, i, p, p, f, p, lg, lg, p, i, i]
+    lib.rs_attention.restype = None
+    lib.rs_qlinear.argtypes = [p, i, i, p, i, lg, i, p, p, p, p, p, p, i]
+    lib.rs_qlinear.restype = None
+    lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
+    lib.rs_dequant_rows.restype = None
+    lib.rs_layer.argtypes = [p, p, p, i, p, p, p, p, p, lg, lg, lg, i, i, p, p, p, i]
+    lib.rs_layer.restype = None
+    lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
+    lib.rs_head.restype = None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else int(t.data_ptr())
+
+
+def linear(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for fp32 CPU tensors (weight and bias contiguous)."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k).contiguous()
+    n = weight.shape[0]
+    y = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    lib.rs_linear_f32(_ptr(rows), rows.shape[0], k, _ptr(weight), n, _ptr(bias), _ptr(y), torch.get_num_threads())
+    return y.view(*x.shape[:-1], n)
+
+
+def qlinear(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,  # fp32 [..., K]
+    weight: QuantMatrix,  # [N, K]
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,  # [..., N]: added to the result
+) -> torch.Tensor:
+    """``residual + x @ dequant(weight).T + bias`` with the activations quantized per row and 32-block."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k).contiguous()
+    m, n = rows.shape[0], weight.rows
+    y = torch.empty(m, n, dtype=torch.float32)
+    res = None if residual is None else residual.reshape(m, n).contiguous()
+    xq = torch.empty(m * k, dtype=torch.int8)
+    scales = torch.empty(2, m * k // 32, dtype=torch.float32)
+    lib.rs_qlinear(
+        _ptr(rows), m, k, _ptr(weight.data), int(weight.kind), weight.group_bytes, n, _ptr(bias), _ptr(res),
+        _ptr(y), _ptr(xq), _ptr(scales[0]), _ptr(scales[1]), torch.get_num_threads(),
+    )  # fmt: skip
+    return y.view(*x.shape[:-1], n)
+
+
+def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[len(rows), K]``: the given rows of ``weight`` (e.g. token embeddings) dequantized."""
+    idx = rows.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(idx.numel(), weight.cols, dtype=torch.float32)
+    lib.rs_dequant_rows(
+        _ptr(weight.data), int(weight.kind), weight.group_bytes, weight.cols, _ptr(idx), idx.numel(), _ptr(out),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+_work = threading.local()
+
+
+def attention_work_floats(heads: int, rows: int, head_dim: int, longest: int) -> int:
+    """Scratch the attention kernel needs: per row and block of 64 visible keys, a partial of head_dim + 2."""
+    return heads * rows * ((longest + 63) // 64) * (head_dim + 2)
+
+
+def _workspace(floats: int) -> torch.Tensor:
+    buf: torch.Tensor | None = getattr(_work, "buf", None)
+    if buf is None or buf.numel() < floats:
+        buf = torch.empty(max(floats, 1 << 16), dtype=torch.float32)
+        _work.buf = buf
+    return buf
+
+
+def attention(
+    lib: ctypes.CDLL,
+    query: torch.Tensor,  # [1, H, n, D]
+    key: torch.Tensor,  # [1, G, L, D], rows contiguous (D stride 1), fp32 or fp16
+    value: torch.Tensor,  # [1, G, L, D], same strides and dtype as key
+    past: int,
+    path: torch.Tensor,  # int32 [total]: visible rows beyond the prefix, per query, ascending
+    path_off: torch.Tensor,  # int32 [n + 1]
+    scale: float,
+) -> torch.Tensor:
+    """Attention output ``[1, n, H, D]`` (the layout transformers expects back)."""
+    _, h, n, d = query.shape
+    g = key.shape[1]
+    q = query if query.stride(-1) == 1 else query.contiguous()
+    out = torch.empty(1, n, h, d, dtype=torch.float32)
+    max_path = int((path_off[1:] - path_off[:-1]).max()) if n else 0
+    threads = torch.get_num_threads()
+    work = _workspace(attention_work_floats(h, n, d, past + max_path))
+    lib.rs_attention(
+        _ptr(q), q.stride(1), q.stride(2), h, n, d,
+        _ptr(key), _ptr(value), key.stride(1), key.stride(2), g,
+        past, _ptr(path), _ptr(path_off), float(scale),
+        _ptr(out), out.stride(1), out.stride(2), _ptr(work), int(key.dtype == torch.float16), threads,
+    )  # fmt: skip
+    return out
+
+
+class KernelLinear(torch.nn.Linear):
+    """``nn.Linear`` whose small-batch fp32 CPU forward runs on the batch-invariant kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        lib = _lib
+        if (
+            lib is not None
+            and input.dtype == torch.float32
+            and input.device.type == "cpu"
+            and input.numel() <= MAX_ROWS * input.shape[-1]
+            and not torch.is_grad_enabled()
+        ):
+            return linear(lib, input, self.weight, self.bias)
+        return super().forward(input)
+
+
+def use_cpu_kernels(model: torch.nn.Module) -> bool:
+    """Switch an fp32 CPU model's ``nn.Linear`` layers to ``KernelLinear`` and let its attention layers use
+    the attention kernel (``decoding.runtime.attention``, grouped SDPA models). True if switched."""
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32:
+        return False
+    if load() is None:
+        return False
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.is_contiguous():
+            if module.bias is not None and not module.bias.is_contiguous():
+                continue
+            module.__class__ = KernelLinear
+    for module in model.modules():
+        setattr(module, KERNEL_FLAG, True)
+    return True
+
+
+def kernels_active(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, KernelLinear) for m in model.modules())
+
+
+def disable(model: torch.nn.Module) -> None:
+    """Undo ``use_cpu_kernels`` (benchmarks compare both)."""
+    for module in model.modules():
+        if type(module) is KernelLinear:
+            module.__class__ = torch.nn.Linear  # type: ignore[assignment]
+        if hasattr(module, KERNEL_FLAG):
+            delattr(module, KERNEL_FLAG)

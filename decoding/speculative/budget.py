@@ -1,0 +1,285 @@
+"""Draft budget policy: which drafted nodes to verify each step, from measured costs and learned acceptance.
+
+On a GPU a verify over many tokens costs little more than over one; on a CPU it does not (every extra row
+of a verify costs its own arithmetic in the linear layers and in attention over the whole cache; docs/benchmarks.md
+has the measured curve). So each step the engine asks the drafters for a generous candidate tree and keeps the
+prefix of it that maximises expected tokens per second:
+
+    rate(N) = (1 + sum of the N most likely nodes' acceptance probabilities) / cost(N)
+
+- ``cost(N, L)``: seconds of a target forward over N + 1 tokens on an L-token cache. Calibrated at
+  start-up for a set of sizes at two cache lengths: on a CPU attention makes the extra tokens of a verify
+  cost more the longer the document, so one table for every request would over-draft long documents and
+  under-draft short ones. Per size: a base at the reference length plus a growth per cache
+  token (a line in the size, fitted over all sizes: attention's cost grows with the tokens forwarded);
+  every step of exactly such a size refines the base (EMA, its timing moved to the reference length along
+  the slope); other sizes interpolate.
+- a node's acceptance probability is the product, down its path, of P(accepted | parent accepted) for
+  each node's *kind* (``DraftTree.kinds``: e.g. a retrieval path under a 6-token context seen 3 times, the
+  top-1 of a logits row) at its depth (1, 2, 3+). That conditional rate is learned from every verify
+  pass: engine-wide (all requests, so a new request starts from what earlier ones taught) blended with
+  this request's own counts, which take over as they accumulate.
+
+N = 0 is plain autoregressive decoding: when the drafts are not worth their cost the step verifies
+nothing, so speculation is never slower than autoregressive decoding beyond the drafting time. Every
+``explore_every`` steps a step that would verify nothing verifies the best two nodes anyway, so a kind
+whose estimate fell low gets re-measured (bounded cost: one small verify per ``explore_every`` steps); and
+a first-level node of a kind the engine has never verified is always added once, so a new source (e.g. the
+cross-session tier's first continuation) is measured rather than judged by the prior alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from decoding.speculative.tree import ROOT, DraftTree
+
+DEFAULT_BUCKETS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class AcceptanceModel:
+    """P(node accepted | its parent accepted) per node kind, learned from every verify of every request."""
+
+    prior: float = 0.3  # for a kind never seen: optimistic enough to get it tried
+    ema: float = 0.02  # engine-wide: slow, many requests
+    _rates: dict[str, tuple[float, int]] = field(default_factory=dict)  # kind -> (rate, times tested)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def rate(self, kind: str) -> tuple[float, int]:
+        return self._rates.get(kind, (self.prior, 0))
+
+    def update(self, kind: str, accepted: bool) -> None:
+        with self._lock:
+            rate, n = self._rates.get(kind, (self.prior, 0))
+            a = max(self.ema, 1.0 / (n + 1))  # a plain mean until 1/ema samples, then an EMA
+            self._rates[kind] = ((1 - a) * rate + a * float(accepted), n + 1)
+
+    def snapshot(self) -> dict[str, tuple[float, int]]:
+        with self._lock:
+            return dict(self._rates)
+
+
+@dataclass
+class BudgetPolicy:
+    """Shared by every generation of one engine: verify costs (hardware + model) and acceptance by kind."""
+
+    max_budget: int = 64  # candidate nodes asked from the drafters per step
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    ema: float = 0.2
+    explore_every: int = 16
+    cost_s: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per verify forward at cost_context
+    cost_context: int | None = None  # the cache length cost_s refers to (None: context-free costs)
+    cost_slope: dict[int, float] = field(default_factory=dict)  # bucket -> extra seconds per cache token
+    acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+    served_context: int = 0  # the longest cache a verify step has run on (``observe_cost``)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _calibrated: dict[int | None, dict[int, float]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.buckets = tuple(b for b in self.buckets if b <= self.max_budget) or (0,)
+
+    def calibrate(self, measure: Callable[[int], float], sizes: Sequence[int] | None = None,
+                  context: int | None = None) -> dict[int, float]:
+        """Record ``measure(n_nodes)`` seconds for each bucket (n_nodes + 1 tokens forward) on a ``context``-token
+        cache. Once two cache lengths are calibrated, costs follow the cache length: ``cost_s`` holds them
+        at the longer one, ``cost_slope`` the growth per token in between. Returns ``cost_s``."""
+        times = {b: measure(b) for b in (sizes or self.buckets) if b in self.buckets}
+        floor = 0.0
+        for b in sorted(times):  # forwarding more tokens never costs less: a dip is noise
+            times[b] = floor = max(floor, times[b])
+        with self._lock:
+            self._calibrated.setdefault(context, {}).update(times)
+            lengths = sorted(c for c in self._calibrated if c is not None)
+            if context is None or len(lengths) < 2:
+                self.cost_s.update(times)
+                self.cost_context = context if context is not None else self.cost_context
+                return dict(self.cost_s)
+            lo, hi = lengths[0], lengths[-1]
+            short, long_ = self._calibrated[lo], self._calibrated[hi]
+            self.cost_context = hi
+            self.cost_s.update(long_)
+            both = [b for b in long_ if b in short]
+            s0, s1 = _line(both, [(long_[b] - short[b]) / (hi - lo) for b in both])
+            self.cost_slope = {b: max(0.0, s0 + s1 * b) for b in self.buckets}
+            return dict(self.cost_s)
+
+    def observe_cost(self, nodes: int, seconds: float, context: int | None = None) -> None:
+        """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's
+        cost if it is a bucket (moved to the reference cache length along the size's slope). Every step's
+        cache length is recorded: ``calibration_due`` compares the longest with the calibrated ones."""
+        if context is not None and context > self.served_context:
+            with self._lock:
+                self.served_context = max(self.served_context, context)
+        if nodes not in self.buckets:
+            return
+        with self._lock:
+            if context is not None and self.cost_context is not None:
+                slope = self.cost_slope.get(nodes, 0.0)
+                seconds = max(0.2 * seconds, seconds - slope * (context - self.cost_context))
+            old = self.cost_s.get(nodes)
+            self.cost_s[nodes] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def calibrated_contexts(self) -> list[int]:
+        """The cache lengths measured by ``calibrate`` so far, shortest first."""
+        with self._lock:
+            return sorted(c for c in self._calibrated if c is not None)
+
+    def calibration_due(self, ratio: float = 1.5) -> int | None:
+        """The cache length to calibrate at next, if requests have run on caches more than ``ratio`` times
+        the longest calibrated one: beyond it costs are extrapolated along a line fitted to shorter caches,
+        which a GPU's cost curve (flat, then growing with the cache) does not follow. None while the
+        served lengths stay within reach, or before any calibration (none is wanted then)."""
+        with self._lock:
+            lengths = [c for c in self._calibrated if c is not None]
+            if not lengths or self.served_context <= ratio * max(lengths):
+                return None
+            return self.served_context
+
+    def cost(self, nodes: int, context: int | None = None) -> float:
+        """Seconds for a verify forward of ``nodes`` nodes on a ``context``-token cache (None: the reference
+        length); interpolated between measured sizes."""
+        return self.costs(nodes, context, first=nodes)[0]
+
+    def costs(self, most: int, context: int | None = None, first: int = 0) -> list[float]:
+        """``[cost(n, context) for n in first..most]``, the tables read once (the selector asks every step)."""
+        base, slope = self.cost_s, self.cost_slope
+        far = 0 if context is None or self.cost_context is None or not slope else context - self.cost_context
+        out = []
+        for n in range(first, most + 1):
+            b = _interpolate(base, n, extrapolate=True)
+            out.append(max(0.2 * b, b + _interpolate(slope, n, extrapolate=False) * far) if far else b)
+        return out
+
+
+def _interpolate(table: dict[int, float], nodes: int, extrapolate: bool) -> float:
+    """``table`` at ``nodes``: linear between the nearest known sizes; beyond them, linear growth from the
+    nearest end (``extrapolate``) or the end value."""
+    if nodes in table:
+        return table[nodes]
+    known = sorted(table)
+    if not known:
+        return 1.0 + 0.03 * nodes if extrapolate else 0.0  # neutral prior: relative units
+    lo = max((k for k in known if k <= nodes), default=known[0])
+    hi = min((k for k in known if k >= nodes), default=known[-1])
+    if lo == hi:  # outside the measured range
+        return table[lo] + (_slope(table, known) * (nodes - lo) if extrapolate else 0.0)
+    t = (nodes - lo) / (hi - lo)
+    return table[lo] + t * (table[hi] - table[lo])
+
+
+def _line(xs: Sequence[int], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with ``b >= 0``. The growth of a verify's cost per cache token is
+    attention's, proportional to the tokens forwarded: a line through the sizes' timings, not each size's
+    own difference of two noisy medians (extrapolated to a long document, those would swing widely)."""
+    if not xs:
+        return 0.0, 0.0
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx) if sxx else 0.0
+    return my - b * mx, b
+
+
+def _slope(costs: dict[int, float], known: Sequence[int]) -> float:
+    if len(known) < 2:
+        return 0.03 * costs[known[0]]
+    a, b = known[-2], known[-1]
+    return max(0.0, (costs[b] - costs[a]) / (b - a))
+
+
+@dataclass
+class TreeSelector:
+    """Per generation: keeps the part of each candidate tree worth verifying, and learns from the outcome."""
+
+    policy: BudgetPolicy
+    request_weight: float = 8.0  # engine-wide rate counts as this many of this request's observations
+    step: int = 0
+    _local: dict[str, list[float]] = field(default_factory=dict)  # kind -> [accepted, tested] this request
+
+    def probability(self, kind: str) -> float:
+        rate, _ = self.policy.acceptance.rate(kind)
+        acc, tested = self._local.get(kind, (0.0, 0.0))
+        w = self.request_weight
+        return (acc + w * rate) / (tested + w)
+
+    @staticmethod
+    def keys(tree: DraftTree) -> list[str]:
+        """Statistics key per node: its kind and depth (1, 2, 3+): once a draft is on track, it tends to stay."""
+        depths = tree.depths()
+        return [f"{kind}@{min(d, 3)}" for kind, d in zip(tree.kinds, depths, strict=True)]
+
+    def node_probabilities(self, tree: DraftTree) -> list[float]:
+        """P(node accepted) for every node: the product of conditional rates down its path."""
+        p: list[float] = []
+        for parent, key in zip(tree.parents, self.keys(tree), strict=True):
+            base = 1.0 if parent == ROOT else p[parent]
+            p.append(base * self.probability(key))
+        return p
+
+    def select(self, tree: DraftTree, context: int | None = None) -> DraftTree:
+        """The most likely nodes (ancestors included) whose number maximises expected tokens per second on a
+        ``context``-token cache."""
+        self.step += 1
+        if not len(tree):
+            return tree
+        p = self.node_probabilities(tree)
+        order = sorted(range(len(tree)), key=lambda i: (-p[i], i))  # a parent never ranks below its child
+        order = order[: self.policy.max_budget]
+        cost = self.policy.costs(len(order), context)
+        best_n, best_rate = 0, 1.0 / cost[0]
+        gain = 1.0
+        for n, i in enumerate(order, start=1):
+            gain += p[i]
+            rate = gain / cost[n]
+            if rate > best_rate:
+                best_n, best_rate = n, rate
+        if best_n == 0 and self.step % self.policy.explore_every == 0:
+            best_n = min(2, len(tree))
+        keep = set(order[:best_n])
+        keys = self.keys(tree)
+        untested = [i for i in order if tree.parents[i] == ROOT and self.policy.acceptance.rate(keys[i])[1] == 0]
+        if untested:  # a kind never verified gets one try: its prior alone may never pay on a slow verify
+            keep.add(untested[0])
+        if len(keep) == len(tree):
+            return tree
+        return tree.subset(sorted(keep))
+
+    def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None) -> int:
+        """How many tokens (0..gamma) a drafter that costs ``step_cost`` seconds per drafted token should chain
+        this step: the depth that maximises expected tokens per second, drafting time included,
+
+            rate(g) = (1 + sum over d <= g of P(first d tokens accepted)) / (g * step_cost + cost(g)),
+
+        against a plain step (g = 0). A kind never verified gets a short chain once (its prior alone would
+        rarely pay for an LM's forwards), and every ``explore_every`` steps a skipped drafter is re-probed
+        with one token, so an estimate that fell low is re-measured."""
+        cost = self.policy.cost
+        best_g, best_rate = 0, 1.0 / cost(0, context)
+        p = gain = 1.0
+        for g in range(1, gamma + 1):
+            p *= self.probability(f"{kind}@{min(g, 3)}")
+            gain += p
+            rate = gain / (g * step_cost + cost(g, context))
+            if rate > best_rate:
+                best_g, best_rate = g, rate
+        if best_g == 0:
+            if self.policy.acceptance.rate(f"{kind}@1")[1] == 0:
+                return min(gamma, 3)
+            if (self.step + 1) % self.policy.explore_every == 0:
+                return 1
+        return best_g
+
+    def observe(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Every node whose parent was accepted was tested: accepted or not, it teaches its kind's rate."""
+        accepted = set(accepted_nodes)
+        model = self.policy.acceptance
+        for i, (parent, kind) in enumerate(zip(tree.parents, self.keys(tree), strict=True)):
+            if parent == ROOT or parent in accepted:
+                hit = i in accepted
+                stats = self._local.setdefault(kind, [0.0, 0.0])
+                stats[0] += float(hit)
+                stats[1] += 1.0
+                model.update(kind, hit)

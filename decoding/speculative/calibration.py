@@ -1,0 +1,114 @@
+"""Measuring what a verify forward costs on this hardware, for the budget policy (``decoding.speculative.budget``).
+
+Kept apart from the engine: calibration runs the engine's forwards on random caches, it does not decode.
+On a CPU the random cache is a prefill of random tokens (the quantized runtime writes its own cache layout);
+on any other device it is random key/value rows written straight into the cache (``fill_random``): a GPU's
+attention kernels are dense, so a verify costs the same whatever the rows hold, and a 128K-token prefill
+would take seconds for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from decoding.cache.slot import SlotCache, fill_random
+from decoding.speculative.generation import SamplingParams
+from decoding.speculative.prefill import drain
+from decoding.speculative.tree import DraftTree
+
+if TYPE_CHECKING:
+    from decoding.speculative.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def calibrate(
+    engine: Engine,
+    contexts: Sequence[int] = (256, 2048),
+    repeats: int = 3,
+    cancel: threading.Event | None = None,
+    fill: bool | None = None,
+) -> dict[int, float]:
+    """Measure the verify cost per budget bucket of ``engine.policy`` on random caches of each length in
+    ``contexts`` and hand them to the policy (which then follows a request's cache length between and
+    beyond them). Returns the costs at the longest context measured.
+
+    On a CPU, attention makes a verify's cost relative to a plain step grow with the context. Buckets are
+    measured round-robin, ``repeats`` times each, and the median kept, so a burst of load from elsewhere on
+    the machine hits every bucket alike instead of skewing one. ``cancel`` (set when a request arrives)
+    stops it between prefill chunks and between measurements; a length cut short teaches the policy nothing.
+    ``fill``: random rows instead of a prefill (see the module); None decides by the engine's device.
+    """
+    costs: dict[int, float] = {}
+    for context_tokens in contexts:
+        measured = _verify_costs(engine, context_tokens, engine.policy.buckets, repeats, cancel, fill)
+        if measured is None:
+            logger.info("verify cost calibration at a %d-token cache cancelled", context_tokens)
+            break
+        base, medians = measured
+        costs = engine.policy.calibrate(medians.__getitem__, context=base)
+        logger.info("verify cost by draft nodes at a %d-token cache (s): %s", base,
+                    {k: round(v, 4) for k, v in medians.items()})
+    return costs
+
+
+def verify_costs(
+    engine: Engine, context_tokens: int, sizes: Sequence[int], repeats: int = 3, fill: bool | None = None
+) -> tuple[int, dict[int, float]]:
+    """Median seconds of a verify forward over a chain of each size in ``sizes`` (0: a plain decoding step)
+    on a random ``context_tokens``-token cache (clamped to the window; ``fill`` as in ``calibrate``), sizes
+    measured round-robin. Returns (the cache length used, {size: seconds})."""
+    measured = _verify_costs(engine, context_tokens, sizes, repeats, None, fill)
+    assert measured is not None  # nothing to cancel it
+    return measured
+
+
+def _verify_costs(
+    engine: Engine,
+    context_tokens: int,
+    sizes: Sequence[int],
+    repeats: int,
+    cancel: threading.Event | None,
+    fill: bool | None,
+) -> tuple[int, dict[int, float]] | None:
+    """``verify_costs``, or None if ``cancel`` was set on the way."""
+    vocab = int(engine.model.config.vocab_size)
+    longest = engine.max_context - max(sizes) - 2
+    context_tokens = max(1, min(context_tokens, longest))
+    if fill is None:
+        fill = engine.device.type != "cpu"
+    gen = torch.Generator().manual_seed(context_tokens)
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    with torch.inference_mode():
+        cache = SlotCache(engine.num_layers, context_tokens + max(sizes) + 2)
+        if fill:
+            rows = torch.Generator(engine.device).manual_seed(context_tokens)
+            fill_random(cache, engine.model.config, context_tokens, engine.model.dtype, engine.device, rows)
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize(engine.device)  # the writes are not part of the first verify's time
+            root = int(torch.randint(0, vocab, (1,), generator=gen))
+        else:
+            ctx = torch.randint(0, vocab, (context_tokens,), generator=gen).tolist()
+            root = int(ctx[-1])
+            if cancel is None:
+                engine.prefill(ctx, cache)
+            elif drain(engine.reader.read(ctx, [], None, cache, cancel)).last is None:
+                return None  # cancelled during the prefill (no prefix key: nothing is cached)
+        base = cache.length
+        for _ in range(repeats):
+            for nodes, seen in times.items():
+                if cancel is not None and cancel.is_set():
+                    return None
+                chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
+                t = time.perf_counter()
+                engine.verify(root, chain, cache, SamplingParams(), None)
+                seen.append(time.perf_counter() - t)
+                cache.truncate(base)
+    return base, {b: statistics.median(v) for b, v in times.items()}

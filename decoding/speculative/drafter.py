@@ -1,0 +1,124 @@
+"""The ``Drafter`` protocol: anything that proposes a draft tree below the root each step.
+
+The engine never knows who drafted: it asks every drafter for a tree, merges them in the order given,
+verifies once, and reports the outcome back to every drafter through ``observe``. ``BaseDrafter`` gives
+every hook a no-op default, so a drafter implements only what it uses (usually ``propose``).
+
+Drafting is free for table lookups (RACER, prompt lookup) but not for an LM drafter, whose every drafted
+token is a forward pass. Such a drafter reports its measured seconds per drafted token in ``step_cost_s``;
+the engine then decides each step how deep it may draft (``DraftRequest.max_depth``, 0: skip this step)
+from that cost, the verify-cost curve and the learned acceptance of its tokens (``decoding.speculative.budget``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from decoding.speculative.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """What a drafter may learn from the target's prompt at the start of a request.
+
+    ``prompt_topk`` (optional) holds the target's top-k next-token ids at every prompt position
+    (``[len(prompt_ids), k]`` long, row j predicts position j + 1), computed once per document prefix.
+    """
+
+    prompt_ids: Sequence[int]
+    prompt_topk: torch.Tensor | None = None
+    draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt ([system][retrieved chunks][question])
+    draft_rows: Sequence[tuple[int, int]] | None = None  # prompt rows [start, end) a KV-subset drafter reads
+    target_cache: Any = None  # the target's KV cache (a KV-subset drafter drafts over it, then cuts it back)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One step's question to a drafter.
+
+    ``root`` is the token already decided by the target and not yet verified in the KV cache;
+    ``generated`` holds every generated token so far, ``root`` last. ``budget`` is the most unique nodes
+    this drafter's tree may hold (excluding the root). ``max_depth`` bounds the depth of what a drafter with
+    a cost per token (``step_cost_s``) drafts this step (None: its own limit; 0: nothing).
+    """
+
+    root: int
+    generated: Sequence[int]
+    budget: int
+    max_depth: int | None = None
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What one verify pass found, reported to every drafter.
+
+    ``tree`` is the merged tree that was verified; ``accepted_nodes`` the accepted node indices (root
+    excluded) in path order; ``new_tokens`` the tokens appended to the output by this step: the accepted
+    node tokens followed by the next root (bonus / recovered token). ``node_topk`` is the target's
+    top-k prediction after the root (row 0) and after every node (row i + 1), ``[n + 1, k]`` long:
+    rejected nodes included, for logit-cue tables. ``generated`` is the output before this step's new
+    tokens (``root`` last, as in ``DraftRequest``; empty when the caller does not say): the context of the
+    root and of every node.
+    """
+
+    root: int
+    tree: DraftTree
+    accepted_nodes: Sequence[int]
+    new_tokens: Sequence[int]
+    node_topk: torch.Tensor
+    generated: Sequence[int] = ()
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A source of draft tokens. ``name`` labels its nodes in stats (``accepted_by_source``).
+
+    ``step_cost_s``: measured seconds per drafted token (0: free, never rationed); ``max_depth``: the deepest
+    chain a costed drafter offers (its gamma; 0 for a free drafter, whose depth the budget alone bounds).
+    """
+
+    name: str
+    step_cost_s: float
+    max_depth: int
+
+    def begin(self, prompt: PromptInfo) -> None:
+        """Start a request over ``prompt`` (called once, after the target's prefill)."""
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        """Return a tree of at most ``request.budget`` nodes below ``request.root`` (may be empty)."""
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        """Learn from a verify step (accepted tokens, target top-k at every node)."""
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        """The request finished with ``output_ids`` (generated tokens); persist what is worth keeping."""
+
+    def reset(self) -> None:
+        """Drop all per-request state."""
+
+
+class BaseDrafter:
+    """A drafter with every hook a no-op and no cost per drafted token; subclasses override what they use."""
+
+    name = "base"
+    step_cost_s = 0.0  # measured seconds per drafted token (0: free, never rationed)
+    max_depth = 0  # the deepest chain a costed drafter offers (its gamma)
+
+    def begin(self, prompt: PromptInfo) -> None:
+        return None
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        return DraftTree()
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        return None
+
+    def end(self, output_ids: Sequence[int]) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None

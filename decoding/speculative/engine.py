@@ -1,0 +1,387 @@
+"""The engine: read the prompt (through the shared prefix cache), then autoregressive or speculative decoding.
+
+gpt-fast style, a generation is the prompt read once and one short step function repeated:
+
+    read prompt (speculative.prefill) -> first root -> [_step: draft -> pick -> verify -> accept and commit]* -> done
+
+``_step`` drafts (every drafter's tree, merged), picks the part worth verifying (the budget policy), runs
+one verify forward, keeps the accepted path's KV and tells the policy and the drafters what was accepted.
+Measuring verify costs for the policy is not the engine's job (``decoding.speculative.calibration``).
+
+Every step verifies ``root + draft tree`` in one target forward with a tree attention mask on top of the
+cached prefix. With no drafters (or a budget of 0) the tree is empty and the step is one plain
+autoregressive forward, so the baseline and speculative decoding share every line but the drafting.
+The engine never branches on who drafted: it merges whatever trees the drafters return.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from decoding.cache.prefix import PrefixCache
+from decoding.cache.slot import SlotCache
+from decoding.errors import ContextTooLong
+from decoding.runtime import host
+from decoding.runtime.attention_cuda import describe_tree_mask
+from decoding.speculative.budget import BudgetPolicy, TreeSelector
+from decoding.speculative.coupled import SeededNoise, sample_coupled, verify_coupled
+from decoding.speculative.detokenize import AnswerText
+from decoding.speculative.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
+from decoding.speculative.generation import (
+    DoneEvent,
+    GenerationConfig,
+    GenerationEvent,
+    Prompt,
+    SamplingParams,
+    TokenEvent,
+)
+from decoding.speculative.prefill import PromptReader, default_prefill_chunk, segment_ends
+from decoding.speculative.stats import GenerationStats
+from decoding.speculative.tree import DraftTree, merge_trees, tree_layout
+from decoding.speculative.verify import Verdict, greedy_path, target_probs, verify_sampling
+
+
+class TargetModel(Protocol):
+    """What the engine needs of a loaded target (``decoding.runtime.models.LoadedModel`` satisfies it)."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def max_context(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # tokens per prefill forward: bounds attention memory and how long a cancel waits (None: by device,
+    # ``decoding.speculative.prefill.default_prefill_chunk``)
+    prefill_chunk: int | None = None
+    node_topk: int = 8  # target top-k recorded for every verified node (drafters' logit cues)
+    prompt_topk: int = 0  # >0: also record the target's top-k at every prompt position (RACER)
+    max_budget: int = 64  # most draft nodes per step
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+
+class Engine:
+    """Runs one generation at a time (callers serialise access; the app queues requests)."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        prefix_cache: PrefixCache | None = None,
+        policy: BudgetPolicy | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.target = target
+        self.model = target.model
+        self.prefix_cache = prefix_cache
+        self.config = config or EngineConfig()
+        self.policy = policy or BudgetPolicy(max_budget=self.config.max_budget)
+        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.eos = set(target.eos_token_ids)
+        self._float_dtype: torch.dtype = self.model.dtype
+        self._vocab = int(self.model.config.vocab_size)
+        # prefix KV computed by another runtime (fp32 torch, fp16-KV quantized...) is never reused
+        cache_model = f"{target.name}|{getattr(target, 'runtime', 'torch')}"
+        chunk = self.config.prefill_chunk
+        self.reader = PromptReader(self._forward, prefix_cache, cache_model, self.device,
+                                   default_prefill_chunk(self.device) if chunk is None else chunk,
+                                   self.config.prompt_topk, self._vocab)
+
+    @property
+    def max_context(self) -> int:
+        return int(self.target.max_context)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.target.device)
+
+    # ---- forwards ---------------------------------------------------------------------------------
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,  # [1, n]
+        cache: SlotCache,
+        position_ids: torch.Tensor | None = None,  # [1, n]
+        mask: torch.Tensor | None = None,  # [1, 1, n, L + n] additive
+        all_logits: bool = True,
+    ) -> torch.Tensor:
+        start = cache.length
+        n = input_ids.shape[1]
+        cache_position = torch.arange(start, start + n, device=self.device)
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        kwargs: dict[str, Any] = {}
+        if not all_logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            cache_position=cache_position,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[0]  # type: ignore[no-any-return]
+
+    def prefill(self, ids: Sequence[int], cache: SlotCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ``ids`` into ``cache`` (no prefix cache); return the last logits ``[vocab]`` and top-k ``[n, k]``
+        if configured."""
+        return self.reader.prefill(ids, cache)
+
+    def warm_prefix(self, prompt: Prompt, cancel: threading.Event | None = None) -> bool:
+        """Compute and cache the KV of ``prompt``'s prefix segments ahead of the first question (stops between
+        chunks when ``cancel`` is set; finished segments stay cached). True if anything was computed."""
+        return self.reader.warm(prompt, self.num_layers, cancel)
+
+    def _mask(self, layout_mask: torch.Tensor, past: int) -> torch.Tensor:
+        """Additive 4D mask ``[1, 1, n, past + n]``: the cached prefix is visible, the tree by ancestry."""
+        n = layout_mask.shape[0]
+        neg = torch.finfo(self._float_dtype).min
+        mask = torch.zeros(n, past + n, dtype=self._float_dtype, device=self.device)
+        mask[:, past:].masked_fill_(~layout_mask, neg)
+        return describe_tree_mask(mask.view(1, 1, n, past + n), past, layout_mask)  # CUDA: split without reading it
+
+    # ---- generation -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt,
+        config: GenerationConfig | None = None,
+        drafters: Sequence[Drafter] = (),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Yield ``PrefillEvent``s while the prompt is read, ``TokenEvent``s as text becomes final, then one
+        ``DoneEvent``.
+
+        Raises ``ContextTooLong`` (before yielding anything) when the prompt fills the window.
+        """
+        config = config or GenerationConfig()
+        ids = prompt.ids
+        room = self.max_context - len(ids)
+        if room < 1:
+            raise ContextTooLong(len(ids) + 1, self.max_context)
+        max_new = max(1, min(config.max_new_tokens, room))
+        with torch.inference_mode():
+            yield from self._generate(prompt, config, max_new, list(drafters), cancel)
+
+    def _generate(
+        self,
+        prompt: Prompt,
+        config: GenerationConfig,
+        max_new: int,
+        drafters: list[Drafter],
+        cancel: threading.Event | None,
+    ) -> Iterator[GenerationEvent]:
+        t0 = time.perf_counter()
+        sampling = config.sampling
+        stats = GenerationStats(prompt_tokens=len(prompt.ids), context_truncated=prompt.context_truncated)
+        spare = (config.draft_budget if config.draft_budget is not None else self.policy.max_budget) + 2
+        cache = SlotCache(self.num_layers, len(prompt.ids) + max_new + spare)
+
+        ids = prompt.ids
+        prefix_len = len(prompt.prefix_ids) if prompt.suffix_ids else len(ids) - 1  # the last token runs
+        read = yield from self.reader.read(ids, segment_ends(prompt, prefix_len), prompt.prefix_key, cache, cancel)
+        stats.prefix_reused_tokens, stats.prefix_cache_hit = read.reused, read.reused > 0
+        stats.prefill_tokens += cache.length - read.reused
+        stats.prefill_s = time.perf_counter() - t0
+        if read.last is None:  # cancelled during the prefill (a prompt always has rows left to run)
+            stats.total_s, stats.finish_reason = stats.prefill_s, "cancelled"
+            yield DoneEvent(text="", token_ids=[], finish_reason="cancelled", stats=stats)
+            return
+        generator = _generator(sampling)
+        noise = None if sampling.greedy or sampling.seed is None else SeededNoise(sampling.seed, self._vocab)
+        answer = AnswerText(self.target.tokenizer, self.eos, max_new, config.stop)
+        root = self._pick(read.last, sampling, generator, noise)
+        run = _Run(config, sampling, generator, noise, cache, drafters, TreeSelector(self.policy), stats, max_new,
+                   root, output=answer.ids)
+
+        text = answer.add([root])
+        stats.ttft_s = t_first = time.perf_counter() - t0
+        if text:
+            yield TokenEvent(text, answer.ids[:])
+        if not answer.done and drafters:
+            info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, draft_ids=prompt.draft_ids,
+                              draft_rows=prompt.draft_rows, target_cache=cache)
+            for d in drafters:
+                d.begin(info)
+        while not answer.done:
+            if cancel is not None and cancel.is_set():
+                answer.finish = "cancelled"
+                break
+            text = answer.add(self._step(run))
+            if text:
+                yield TokenEvent(text, answer.ids[:])
+        tail = answer.close()
+        if tail:
+            yield TokenEvent(tail, answer.ids[:])
+        for d in drafters:
+            d.end(answer.ids)
+        now = time.perf_counter()
+        stats.completion_tokens = len(answer.ids)
+        stats.total_s = now - t0
+        stats.decode_s = now - t0 - t_first
+        stats.finish_reason = answer.finish
+        yield DoneEvent(text=answer.text, token_ids=answer.ids, finish_reason=answer.finish, stats=stats)
+
+    # ---- one decoding step: draft -> pick -> verify -> accept and commit ---------------------------------
+
+    def _step(self, run: _Run) -> list[int]:
+        """One step after ``run.root``: the drafters' tree, the part of it worth verifying, one target forward
+        over root + that part, the accepted path's KV kept; returns the new tokens (accepted + bonus)."""
+        tree = self._pick_tree(run, self._draft(run))
+        base, t = run.cache.length, time.perf_counter()
+        verdict, node_topk = self.verify(run.root, tree, run.cache, run.sampling, run.generator, run.noise,
+                                         len(run.output), self.config.node_topk if run.drafters else None)
+        run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
+        self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
+        accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
+        self._observe(run, tree, verdict, node_topk, accepted)
+        run.root = verdict.bonus
+        return [*accepted, verdict.bonus]
+
+    def _draft(self, run: _Run) -> DraftTree:
+        """Every drafter's tree, merged. A drafter that pays per drafted token (an LM) is told how deep to go
+        (planned from its measured cost, the verify-cost curve and its learned acceptance, unless the request
+        fixed the budget)."""
+        budget = run.config.draft_budget if run.config.draft_budget is not None else self.policy.max_budget
+        budget = min(budget, run.max_new - len(run.output))
+        if not run.drafters or budget <= 0:
+            return DraftTree()
+        context = run.cache.length
+        trees = []
+        for d in run.drafters:
+            depth = None
+            gamma = d.max_depth
+            if run.config.draft_budget is None and gamma > 0:
+                step = d.step_cost_s or self.policy.cost(0, context)  # unmeasured: a step
+                depth = run.selector.plan_depth(d.name, step, gamma, context)
+            request = DraftRequest(root=run.root, generated=run.output, budget=budget, max_depth=depth)
+            trees.append(d.propose(request))
+        return merge_trees(trees, budget)
+
+    def _pick_tree(self, run: _Run, tree: DraftTree) -> DraftTree:
+        """The part of the drafted tree worth verifying at this cache length (maybe nothing); all of it when
+        the request fixed the budget."""
+        return tree if run.config.draft_budget is not None else run.selector.select(tree, run.cache.length)
+
+    def _observe(
+        self, run: _Run, tree: DraftTree, verdict: Verdict, node_topk: torch.Tensor | None, accepted: list[int]
+    ) -> None:
+        """Count the step and tell the budget policy and the drafters what the target accepted (``node_topk``:
+        the target's top-k at every verified row, on the host; there whenever there are drafters)."""
+        run.stats.steps += 1
+        for source in tree.sources:
+            run.stats.add_drafted(source, 1)
+        for i in verdict.accepted_nodes:
+            run.stats.add_accepted(tree.sources[i], 1)
+        if not run.drafters:
+            return
+        run.selector.observe(tree, verdict.accepted_nodes)
+        assert node_topk is not None
+        outcome = VerifyOutcome(
+            root=run.root,
+            tree=tree,
+            accepted_nodes=verdict.accepted_nodes,
+            new_tokens=[*accepted, verdict.bonus],
+            node_topk=node_topk,
+            generated=run.output,
+        )
+        for d in run.drafters:
+            d.observe(outcome)
+
+    def verify(
+        self,
+        root: int,
+        tree: DraftTree,
+        cache: SlotCache,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        noise: SeededNoise | None = None,
+        position: int = 0,
+        topk: int | None = None,
+    ) -> tuple[Verdict, torch.Tensor | None]:
+        """One target forward over root + tree; returns the verdict and, given ``topk``, the target's top-k
+        after every row ``[n + 1, topk]`` (on the host)."""
+        base = cache.length
+        layout = tree_layout(root, tree, base, self.device)
+        mask = self._mask(layout.ancestor_mask, base) if len(tree) else None
+        logits = self._forward(layout.input_ids, cache, layout.position_ids, mask)
+        return self._judge(tree, logits, sampling, generator, noise, position, topk)
+
+    def _judge(
+        self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+        noise: SeededNoise | None, position: int, topk: int | None,
+    ) -> tuple[Verdict, torch.Tensor | None]:
+        """The verdict on a verify forward's ``logits`` ``[n + 1, vocab]`` and the rows' top-k, with ONE
+        device-to-host transfer (``host.fetch``). What the host needs is computed where the logits are: greedy,
+        every row's argmax (the greedy token stays ``argmax``: its ties may break unlike ``topk``'s); sampling,
+        every row's p. Rejection sampling (with the request's CPU generator) and coupled sampling then run
+        on the host copy, so a CPU generator never meets a device tensor."""
+        cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
+        if sampling.greedy:
+            best, *got = host.fetch(logits.argmax(dim=-1), *cues)
+            return greedy_path(tree, best.tolist()), (got[0] if got else None)
+        probs, *got = host.fetch(target_probs(logits, sampling), *cues)
+        node_topk = got[0] if got else None
+        if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
+            return verify_coupled(tree, probs, noise, position), node_topk
+        return verify_sampling(tree, probs, generator, sampling.eta), node_topk
+
+    def _pick(
+        self,
+        logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        noise: SeededNoise | None = None,
+    ) -> int:
+        """The first output token (position 0), from the prefill's last logits (one transfer, as a step)."""
+        if sampling.greedy:
+            (best,) = host.fetch(logits.argmax())
+            return int(best)
+        (probs,) = host.fetch(target_probs(logits, sampling))
+        if noise is not None:
+            return sample_coupled(probs, noise, 0)
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+@dataclass
+class _Run:
+    """One generation's state between decoding steps."""
+
+    config: GenerationConfig
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    noise: SeededNoise | None
+    cache: SlotCache
+    drafters: list[Drafter]
+    selector: TreeSelector
+    stats: GenerationStats
+    max_new: int
+    root: int  # the last token, not yet in the cache: every step's forward starts with it
+    output: list[int]  # the answer's tokens so far (``AnswerText.ids``, the same list)
+
+
+def _generator(sampling: SamplingParams) -> torch.Generator | None:
+    if sampling.greedy:
+        return None
+    gen = torch.Generator()
+    gen.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns() % (2**63)))
+    return gen

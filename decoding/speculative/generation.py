@@ -1,0 +1,93 @@
+"""Public request/response types of the engine: what to generate, and the events it yields."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from decoding.speculative.stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy. top_k 0 = off. A seed makes sampling reproducible.
+
+    ``eta`` > 0 turns on RAPID's knowledge transfer, which is NOT lossless: a sampled LM draft is tested
+    against the target's distribution shifted towards the drafter's (``decoding.speculative.verify.transfer``), so the
+    answer no longer follows the target's distribution. 0 (the default) is exact speculative sampling."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    eta: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    draft_budget: int | None = None  # most draft nodes per step; None = the engine's budget policy
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids laid out ``[system][document] + [question...]``.
+
+    ``prefix_ids`` (system + document) is the stable, cacheable part: its target KV is computed once per
+    ``prefix_key`` and reused by every question and session. ``prefix_key`` None disables the cache.
+
+    ``segment_ends`` cuts the prefix into cacheable segments (ascending row ends, the last one
+    ``len(prefix_ids)``; empty: the whole prefix is one segment). The KV of a segment is cached under its own
+    tokens and everything before it, so a prompt that shares its first segments with an earlier one (the
+    same retrieved chunks, in the same order, before a different one) reuses their KV: a radix tree over
+    segments.
+    """
+
+    prefix_ids: Sequence[int]
+    suffix_ids: Sequence[int]
+    prefix_key: str | None = None
+    segment_ends: Sequence[int] = ()
+    context_truncated: bool = False  # set by the caller when the document was cut to fit the window
+    draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt: [system][retrieved chunks][question]
+    draft_rows: Sequence[tuple[int, int]] | None = None  # the rows of this prompt the KV drafter reads
+
+    @property
+    def ids(self) -> list[int]:
+        return [*self.prefix_ids, *self.suffix_ids]
+
+
+@dataclass
+class TokenEvent:
+    """Newly decoded text (may be empty while a multi-byte character is incomplete)."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class PrefillEvent:
+    """Progress of the prompt's prefill, sent between its chunks: ``done`` of ``total`` prompt tokens hold
+    their KV (``reused`` of them came from the prefix cache)."""
+
+    done: int
+    total: int
+    reused: int
+
+
+@dataclass
+class DoneEvent:
+    """Last event of every generation, also after cancellation (finish_reason 'cancelled')."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # 'stop' (EOS or stop string), 'length', 'cancelled'
+    stats: GenerationStats
+
+
+GenerationEvent = TokenEvent | PrefillEvent | DoneEvent

@@ -1,0 +1,144 @@
+"""Prompt layout ``[system][document][question]`` through the model's chat template.
+
+The system message holds the system text followed by the document; earlier (question, answer) turns and the
+new question follow; the template's generation prompt ends it. Everything up to the end of the document is
+``Prompt.prefix_ids``: it never depends on the question or the history, so its target KV cache is computed
+once per document and reused. The RAG drafter's prompt is the same call with the retrieved chunks' text as
+``document``.
+
+How the split is found (robust to any template that copies message contents verbatim): the chat is
+rendered with a unique sentinel in place of every caller-supplied text (document, past turns, question).
+The rendered string is cut at the sentinels into template pieces and text pieces. Template pieces are
+tokenized with special tokens recognised (``<|im_start|>`` ...); caller texts with special tokens treated
+as plain text, so a document containing ``<|im_end|>`` cannot end its own message. Pieces are tokenized
+separately without added special tokens and their ids concatenated (whitespace at the end of a template
+piece joins the text after it, where a byte-level pre-tokenizer would split anyway); the document piece is
+the last one of the prefix, so the prefix ends exactly where the document text ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from decoding.errors import DecodingError
+from decoding.speculative.generation import Prompt
+
+
+def _encode(tokenizer: Any, text: str, *, plain: bool) -> list[int]:
+    """Token ids of ``text``; ``plain`` treats special-token strings in it as ordinary text."""
+    if not text:
+        return []
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=plain).input_ids)
+
+
+def render_chat(
+    tokenizer: Any,
+    *,
+    system: str,
+    document: str,
+    question: str,
+    history: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The full prompt as the chat template renders it (what ``build_prompt``'s ids decode to)."""
+    return str(tokenizer.apply_chat_template(
+        _messages(system, document, question, history), tokenize=False, add_generation_prompt=True
+    ))
+
+
+def _messages(
+    system: str, document: str, question: str, history: Sequence[tuple[str, str]]
+) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": f"{system}\n\n{document}" if system else document}]
+    for asked, answered in history:
+        messages.append({"role": "user", "content": asked})
+        messages.append({"role": "assistant", "content": answered})
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def build_prompt(
+    tokenizer: Any,
+    *,
+    system: str,
+    document: str | Sequence[str],
+    question: str,
+    history: Sequence[tuple[str, str]] = (),
+    prefix_key: str | None,
+) -> Prompt:
+    """Token ids of the chat, split into the cacheable ``[system][document]`` prefix and the rest.
+
+    ``prefix_key`` names the prefix for the KV cache; it must change whenever the system text, the document
+    or the tokenizer does (e.g. include the document id, a hash of ``system`` and the tokenizer fingerprint).
+    ``document`` given as pieces (retrieved chunks, separators included) is their concatenation, each piece
+    tokenized on its own: the prefix is then cut into segments (``Prompt.segment_ends``: everything before
+    the document, then each piece) whose ids do not depend on the pieces after them, so their KV can be
+    shared by every prompt that starts with the same pieces.
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DecodingError("the tokenizer has no chat template; cannot lay out the prompt")
+    pieces = None if isinstance(document, str) else list(document)
+    tag = uuid.uuid4().hex
+    texts: list[str] = [document if isinstance(document, str) else ""]
+    for asked, answered in history:
+        texts += [asked, answered]
+    texts.append(question)
+    slots = [f"\x00slot{tag}{i}\x00" for i in range(len(texts))]
+    history_slots = [(slots[1 + 2 * i], slots[2 + 2 * i]) for i in range(len(history))]
+    rendered = render_chat(tokenizer, system=system, document=slots[0], question=slots[-1],
+                           history=history_slots)
+
+    prefix: list[int] = []
+    suffix: list[int] = []
+    rest = rendered
+    for i, (slot, text) in enumerate(zip(slots, texts, strict=True)):
+        head, found, rest = rest.partition(slot)
+        if not found or slot in rest:
+            raise DecodingError("the chat template does not copy message contents verbatim; cannot split it")
+        out = prefix if i == 0 else suffix
+        # Whitespace ending a template piece goes with the text that follows, so the boundary splits the
+        # string where the tokenizer's own pre-tokenizer would (for "\n\nThe" as for "\nThe").
+        template = head.rstrip()
+        out += _encode(tokenizer, template, plain=False)
+        if i == 0 and pieces is not None:
+            ends = [len(prefix)]
+            for j, piece in enumerate(pieces):
+                prefix += _encode(tokenizer, head[len(template):] + piece if j == 0 else piece, plain=True)
+                ends.append(len(prefix))
+            continue
+        out += _encode(tokenizer, head[len(template):] + text, plain=True)
+    suffix += _encode(tokenizer, rest, plain=False)
+    if pieces is None:
+        return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key)
+    segment_ends = sorted({e for e in ends if e > 0})
+    return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key, segment_ends=segment_ends)
+
+
+def context_rows(
+    tokenizer: Any, prompt: Prompt, document: str, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Rows of ``prompt`` (built over ``document``) that a drafter reading only ``spans`` of the document sees:
+    everything before the document (template, system text), the tokens of each character span ``[start, end)``,
+    and everything after the document (history, question). Sorted, merged ``[start, end)`` row ranges.
+
+    The document is the last piece of ``prompt.prefix_ids``, so its tokens end there; their character offsets
+    come from tokenizing the document alone (a template's leading whitespace may shift the first token by
+    one: harmless for a drafter, whose drafts are verified anyway)."""
+    enc = tokenizer(document, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    starts = [a for a, _ in enc["offset_mapping"]]
+    ends = [b for _, b in enc["offset_mapping"]]
+    doc_start = max(0, len(prompt.prefix_ids) - len(starts))
+    ranges = [(0, doc_start)]
+    for a, b in spans:  # the tokens overlapping [a, b) (a token may carry the space before a word)
+        lo, hi = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b)
+        ranges.append((doc_start + lo, doc_start + hi))
+    ranges.append((len(prompt.prefix_ids), len(prompt.prefix_ids) + len(prompt.suffix_ids)))
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
