@@ -9,6 +9,8 @@ STAMP := $(VENV)/.ragspec-installed
 TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# pytest workers for `make test` (pytest-xdist; a test file stays on one worker, so its module's server does too)
+TEST_WORKERS ?= 2
 
 .PHONY: serve test test-deps lint typecheck unit bench bench-quick gpu-check models setup clean
 
@@ -38,7 +40,7 @@ test-deps:
 	@bash scripts/test-deps
 
 unit: test-deps models
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The check runs first and alone (even under -j): nothing slow starts before it passes.
 test: test-deps

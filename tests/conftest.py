@@ -22,7 +22,6 @@ from retrieval.embedding import Embedder
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("RAGSPEC_DATA_DIR", REPO / "data"))
-BUNDLED_TARGET_DIR = assets.bundled_target_dir(DATA_DIR / "models")  # fp32 conversion (made on first use)
 BUNDLED_GGUF_DIR = assets.bundled_gguf_dir(DATA_DIR / "models")  # what the service serves on a CPU
 
 
@@ -108,14 +107,6 @@ def bundled_gguf_dir() -> Path:
     if not has_gguf_dir(BUNDLED_GGUF_DIR):
         pytest.fail(f"{BUNDLED_GGUF_DIR} missing: run `ragspec models` (make test does)")
     return BUNDLED_GGUF_DIR
-
-
-@pytest.fixture(scope="session")
-def bundled_target_dir(bundled_gguf_dir: Path) -> Path:
-    """The fp32 SmolLM2 safetensors dir, the torch runtime's reference (converted once, about a minute)."""
-    from decoding.runtime.bundled_build import ensure_converted
-
-    return ensure_converted(bundled_gguf_dir.parent)
 
 
 def make_pdf(pages: list[str], title: str | None = None) -> bytes:

@@ -76,7 +76,7 @@ def test_prebuilt_kernels_load_where_the_compiler_is_gone(tmp_path: Path) -> Non
         "from app.cli import main\n"
         "from app.services import configure_kernels\n"
         "from app.settings import Settings\n"
-        "from decoding import kernels\n"
+        "from decoding.runtime import kernels\n"
         "configure_kernels(Settings())\n"
         "lib = kernels.load()\n"
         "print(lib._name if lib else 'NONE: ' + kernels.unavailable_reason())\n"

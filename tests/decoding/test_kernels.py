@@ -220,7 +220,7 @@ def test_disabled_by_settings_falls_back(tmp_path: Path) -> None:
     code = (
         "import logging, torch; logging.basicConfig(level=logging.WARNING);"
         "from app.services import configure_kernels; from app.settings import Settings;"
-        "from decoding import kernels; from tests.decoding.conftest import make_tiny_llama;"
+        "from decoding.runtime import kernels; from tests.decoding.conftest import make_tiny_llama;"
         "configure_kernels(Settings());"
         "m = make_tiny_llama(); assert kernels.load() is None and not kernels.kernels_active(m);"
         "print(kernels.unavailable_reason())"
@@ -237,7 +237,7 @@ def test_the_library_reads_no_environment(tmp_path: Path) -> None:
     """The old variables (RAGSPEC_KERNEL_CACHE, RAGSPEC_CPU_KERNELS, CC) do nothing to ``decoding.runtime.kernels``
     by themselves; the service's settings carry the cache dir and compiler to it."""
     code = (
-        "from pathlib import Path; from decoding import kernels;"
+        "from pathlib import Path; from decoding.runtime import kernels;"
         "c = kernels.config(); assert c.enabled and c.cache_dir is None and c.compiler is None, c;"
         "assert kernels.cache_dir() == Path.home() / '.cache/ragspec/kernels', kernels.cache_dir();"
         "from app.services import configure_kernels; from app.settings import Settings;"

