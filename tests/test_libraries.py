@@ -160,11 +160,8 @@ def test_decoding_rooms_form_a_ladder() -> None:
 
 
 def test_only_the_bench_tests_import_the_bench() -> None:
-    """bench/ is a user of the libraries, not a library of the tests: only tests/bench (the benchmarks' own tests)
-    and tests/gpu (the test half of scripts/gpu-check, which shares bench.gpu_models' random-weight targets with
-    bench.gpu_check) import it."""
-    allowed = (REPO / "tests" / "bench", REPO / "tests" / "gpu")
+    """bench/ is a user of the libraries, not a library of the tests: only tests/bench, the benchmarks' own
+    tests, import it."""
     found = [str(path.relative_to(REPO)) for path in sorted((REPO / "tests").rglob("*.py"))
-             if not path.is_relative_to(allowed[0]) and not path.is_relative_to(allowed[1])
-             and "bench" in _imported_packages(path.read_text())]
+             if not path.is_relative_to(REPO / "tests" / "bench") and "bench" in _imported_packages(path.read_text())]
     assert not found, found

@@ -11,7 +11,7 @@ import pytest
 from app.services import load_target
 from app.settings import Settings
 from decoding.errors import ModelLoadError
-from tests.decoding.test_models import save_tiny_model
+from tests.decoding.conftest import save_tiny_model
 
 LINEAR = {"rope_type": "linear", "factor": 4.0}
 

@@ -1,13 +1,17 @@
 """Tiny random-weight Llama targets for fast, exact decoding tests, and the helpers several test modules
-share: a greedy reference, an engine run, a tiny trained tokenizer, total variation distance."""
+share: a greedy reference, an engine run, a tiny trained tokenizer, total variation distance, a tiny model saved
+as an HF dir or written as a GGUF file, a drafter of random trees around a known answer."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -18,7 +22,9 @@ from decoding.runtime.attention import use_grouped_sdpa
 from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
 from decoding.runtime.kernels import use_cpu_kernels
 from decoding.runtime.quant import WeightType
+from decoding.speculative.drafter import BaseDrafter, DraftRequest
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
+from decoding.speculative.tree import ROOT, DraftTree
 
 if TYPE_CHECKING:  # the fixtures of modules that never run an engine need not import it
     from decoding.speculative.engine import Engine
@@ -176,3 +182,109 @@ def make_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 320) -> PreTrai
         chat_template=CHATML,
         clean_up_tokenization_spaces=False,
     )
+
+
+def save_tiny_model(
+    path: Path, tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0, vocab: int | None = None
+) -> LlamaForCausalLM:
+    """A seeded 2-layer random Llama + tokenizer saved as an HF dir at ``path``."""
+    tokenizer = tokenizer or make_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab or len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model
+
+
+def write_gguf(path: Path, hf: torch.nn.Module) -> None:
+    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors."""
+    import gguf
+
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_eos_token_id(2)
+
+    def permute(t: torch.Tensor, heads: int) -> np.ndarray:
+        a = t.detach().numpy()
+        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    def put(name: str, a: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, a)
+        elif kind == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+
+    q8, q41, f32 = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.F32)
+    put("token_embd.weight", hf.model.embed_tokens.weight.detach().numpy(), q8)
+    for i, layer in enumerate(hf.model.layers):
+        at, mlp = layer.self_attn, layer.mlp
+        put(f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight.detach().numpy(), f32)
+        put(f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight.detach().numpy(), f32)
+        put(f"blk.{i}.attn_q.weight", permute(at.q_proj.weight, c.num_attention_heads), q41)
+        put(f"blk.{i}.attn_k.weight", permute(at.k_proj.weight, c.num_key_value_heads), q41)
+        put(f"blk.{i}.attn_v.weight", at.v_proj.weight.detach().numpy(), q41)
+        put(f"blk.{i}.attn_output.weight", at.o_proj.weight.detach().numpy(), q41)
+        put(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight.detach().numpy(), q41)
+        put(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight.detach().numpy(), gguf.GGMLQuantizationType.F16)
+        put(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight.detach().numpy(), q41)
+    put("output_norm.weight", hf.model.norm.weight.detach().numpy(), f32)
+    put("output.weight", hf.lm_head.weight.detach().numpy(), q8)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+class RandomTreeDrafter(BaseDrafter):
+    """Random trees mixing right and wrong tokens at random depths and widths."""
+
+    name = "random"
+
+    def __init__(self, answer: Sequence[int], seed: int, vocab: int = VOCAB) -> None:
+        self.answer = list(answer)
+        self.rng = random.Random(seed)
+        self.vocab = vocab
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        pos = len(request.generated)
+        tree = DraftTree()
+        frontier = [(ROOT, 0)]
+        while frontier and len(tree) < request.budget:
+            parent, depth = frontier.pop(0)
+            for _ in range(self.rng.randint(1, 3)):
+                if len(tree) >= request.budget:
+                    break
+                good = self.answer[pos + depth] if pos + depth < len(self.answer) else 0
+                tok = good if self.rng.random() < 0.6 else self.rng.randrange(self.vocab)
+                frontier.append((tree.add(parent, tok, self.name), depth + 1))
+        return tree
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two outputs differ (the shorter one's length when one continues the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                None if len(a) == len(b) else min(len(a), len(b)))  # fmt: skip

@@ -23,8 +23,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.gpu_models import IdTokenizer, RandomTarget
 from decoding.runtime.attention import use_grouped_sdpa
+from tests.decoding.conftest import TinyTarget, TinyTokenizer
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 97
@@ -73,9 +73,9 @@ def tiny_llama(
     return model
 
 
-def device_target(model: Any, device: torch.device, name: str = "tiny") -> RandomTarget:
+def device_target(model: Any, device: torch.device, name: str = "tiny") -> TinyTarget:
     """A model on the test device as the engine's target (``speculative.engine.TargetModel``), 1024-token window."""
-    return RandomTarget(model, IdTokenizer(), f"{name}-{model.dtype}", device, (), 1024)
+    return TinyTarget(model, TinyTokenizer(int(model.config.vocab_size)), f"{name}-{model.dtype}", device, (), 1024)
 
 
 def nocache_greedy(model: Any, ids: list[int], n: int) -> list[int]:

@@ -22,7 +22,15 @@ from torch.nn.attention.bias import CausalBias
 from decoding.runtime import attention_cuda
 from decoding.runtime.attention_cuda import attend, describe_tree_mask, prefix_attention
 from decoding.speculative.tree import tree_layout
-from tests.decoding.test_cuda_attention import CAUSAL, MODELS, _additive, _qkv, _tree, engine_matches_eager, reference
+from tests.decoding.runtime.test_cuda_attention import (
+    CAUSAL,
+    MODELS,
+    _additive,
+    _qkv,
+    _tree,
+    engine_matches_eager,
+    reference,
+)
 
 pytestmark = pytest.mark.gpu  # tests/gpu/conftest.py skips them without CUDA
 

@@ -1,7 +1,7 @@
 """Lossless on the device: speculative greedy == autoregressive greedy through the engine, with the registry's
-drafters (prompt lookup, rapid on its own cache, rapid_kv over a subset of the target's rows) and with forced
-random trees (branches, right paths cut at every depth); in bf16, how often the two agree (rounding may flip
-a near tie between a verify row and a decode step), reported with a loose bound."""
+drafters (prompt lookup, rapid on its own cache, rapid_kv over a subset of the target's rows) and with random
+trees around the answer (right and wrong tokens at random depths and widths); in bf16, how often the two agree
+(rounding may flip a near tie between a verify row and a decode step), reported with a loose bound."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from bench.gpu_correctness import ForcedTrees, first_mismatch
 from decoding.drafters.registry import DRAFTERS, DraftingKit, DraftLM
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
+from tests.decoding.conftest import RandomTreeDrafter, first_mismatch
 from tests.gpu.conftest import VOCAB, device_target, nocache_greedy, tiny_llama
 
 N = 32  # new tokens per generation
@@ -82,7 +82,7 @@ def test_forced_random_trees_are_lossless(device: torch.device, seed: int) -> No
     engine = Engine(device_target(model, device), config=EngineConfig(max_budget=32))
     prompt = make_prompt(seed)
     ar = generate(engine, prompt)
-    spec = generate(engine, prompt, [ForcedTrees(ar.token_ids, VOCAB, seed, width=3, depth=6)], budget=24)
+    spec = generate(engine, prompt, [RandomTreeDrafter(ar.token_ids, seed, VOCAB)], budget=24)
     assert spec.token_ids == ar.token_ids
     assert spec.stats.accepted > 0 and spec.stats.steps < N
 
@@ -96,7 +96,7 @@ def test_bf16_speculative_agrees_with_autoregressive(device: torch.device, repor
         engine = Engine(device_target(model, device), config=EngineConfig(max_budget=32))
         prompt = make_prompt(seed)
         ar = generate(engine, prompt)
-        spec = generate(engine, prompt, [ForcedTrees(ar.token_ids, VOCAB, seed, width=3, depth=6)], budget=24)
+        spec = generate(engine, prompt, [RandomTreeDrafter(ar.token_ids, seed, VOCAB)], budget=24)
         miss = first_mismatch(spec.token_ids, ar.token_ids)
         rows.append({"seed": seed, "tokens": len(ar.token_ids), "first_mismatch": miss,
                      "accepted": spec.stats.accepted, "steps": spec.stats.steps})  # fmt: skip

@@ -21,7 +21,7 @@ from decoding.drafters.racer import (
 )
 from decoding.drafters.racer.redis_schema import decode_continuation, redact_url
 from tests.conftest import RedisServer
-from tests.decoding.racer.conftest import scripted_run
+from tests.decoding.drafters.racer.conftest import scripted_run
 
 
 class Clock:

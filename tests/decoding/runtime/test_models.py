@@ -8,37 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.runtime import bundled, bundled_build, kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
-from tests.decoding.conftest import make_tokenizer
-
-
-def save_tiny_model(
-    path: Path, tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0, vocab: int | None = None
-) -> LlamaForCausalLM:
-    """A seeded 2-layer random Llama + tokenizer saved as an HF dir at ``path``."""
-    tokenizer = tokenizer or make_tokenizer()
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab or len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return model
+from tests.decoding.conftest import make_tokenizer, save_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import random
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,7 +17,7 @@ from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo, 
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, PrefillEvent, Prompt, TokenEvent
 from decoding.speculative.tree import ROOT, DraftTree
-from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, naive_greedy, run
+from tests.decoding.conftest import PROMPT, VOCAB, RandomTreeDrafter, TinyTarget, naive_greedy, run
 
 
 class ScriptedDrafter(BaseDrafter):
@@ -58,30 +57,6 @@ class ScriptedDrafter(BaseDrafter):
 
     def reset(self) -> None:
         self.observed.clear()
-
-
-class RandomTreeDrafter(BaseDrafter):
-    """Random trees mixing right and wrong tokens at random depths and widths."""
-
-    name = "random"
-
-    def __init__(self, answer: Sequence[int], seed: int) -> None:
-        self.answer = list(answer)
-        self.rng = random.Random(seed)
-
-    def propose(self, request: DraftRequest) -> DraftTree:
-        pos = len(request.generated)
-        tree = DraftTree()
-        frontier = [(ROOT, 0)]
-        while frontier and len(tree) < request.budget:
-            parent, depth = frontier.pop(0)
-            for _ in range(self.rng.randint(1, 3)):
-                if len(tree) >= request.budget:
-                    break
-                good = self.answer[pos + depth] if pos + depth < len(self.answer) else 0
-                tok = good if self.rng.random() < 0.6 else self.rng.randrange(VOCAB)
-                frontier.append((tree.add(parent, tok, self.name), depth + 1))
-        return tree
 
 
 N = 40

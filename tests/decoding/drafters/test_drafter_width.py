@@ -21,8 +21,17 @@ from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
 from decoding.speculative.tree import DraftTree
 from decoding.speculative.verify import target_probs
-from tests.decoding.conftest import PROMPT, VOCAB, make_tiny_llama, make_tokenizer, naive_greedy, run, tiny_target, tv
-from tests.decoding.test_models import save_tiny_model
+from tests.decoding.conftest import (
+    PROMPT,
+    VOCAB,
+    make_tiny_llama,
+    make_tokenizer,
+    naive_greedy,
+    run,
+    save_tiny_model,
+    tiny_target,
+    tv,
+)
 
 N = 40
 DRAFT_IDS = [5, 17, 3, 3, 42, 9]

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding.drafters.racer.automaton import NONE, ROOT, NgramAutomaton
-from tests.decoding.racer.conftest import (
+from tests.decoding.drafters.racer.conftest import (
     LruOracle,
     check_invariants,
     held,

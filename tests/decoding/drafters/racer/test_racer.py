@@ -23,7 +23,7 @@ from decoding.drafters.racer import (
 )
 from decoding.speculative.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.speculative.tree import ROOT
-from tests.decoding.racer.conftest import scripted_run, strings
+from tests.decoding.drafters.racer.conftest import scripted_run, strings
 
 VOCAB = 500
 

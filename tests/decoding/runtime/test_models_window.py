@@ -16,8 +16,7 @@ from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import rotary_tables
 from decoding.runtime.models import LoadOptions, apply_rope_scaling, load_model, with_context_window
-from tests.decoding.conftest import make_tokenizer
-from tests.decoding.test_models import save_tiny_model
+from tests.decoding.conftest import make_tokenizer, save_tiny_model
 
 needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="no CPU kernels: no quantized runtime")
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
@@ -91,12 +90,12 @@ def test_rope_scaling_reaches_the_quantized_runtime(qwen_dir: Path) -> None:
 @needs_kernels
 def test_rope_scaling_reaches_a_gguf_on_the_quantized_runtime(tmp_path: Path) -> None:
     """A GGUF's config is built from its metadata: the scaling is written into it before the tables."""
-    from tests.decoding.test_cpu_llama import _write_gguf
+    from tests.decoding.conftest import write_gguf
 
     tokenizer = make_tokenizer()
     model = save_tiny_model(tmp_path / "hf", tokenizer)
     (tmp_path / "gguf").mkdir()
-    _write_gguf(tmp_path / "gguf" / "tiny.gguf", model)
+    write_gguf(tmp_path / "gguf" / "tiny.gguf", model)
     tokenizer.save_pretrained(tmp_path / "gguf")
     scaling = {"rope_type": "linear", "factor": 2.0}
     loaded = load_model(str(tmp_path / "gguf"), LoadOptions(rope_scaling=scaling))

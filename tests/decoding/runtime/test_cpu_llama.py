@@ -15,7 +15,7 @@ from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
-from tests.decoding.conftest import make_tiny_llama, needs_kernels, quantized_tiny_llama
+from tests.decoding.conftest import make_tiny_llama, needs_kernels, quantized_tiny_llama, write_gguf
 
 lib = kernels.load()
 KINDS = [WeightType.Q8_0, WeightType.Q4_1]
@@ -285,62 +285,11 @@ def test_cache_of_another_dtype_and_bad_masks_are_refused() -> None:
 # ---- GGUF files ----------------------------------------------------------------------------------------
 
 
-def _write_gguf(path: Path, hf: torch.nn.Module) -> None:
-    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors."""
-    import gguf
-
-    c = hf.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_eos_token_id(2)
-
-    def permute(t: torch.Tensor, heads: int) -> np.ndarray:
-        a = t.detach().numpy()
-        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
-
-    def put(name: str, a: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        if kind == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, a)
-        elif kind == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
-
-    q8, q41, f32 = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.F32)
-    put("token_embd.weight", hf.model.embed_tokens.weight.detach().numpy(), q8)
-    for i, layer in enumerate(hf.model.layers):
-        at, mlp = layer.self_attn, layer.mlp
-        put(f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight.detach().numpy(), f32)
-        put(f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight.detach().numpy(), f32)
-        put(f"blk.{i}.attn_q.weight", permute(at.q_proj.weight, c.num_attention_heads), q41)
-        put(f"blk.{i}.attn_k.weight", permute(at.k_proj.weight, c.num_key_value_heads), q41)
-        put(f"blk.{i}.attn_v.weight", at.v_proj.weight.detach().numpy(), q41)
-        put(f"blk.{i}.attn_output.weight", at.o_proj.weight.detach().numpy(), q41)
-        put(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight.detach().numpy(), q41)
-        put(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight.detach().numpy(), gguf.GGMLQuantizationType.F16)
-        put(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight.detach().numpy(), q41)
-    put("output_norm.weight", hf.model.norm.weight.detach().numpy(), f32)
-    put("output.weight", hf.lm_head.weight.detach().numpy(), q8)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @needs_kernels
 def test_gguf_weights_are_read_as_stored_and_unpermuted(tmp_path: Path) -> None:
     hf = make_tiny_llama(2, cpu_kernels=False)
     path = tmp_path / "tiny.gguf"
-    _write_gguf(path, hf)
+    write_gguf(path, hf)
     weights = weights_from_gguf(path)
     assert weights.source == "gguf:F16+F32+Q4_1+Q8_0" or weights.source.startswith("gguf:")
     c = weights.config
