@@ -138,3 +138,9 @@ class CountingEmbedder:
     def encode_query(self, text: str) -> np.ndarray:
         self.calls.append([text])
         return self.inner.encode_query(text)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``heavy`` first (the order otherwise kept): with the suite spread over workers a file at a
+    time, a long module that started last would leave one worker running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

@@ -2,7 +2,8 @@
 and, when asked, the fp32 conversion; ``verify`` loads what was made and runs one forward.
 
 Above ``models`` in the ladder (it loads the model to verify it); ``bundled`` (names and paths) and
-``bundled_build`` (the conversions) stay below it, so loading a model never imports this module.
+``bundled_build`` (the conversions) stay below it, so loading a model never imports this module. torch and
+the model loader are imported only to verify: a plain install (``ragspec models`` when all is there) is quick.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding.cache.slot import SlotCache
 from decoding.errors import ModelLoadError
 from decoding.runtime.bundled import (
     BOS,
@@ -23,7 +23,6 @@ from decoding.runtime.bundled import (
     is_converted,
 )
 from decoding.runtime.bundled_build import convert_gguf, verify_converted, write_gguf_dir
-from decoding.runtime.models import LoadOptions, load_model
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,9 @@ class BundledAssets:
 def verify_gguf_dir(gguf_dir: Path) -> None:
     """Read the GGUF's weights and run a 1-token forward on the quantized CPU runtime."""
     import torch
+
+    from decoding.cache.slot import SlotCache
+    from decoding.runtime.models import LoadOptions, load_model
 
     try:
         loaded = load_model(str(gguf_dir), LoadOptions(device="cpu"))

@@ -34,7 +34,7 @@ from tests.app.slow_indexing import long_text, slow_indexing
 from tests.app.test_cli import ragspec_command
 from tests.conftest import BUNDLED_GGUF_DIR, free_port
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 
 def test_service_subcommands_are_registered() -> None:

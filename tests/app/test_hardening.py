@@ -37,7 +37,7 @@ from tests.app.live import (
 )
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 KEY_A, KEY_B, SCRAPER = "key-alpha-hard", "key-bravo-hard", "scrape-token-hard"
 JSON_LIMIT_MB = 0.05

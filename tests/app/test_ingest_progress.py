@@ -22,7 +22,7 @@ from tests.app.browser import Browser, open_browser
 from tests.app.live import DEADLINE_S, ThreadServer, upload_text
 from tests.app.slow_indexing import long_text, slow_indexing
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 EMBEDDING = re.compile(r"^embedding passages: (\d+) of (\d+)$")
 

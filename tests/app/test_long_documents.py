@@ -19,7 +19,7 @@ from retrieval.store import DEFAULT_TENANT
 from tests.app.live import ThreadServer, metric, upload_text, wait_for, wait_indexed
 from tests.conftest import CountingEmbedder
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 LEAD = 512  # tokens of the document's beginning every prompt starts with
 WINDOW = 4096

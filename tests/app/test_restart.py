@@ -22,7 +22,7 @@ from tests.app.live import (
     wait_indexed,
 )
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 
 def test_restart_recovers_documents_and_fails_cut_ingest(tmp_path: Path) -> None:

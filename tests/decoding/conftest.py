@@ -103,6 +103,26 @@ def tiny_target(
 needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="CPU kernels unavailable on this machine")
 
 
+def sampling_target(seed: int, vocab: int, peaked: float) -> TinyTarget:
+    """A tiny target for the statistical tests, which run thousands of generations: on the quantized runtime
+    where the kernels load (one C call a layer: several times faster than transformers' modules), else on
+    transformers. What they test (the verifier, the drafters' q) is the same on every runtime."""
+    return tiny_target(seed=seed, vocab=vocab, peaked=peaked, quantized=kernels.load() is not None)
+
+
+def next_token_probs(model: Any, prompt: Prompt, params: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's sampling distributions after ``prompt`` ([vocab]) and after ``prompt`` + each token
+    ([vocab, vocab]), one forward each (the quantized runtime takes one sequence at a time)."""
+    from decoding.speculative.verify import target_probs
+
+    vocab = int(model.config.vocab_size)
+    with torch.inference_mode():
+        first = target_probs(model(torch.tensor([prompt.ids])).logits[0, -1], params)
+        second = torch.stack([target_probs(model(torch.tensor([[*prompt.ids, t]])).logits[0, -1], params)
+                              for t in range(vocab)])
+    return first, second
+
+
 @pytest.fixture(scope="module", params=["quantized", "cpu_kernels", "torch_kernels"])
 def tiny(request: pytest.FixtureRequest) -> TinyTarget:
     """The tiny target on the quantized CPU runtime, on decoding.runtime.kernels (fp32) and on torch's kernels:

@@ -22,7 +22,7 @@ from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, TokenEvent
 from decoding.speculative.prompt import build_prompt
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 DOCUMENT = (
     "The Raven Valley Railway opened in 1887 between Ashford and Millbrook. The line is 42 kilometres long and "
