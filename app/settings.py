@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     cpu_kernels: bool = Field(
         True, description="ragspec's AVX2 kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"
     )
+    cpu_isa: Literal["auto", "avx2", "avx512", "amx"] = Field(
+        "auto", description="ISA path of the CPU kernels: auto (the best this CPU runs), avx2, avx512 (AVX-512 "
+        "VNNI; the same results as avx2) or amx (not built yet); a path the CPU lacks stops the start"
+    )
     kernel_cache: Path | None = Field(
         None, description="Directory the CPU kernels are compiled into (default: ~/.cache/ragspec/kernels)"
     )

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import transformers
 
+from decoding.runtime import kernels
 from decoding.runtime.bundled_install import install_bundled
 from decoding.runtime.models import LoadedModel, LoadOptions, load_model
 
@@ -34,6 +35,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
+
+
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on: never compare absolute numbers across different records."""
     info: dict[str, Any] = {
@@ -45,6 +49,10 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # what the CPU kernels can use here, and the path the figures were measured on
+        "cpu_flags": sorted(f for f in kernels.cpu_flags() if f.startswith(CPU_FLAG_PREFIXES)),
+        "cpu_kernel_paths": kernels.available_isas(),
+        "cpu_kernel_path": kernels.config().isa if kernels.config().enabled else None,
     }
     return info
 

@@ -2,6 +2,7 @@
 
     python -m bench.decode [--quick] [--json PATH] [--methods NAME ...] [--repeats N] [--threads N]
                            [--contexts 3500 7500] [--kv-dtype auto|float16|float32] [--cpu-quant ...]
+                           [--cpu-isa auto|avx2|avx512]
 
 Every method runs on the same prompts in one process with the same threads, interleaved per prompt
 (rep -> prompt -> method), after one warm-up run each. Figures, as the papers report them:
@@ -59,6 +60,7 @@ from bench.decode_measure import (
 )
 from bench.decode_methods import DRAFTERS, ENGINE_CONFIG, SYSTEM, Bench, Case, Run, all_methods, default_methods
 from decoding.cache.prefix import PrefixCache
+from decoding.runtime import kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadOptions
 from decoding.speculative.calibration import calibrate
@@ -74,6 +76,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     before = rss_mb()
+    kernels.configure(isa=args.cpu_isa)  # KernelUnavailable: a path this CPU lacks
     options = LoadOptions(cpu_quant=args.cpu_quant, kv_dtype=args.kv_dtype)
     target = load_target(args.model, Path(args.data_dir), options=options)
     target_rss = rss_mb() - before
@@ -231,6 +234,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="bundled", help="target: 'bundled', a GGUF file, a local HF dir or hub id")
     p.add_argument("--data-dir", default=str(REPO / "data"), help="where the bundled model lives")
     p.add_argument("--cpu-quant", default="auto", help="CPU target weights: auto, q8_0, q4_1, none (torch fp32)")
+    p.add_argument("--cpu-isa", default="auto", choices=["auto", *kernels.ISAS],
+                   help="ISA path of the CPU kernels (auto: the best this CPU runs)")
     p.add_argument("--kv-dtype", default="auto", help="KV cache of the quantized CPU runtime: auto, float16, float32")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)

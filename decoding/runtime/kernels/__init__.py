@@ -1,9 +1,16 @@
 """Batch-invariant CPU kernels for the target's forwards (decode steps and draft-tree verification).
 
 Two C files (AVX2 + FMA + F16C, OpenMP) compiled once with a C compiler (default ``cc`` on the PATH) into a
-cache dir (default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Both, and whether the kernels are
-used at all, are plain configuration (``configure``, called by the service from its settings before it
-loads a model): this package reads no environment variables.
+cache dir (default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Both, whether the kernels are used
+at all and the ISA path are plain configuration (``configure``, called by the service from its settings
+before it loads a model): this package reads no environment variables.
+
+ISA paths, one build each (the cache file is keyed by the path and its flags): ``avx2``, the baseline, and
+``avx512`` (AVX-512 VNNI: a block's int8 products summed by one ``dpbusd``), which gives the same bits as
+``avx2`` (see quant_kernels.c). ``auto`` takes the best path the CPU reports; asking for a path the CPU
+lacks raises ``KernelUnavailable`` at ``configure``, before a model loads. ``amx`` (the matrix tiles) is
+named but not built yet: asking for it is refused the same way. ``build`` compiles any path (compiling needs
+no CPU support: an image builds every path, ``built_isas``); ``load`` loads the configured one.
 
 - ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
@@ -34,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from decoding.errors import DecodingError
 from decoding.runtime.quant import QuantMatrix
 
 logger = logging.getLogger(__name__)
@@ -41,6 +49,17 @@ logger = logging.getLogger(__name__)
 SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+ISAS = ("avx2", "avx512", "amx")  # the paths, in order of preference; "auto" picks the best one built and present
+ISA_FLAGS: dict[str, tuple[str, ...]] = {  # added to FLAGS
+    "avx2": (),
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+}
+ISA_CPU_FLAGS: dict[str, frozenset[str]] = {  # what /proc/cpuinfo must list for a path
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+    "amx": frozenset({"amx_tile", "amx_int8", "amx_bf16"}),
+}
+NOT_BUILT = {"amx": "the AMX tile kernels are not built yet"}
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
 KERNEL_FLAG = "_ragspec_cpu_kernels"  # set on every module of a switched model; the attention layers read it
 
@@ -50,23 +69,68 @@ _tried = False
 _why_not = ""
 
 
+class KernelUnavailable(DecodingError):  # noqa: N818  (what the caller is told)
+    """An ISA path that is unknown, not built yet, or that this CPU lacks."""
+
+
 @dataclass(frozen=True)
 class KernelConfig:
-    """Where and how the kernels are built, and whether they are used."""
+    """Where and how the kernels are built, whether they are used, and the ISA path (never "auto" here)."""
 
     enabled: bool = True
     cache_dir: Path | None = None  # None: ~/.cache/ragspec/kernels
     compiler: str | None = None  # None: cc (or gcc) found on the PATH
+    isa: str = "avx2"
 
 
-_config = KernelConfig()
+def cpu_flags() -> frozenset[str]:
+    """The feature flags the CPU reports (``/proc/cpuinfo``; empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
 
 
-def configure(enabled: bool = True, cache_dir: Path | str | None = None, compiler: str | None = None) -> None:
+def available_isas(flags: frozenset[str] | None = None) -> list[str]:
+    """The built ISA paths this CPU can run, best first."""
+    flags = cpu_flags() if flags is None else flags
+    return [isa for isa in reversed(ISAS) if isa not in NOT_BUILT and ISA_CPU_FLAGS[isa] <= flags]
+
+
+def resolve_isa(isa: str = "auto", flags: frozenset[str] | None = None) -> str:
+    """``isa`` checked against this CPU (``auto``: the best path it can run; ``avx2`` where it can run none, which
+    ``load`` then reports as unavailable). Raises ``KernelUnavailable`` for an unknown path, one not built yet
+    or one the CPU lacks."""
+    flags = cpu_flags() if flags is None else flags
+    if isa == "auto":
+        found = available_isas(flags)
+        return found[0] if found else "avx2"
+    if isa not in ISAS:
+        raise KernelUnavailable(f"unknown CPU kernel path {isa!r}; use auto or one of {', '.join(ISAS)}")
+    if isa in NOT_BUILT:
+        raise KernelUnavailable(f"CPU kernel path {isa!r} is not available: {NOT_BUILT[isa]}")
+    missing = sorted(ISA_CPU_FLAGS[isa] - flags)
+    if missing:
+        raise KernelUnavailable(f"CPU kernel path {isa!r} needs {', '.join(missing)}, which this CPU does not "
+                                f"report (it can run: {', '.join(available_isas(flags)) or 'none'})")
+    return isa
+
+
+_config = KernelConfig(isa=resolve_isa())
+
+
+def configure(
+    enabled: bool = True, cache_dir: Path | str | None = None, compiler: str | None = None, isa: str = "auto"
+) -> None:
     """Set the kernels' configuration; a change forgets an earlier load decision (the next ``load`` decides
-    again). Call it before loading a model: a model switched to the kernels keeps the library it found."""
+    again). Call it before loading a model: a model switched to the kernels keeps the library it found.
+    Raises ``KernelUnavailable`` for an ISA path this CPU cannot run (``resolve_isa``)."""
     global _config, _lib, _tried, _why_not
-    new = KernelConfig(enabled, None if cache_dir is None else Path(cache_dir), compiler or None)
+    new = KernelConfig(enabled, None if cache_dir is None else Path(cache_dir), compiler or None, resolve_isa(isa))
     with _lock:
         if new != _config:
             _config = new
@@ -81,10 +145,14 @@ def cache_dir() -> Path:
     return _config.cache_dir or Path.home() / ".cache" / "ragspec" / "kernels"
 
 
-def _library_path(compiler: str) -> Path:
+def _flags(isa: str) -> tuple[str, ...]:
+    return (*FLAGS, *ISA_FLAGS[isa])
+
+
+def _library_path(compiler: str, isa: str) -> Path:
     h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
-    h.update(" ".join((compiler, *FLAGS, platform.machine())).encode())
-    return cache_dir() / f"libragspec_cpu-{h.hexdigest()[:16]}.so"
+    h.update(" ".join((compiler, *_flags(isa), platform.machine())).encode())
+    return cache_dir() / f"libragspec_cpu-{isa}-{h.hexdigest()[:16]}.so"
 
 
 def _cpu_supported() -> str:
@@ -99,19 +167,27 @@ def _cpu_supported() -> str:
     return ""
 
 
-def build(force: bool = False) -> Path:
-    """Compile the kernels into the cache dir (atomically) and return the library path."""
+def built_isas() -> list[str]:
+    """Every ISA path there are kernels for, the configured one last (what an image builds ahead: the CPU it
+    will run on may differ from the one it is built on)."""
+    return [*(isa for isa in ISAS if isa not in NOT_BUILT and isa != _config.isa), _config.isa]
+
+
+def build(force: bool = False, isa: str | None = None) -> Path:
+    """Compile the kernels for ``isa`` (default: the configured path) into the cache dir (atomically) and return
+    the library path. Compiling needs no CPU support for the path; loading does."""
+    isa = _config.isa if isa is None else isa
     compiler = _config.compiler or shutil.which("cc") or shutil.which("gcc") or ""
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
-    out = _library_path(compiler)
+    out = _library_path(compiler, isa)
     if out.is_file() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, *(str(src) for src in SOURCES), "-o", tmp]
+        cmd = [compiler, *_flags(isa), *(str(src) for src in SOURCES), "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the CPU kernels failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
@@ -135,6 +211,9 @@ def load() -> ctypes.CDLL | None:
             try:
                 lib = ctypes.CDLL(str(build()))
                 _declare(lib)
+                built = lib.rs_isa().decode()
+                if built != _config.isa:  # the compiler ignored the path's flags: never run another path quietly
+                    raise RuntimeError(f"the kernels were built for {built}, not for {_config.isa}")
                 _lib = lib
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 _why_not = str(exc)
@@ -167,6 +246,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_layer.restype = None
     lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
     lib.rs_head.restype = None
+    lib.rs_isa.argtypes = []
+    lib.rs_isa.restype = ctypes.c_char_p
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

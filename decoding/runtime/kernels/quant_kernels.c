@@ -1,4 +1,5 @@
-/* ragspec CPU kernels on quantized weights (AVX2 + FMA + F16C): the lean Llama forward's building blocks.
+/* ragspec CPU kernels on quantized weights (AVX2 + FMA + F16C; AVX-512 VNNI where compiled for it): the lean
+ * Llama forward's building blocks.
  *
  * Weights stay in the GGUF block formats they were stored in (or that they were quantized to at load):
  *   Q8_0: blocks of 32 weights = fp16 scale d + 32 int8 q            (34 bytes),  w = d * q
@@ -20,6 +21,11 @@
  *
  * Every kernel here is a "part": it contains orphaned `omp for` loops and runs inside a parallel region,
  * so the whole forward of a layer shares one region (rs_* entry points open one for a single call).
+ *
+ * ISA paths (one build each, chosen at load): AVX2 sums a block's byte products with maddubs (pairs into int16)
+ * and madd (int16 pairs into int32); AVX-512 VNNI (built with -mavx512vnni -mavx512vl) adds the same four
+ * byte products into each int32 lane with one dpbusd. Both integer sums are exact and equal, and everything
+ * after them is the same fp32 code, so the two paths give the same bits.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -34,6 +40,25 @@
 
 #define QK 32
 enum { W_Q8_0 = 1, W_Q4_1 = 2 };
+
+/* A block's integer dot products: DOT4(acc, u, s) adds, per 32-bit lane, the four products of u's unsigned and
+   s's signed bytes; FINISH turns the accumulator into int32 lanes. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define RS_ISA_NAME "avx512"
+#define DOT4(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define DOT4_WIDE(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define FINISH(acc) (acc)
+#else
+#define RS_ISA_NAME "avx2"
+/* int16 lanes: |a lane's sum| stays below 2^15 for the Q4_1 blocks summed into it (see the group kernel) */
+#define DOT4(acc, u, s) _mm256_add_epi16((acc), _mm256_maddubs_epi16((u), (s)))
+/* Q8_0: |q_w| reaches 128, so each chunk's pairs are widened to int32 at once */
+#define DOT4_WIDE(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), ones))
+#define FINISH(acc) _mm256_madd_epi16((acc), ones)
+#endif
+
+/* Which ISA path this library was built for (the loader checks it against the path it asked for). */
+const char *rs_isa(void) { return RS_ISA_NAME; }
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -97,25 +122,26 @@ static inline __m256i bcast4(const int8_t *x) {
     static void q41_group_##MB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w,   \
                                __m256 *acc, __m256 *mins) {                                                   \
         const int nb = K / QK;                                                                                \
-        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                             \
+        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                              \
+        (void)ones; /* the AVX2 path's int16 -> int32 widening */                                             \
         for (int b = 0; b < nb; ++b) {                                                                        \
             const uint8_t *rec = w + (long)b * REC_Q41;                                                       \
-            __m256i s16[MB];                                                                                  \
-            for (int i = 0; i < MB; ++i) s16[i] = _mm256_setzero_si256();                                     \
+            __m256i sums[MB];                                                                                 \
+            for (int i = 0; i < MB; ++i) sums[i] = _mm256_setzero_si256();                                    \
             for (int cc = 0; cc < 4; ++cc) {                                                                  \
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * cc));                \
                 const __m256i lo = _mm256_and_si256(raw, low);                                                \
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                          \
                 for (int i = 0; i < MB; ++i) {                                                                \
                     const int8_t *xb = xq + (long)i * K + b * QK;                                             \
-                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * cc)));         \
-                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, bcast4(xb + 16 + 4 * cc)));    \
+                    sums[i] = DOT4(sums[i], lo, bcast4(xb + 4 * cc));                                         \
+                    sums[i] = DOT4(sums[i], hi, bcast4(xb + 16 + 4 * cc));                                    \
                 }                                                                                             \
             }                                                                                                 \
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                        \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                         \
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));                  \
             for (int i = 0; i < MB; ++i) {                                                                    \
-                const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));                      \
+                const __m256 isum = _mm256_cvtepi32_ps(FINISH(sums[i]));                                      \
                 acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xd[(long)i * nb + b])), acc[i]); \
                 mins[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[(long)i * nb + b]), mins[i]);                 \
             }                                                                                                 \
@@ -126,6 +152,7 @@ static inline __m256i bcast4(const int8_t *x) {
         (void)xs, (void)mins;                                                                                 \
         const int nb = K / QK;                                                                                \
         const __m256i ones = _mm256_set1_epi16(1);                                                            \
+        (void)ones;                                                                                           \
         for (int b = 0; b < nb; ++b) {                                                                        \
             const uint8_t *rec = w + (long)b * REC_Q80;                                                       \
             __m256i s32[MB];                                                                                  \
@@ -135,10 +162,10 @@ static inline __m256i bcast4(const int8_t *x) {
                 const __m256i aw = _mm256_sign_epi8(wc, wc); /* |q_w| as u8 (-128 -> 128) */                  \
                 for (int i = 0; i < MB; ++i) {                                                                \
                     const __m256i xv = _mm256_sign_epi8(bcast4(xq + (long)i * K + b * QK + 4 * c), wc);       \
-                    s32[i] = _mm256_add_epi32(s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones)); \
+                    s32[i] = DOT4_WIDE(s32[i], aw, xv);                                                       \
                 }                                                                                             \
             }                                                                                                 \
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                        \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                         \
             for (int i = 0; i < MB; ++i)                                                                      \
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]),                                          \
                                          _mm256_mul_ps(dw, _mm256_set1_ps(xd[(long)i * nb + b])), acc[i]);    \

@@ -16,6 +16,8 @@ from decoding.runtime.attention import _visibility
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import make_tiny_llama
 
+pytestmark = pytest.mark.heavy  # among the longest modules: scheduled first (tests/conftest.py)
+
 lib = kernels.load()
 needs_kernels = pytest.mark.skipif(lib is None, reason=f"CPU kernels unavailable: {kernels.unavailable_reason()}")
 
@@ -274,7 +276,7 @@ def test_build_is_cached_and_atomic(tmp_path: Path) -> None:
     try:
         _check_cached_atomic_build(tmp_path)
     finally:
-        kernels.configure(before.enabled, before.cache_dir, before.compiler)
+        kernels.configure(before.enabled, before.cache_dir, before.compiler, before.isa)
         kernels.load()
 
 

@@ -1,0 +1,115 @@
+"""The CPU kernels' ISA paths: chosen from what the CPU reports, forced by configuration, refused clearly where
+the CPU lacks them, one library each in the kernel cache; on every path this CPU has, a row computed alone equals
+the same row among 64 shuffled ones bit for bit, speculative greedy equals plain greedy, and every path gives the
+same bits as the AVX2 baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.services import configure_kernels
+from app.settings import Settings
+from decoding.errors import ModelLoadError
+from decoding.runtime import kernels
+from decoding.runtime.kernels import KernelUnavailable, available_isas, resolve_isa
+from decoding.runtime.quant import WeightType, quantize
+from decoding.speculative.engine import Engine
+from tests.decoding.conftest import PROMPT, RandomTreeDrafter, TinyTarget, TinyTokenizer, quantized_tiny_llama, run
+
+AVX2 = frozenset({"avx2", "fma", "f16c", "sse4_2"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+AMX = AVX512 | {"amx_tile", "amx_int8", "amx_bf16"}
+HERE = [isa for isa in kernels.ISAS if isa in available_isas()]  # the paths this CPU runs
+
+
+def test_paths_are_chosen_from_the_cpu_flags() -> None:
+    assert resolve_isa("auto", AVX2) == "avx2"
+    assert resolve_isa("auto", AVX512) == resolve_isa("auto", AMX) == "avx512"  # amx: not built yet
+    assert resolve_isa("avx2", AMX) == "avx2"  # forcing the baseline always works where AVX2 is
+    assert available_isas(AVX512) == ["avx512", "avx2"] and available_isas(frozenset()) == []
+    with pytest.raises(KernelUnavailable, match=r"'avx512' needs avx512_vnni, avx512bw, avx512f, avx512vl.*run: avx2"):
+        resolve_isa("avx512", AVX2)
+    with pytest.raises(KernelUnavailable, match="not built yet"):
+        resolve_isa("amx", AMX)
+    with pytest.raises(KernelUnavailable, match="unknown CPU kernel path 'neon'"):
+        resolve_isa("neon", AMX)
+
+
+def test_the_service_refuses_a_path_the_cpu_lacks_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = kernels.config()
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: AVX2)
+    with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=avx512: .*needs avx512_vnni"):
+        configure_kernels(Settings(cpu_isa="avx512"))
+    with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=amx: .*not built yet"):
+        configure_kernels(Settings(cpu_isa="amx"))
+    assert kernels.config() == before  # nothing changed
+    with pytest.raises(ValueError, match="cpu_isa"):
+        Settings(cpu_isa="neon")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def libraries() -> Iterator[dict[str, object]]:
+    """Every path this CPU runs, loaded from the usual kernel cache (built there once); the configuration is put
+    back afterwards."""
+    if kernels.load() is None:
+        pytest.skip("CPU kernels unavailable on this machine")
+    before = kernels.config()
+    found: dict[str, object] = {}
+    try:
+        for isa in HERE:
+            kernels.configure(before.enabled, before.cache_dir, before.compiler, isa=isa)
+            lib = kernels.load()
+            assert lib is not None, kernels.unavailable_reason()
+            assert lib.rs_isa().decode() == isa
+            found[isa] = lib
+        yield found
+    finally:
+        kernels.configure(before.enabled, before.cache_dir, before.compiler, before.isa)
+        kernels.load()
+
+
+def test_each_path_is_its_own_library_in_the_cache(libraries: dict[str, object]) -> None:
+    names = {isa: Path(lib._name).name for isa, lib in libraries.items()}  # type: ignore[attr-defined]
+    assert len(set(names.values())) == len(HERE) and all(f"-{isa}-" in name for isa, name in names.items())
+
+
+@pytest.mark.parametrize("kind", [WeightType.Q8_0, WeightType.Q4_1])
+def test_rows_alone_equal_rows_among_64_on_every_path(libraries: dict[str, object], kind: WeightType) -> None:
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 576, generator=g) * 3
+    qm = quantize(torch.randn(200, 576, generator=g), kind)
+    perm = torch.randperm(64, generator=g)
+    outputs = {}
+    for isa, lib in libraries.items():
+        whole = kernels.qlinear(lib, x, qm)  # type: ignore[arg-type]
+        shuffled = kernels.qlinear(lib, x[perm], qm)  # type: ignore[arg-type]
+        assert torch.equal(shuffled, whole[perm]), isa
+        for i in (0, 17, 63):
+            assert torch.equal(kernels.qlinear(lib, x[i : i + 1], qm), whole[i : i + 1]), isa  # type: ignore[arg-type]
+        outputs[isa] = whole
+    for isa, whole in outputs.items():
+        assert torch.equal(whole, outputs["avx2"]), f"{isa} differs from avx2"
+
+
+def test_speculative_greedy_equals_plain_greedy_on_every_path(libraries: dict[str, object]) -> None:
+    """The whole quantized forward (linear layers, norms, rope, attention, head) on each path: speculative ==
+    autoregressive, and every path's tokens and logits equal the baseline's."""
+    torch.set_num_threads(1)
+    tokens, logits = {}, {}
+    for isa in libraries:
+        before = kernels.config()
+        kernels.configure(before.enabled, before.cache_dir, before.compiler, isa=isa)
+        model = quantized_tiny_llama(5)
+        assert model.lib.rs_isa().decode() == isa
+        engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-{isa}", torch.device("cpu"), (), 512))
+        plain = run(engine, PROMPT, 40, [], None).token_ids
+        assert run(engine, PROMPT, 40, [RandomTreeDrafter(plain, seed=1)], 16).token_ids == plain, isa
+        tokens[isa] = plain
+        with torch.inference_mode():
+            logits[isa] = model(torch.tensor([PROMPT.ids])).logits
+    for isa in libraries:
+        assert tokens[isa] == tokens["avx2"] and torch.equal(logits[isa], logits["avx2"]), isa
