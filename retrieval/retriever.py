@@ -183,6 +183,7 @@ class _Loaded:
     chunks: list[Chunk]
     owners: np.ndarray  # [n_vectors] chunk id of each indexed window
     lexical: LexicalIndex | None  # None: indexed before the lexical index existed (`ragspec reindex`)
+    n_tokens: int  # target tokens of the document (its record's, as indexed)
 
 
 def _dense_scores(doc: _Loaded, query_vec: np.ndarray, top_k: int) -> np.ndarray:
@@ -257,7 +258,7 @@ class Retriever:
                 q = int(best[c])
                 if sims[q, c] > -np.inf:
                     hits.append(_hit(doc_id, chunk, float(scores[q, c]), float(sims[q, c])))
-        total = sum(self.store.get(doc_id).n_tokens for doc_id in doc_ids)
+        total = sum(doc.n_tokens for doc in loaded)  # the records _load read: no second store lookup
         return Ranking(tuple(doc_ids), tuple(hits), self.threshold, top_k, default_budget(total, self.budget_cap))
 
     def retrieve(
@@ -314,7 +315,7 @@ class Retriever:
         loaded = _Loaded(updated_at=record.updated_at, index=self.store.load_index(doc_id, self.embedder),
                          chunks=chunks,
                          owners=np.arange(len(chunks)) if passages is None else passages[:, 0].astype(np.int64),
-                         lexical=self.store.load_lexical(doc_id))
+                         lexical=self.store.load_lexical(doc_id), n_tokens=record.n_tokens)
         if len(loaded.owners) != len(loaded.index):
             raise RetrievalError(f"document {doc_id}: {len(loaded.index)} vectors for {len(loaded.owners)} windows")
         with self._lock:
