@@ -89,6 +89,24 @@ def browser() -> Iterator[Browser]:
         yield b
 
 
+def _choose_file(page: Any, path: Path, attempts: int = 3) -> None:
+    """Set the page's file input to ``path`` (DevTools fires "change"; the page lists the upload at once). A node
+    id read while the page was still settling can be stale, and then nothing happens: the input is looked up
+    again and set again, until the upload is listed."""
+    listed = ("[...document.querySelectorAll('#doc-list li.doc .doc-title')]"
+              f".some((el) => el.textContent === {json.dumps(path.name)})")
+    for attempt in range(attempts):
+        root = page.call("DOM.getDocument")["root"]["nodeId"]
+        input_node = page.call("DOM.querySelector", nodeId=root, selector="#file-input")["nodeId"]
+        page.call("DOM.setFileInputFiles", files=[str(path)], nodeId=input_node)
+        try:
+            page.wait_for(listed, "the upload being listed", timeout=30.0)
+            return
+        except pytest.fail.Exception:
+            if attempt == attempts - 1:
+                raise
+
+
 @pytest.mark.browser
 def test_page_progress_bar_moves_while_indexing(server: ThreadServer, browser: Browser, tmp_path: Path) -> None:
     page = browser.page
@@ -97,10 +115,8 @@ def test_page_progress_bar_moves_while_indexing(server: ThreadServer, browser: B
     assert page.js(RECORDER)
     path = tmp_path / "records.txt"
     path.write_text(long_text(), encoding="utf-8")
-    root = page.call("DOM.getDocument")["root"]["nodeId"]
-    input_node = page.call("DOM.querySelector", nodeId=root, selector="#file-input")["nodeId"]
     with slow_indexing(server, pause_s=0.8):  # the page polls every 700 ms
-        page.call("DOM.setFileInputFiles", files=[str(path)], nodeId=input_node)
+        _choose_file(page, path)
         page.wait_for(
             "window.__progress.length && ['ready', 'failed'].includes(window.__progress.at(-1).status)",
             "the upload being indexed",
