@@ -71,7 +71,8 @@ class Settings(BaseSettings):
     )
     cpu_isa: Literal["auto", "avx2", "avx512", "amx"] = Field(
         "auto", description="ISA path of the CPU kernels: auto (the best this CPU runs), avx2, avx512 (AVX-512 "
-        "VNNI; the same results as avx2) or amx (not built yet); a path the CPU lacks stops the start"
+        "VNNI and 16-lane attention) or amx (linear layers of 8 rows and more on the AMX int8 tiles); every path "
+        "gives the same results; a path the CPU lacks stops the start"
     )
     kernel_cache: Path | None = Field(
         None, description="Directory the CPU kernels are compiled into (default: ~/.cache/ragspec/kernels)"

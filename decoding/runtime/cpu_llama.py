@@ -148,7 +148,8 @@ class _Buffers:
             "q": torch.empty(r * hd, dtype=f32), "att": torch.empty(r * hd, dtype=f32),
             "gu": torch.empty(r * 2 * inter, dtype=f32), "act": torch.empty(r * inter, dtype=f32),
             "xd": torch.empty(r * widest // 32, dtype=f32), "xs": torch.empty(r * widest // 32, dtype=f32),
-            "work": torch.empty(self.work_floats, dtype=f32), "xq": torch.empty(r * widest, dtype=torch.int8),
+            "work": torch.empty(self.work_floats, dtype=f32),
+            "xq": torch.empty(kernels.tile_rows(r) * widest, dtype=torch.int8),  # whole tiles of rows (AMX)
         }  # fmt: skip
         self.tensors = t
         self.struct = _Scratch(*(_addr(t[field[0]]) for field in _Scratch._fields_))

@@ -5,12 +5,12 @@ cache dir (default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Both, w
 at all and the ISA path are plain configuration (``configure``, called by the service from its settings
 before it loads a model): this package reads no environment variables.
 
-ISA paths, one build each (the cache file is keyed by the path and its flags): ``avx2``, the baseline, and
-``avx512`` (AVX-512 VNNI: a block's int8 products summed by one ``dpbusd``), which gives the same bits as
-``avx2`` (see quant_kernels.c). ``auto`` takes the best path the CPU reports; asking for a path the CPU
-lacks raises ``KernelUnavailable`` at ``configure``, before a model loads. ``amx`` (the matrix tiles) is
-named but not built yet: asking for it is refused the same way. ``build`` compiles any path (compiling needs
-no CPU support: an image builds every path, ``built_isas``); ``load`` loads the configured one.
+ISA paths, one build each (the cache file is keyed by the path and its flags): ``avx2``, the baseline;
+``avx512`` (AVX-512 VNNI: a block's int8 products summed by one ``dpbusd``; attention on 16 lanes); ``amx``
+(also linear layers of 8 rows and more on the int8 tiles, after asking Linux for the tile state). All give
+the same bits (see the C files). ``auto`` takes the best path the CPU reports; asking for a path the CPU
+lacks raises ``KernelUnavailable`` at ``configure``, before a model loads. ``build`` compiles any path
+(compiling needs no CPU support: an image builds every path, ``built_isas``); ``load`` loads the configured one.
 
 - ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
@@ -53,14 +53,23 @@ ISAS = ("avx2", "avx512", "amx")  # the paths, in order of preference; "auto" pi
 ISA_FLAGS: dict[str, tuple[str, ...]] = {  # added to FLAGS
     "avx2": (),
     "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "amx": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
 }
 ISA_CPU_FLAGS: dict[str, frozenset[str]] = {  # what /proc/cpuinfo must list for a path
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
-    "amx": frozenset({"amx_tile", "amx_int8", "amx_bf16"}),
+    "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"}),
 }
-NOT_BUILT = {"amx": "the AMX tile kernels are not built yet"}
+NOT_BUILT: dict[str, str] = {}  # a path named but without kernels yet: refused with this reason
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
+TILE_ROWS = 16  # the AMX path reads quantized activations a whole tile of rows at a time
+
+
+def tile_rows(rows: int) -> int:
+    """Rows the quantized-activation scratch needs for ``rows`` rows (whole tiles; the rest never read back)."""
+    return -(-rows // TILE_ROWS) * TILE_ROWS
+
+
 KERNEL_FLAG = "_ragspec_cpu_kernels"  # set on every module of a switched model; the attention layers read it
 
 _lock = threading.Lock()
@@ -214,6 +223,8 @@ def load() -> ctypes.CDLL | None:
                 built = lib.rs_isa().decode()
                 if built != _config.isa:  # the compiler ignored the path's flags: never run another path quietly
                     raise RuntimeError(f"the kernels were built for {built}, not for {_config.isa}")
+                if built == "amx" and lib.rs_amx_init() != 0:
+                    raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl XTILEDATA)")
                 _lib = lib
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 _why_not = str(exc)
@@ -246,6 +257,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_layer.restype = None
     lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
     lib.rs_head.restype = None
+    lib.rs_amx_init.argtypes = []
+    lib.rs_amx_init.restype = ctypes.c_int
     lib.rs_isa.argtypes = []
     lib.rs_isa.restype = ctypes.c_char_p
 
@@ -277,7 +290,7 @@ def qlinear(
     m, n = rows.shape[0], weight.rows
     y = torch.empty(m, n, dtype=torch.float32)
     res = None if residual is None else residual.reshape(m, n).contiguous()
-    xq = torch.empty(m * k, dtype=torch.int8)
+    xq = torch.empty(tile_rows(m) * k, dtype=torch.int8)
     scales = torch.empty(2, m * k // 32, dtype=torch.float32)
     lib.rs_qlinear(
         _ptr(rows), m, k, _ptr(weight.data), int(weight.kind), weight.group_bytes, n, _ptr(bias), _ptr(res),

@@ -1,5 +1,6 @@
-/* ragspec CPU kernels (AVX2 + FMA + F16C): fp32 small-batch linear layers (the torch fallback path) and the
- * decode / tree-verify attention both CPU paths use (fp32 or fp16 KV cache).
+/* ragspec CPU kernels (AVX2 + FMA + F16C; the attention on 16 lanes where built with AVX-512): fp32 small-batch
+ * linear layers (the torch fallback path) and the decode / tree-verify attention both CPU paths use (fp32 or
+ * fp16 KV cache).
  *
  * Why: on a CPU the target's forward over a handful of tokens (a verify pass) is dominated by GEMMs with
  * M = 1..65 rows, where the BLAS kernels run far below the machine's FMA rate, and by attention over the
@@ -159,6 +160,14 @@ static inline __m128 hsum4x8(const __m256 *a) {
     (half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (idx)))) \
           : _mm256_loadu_ps((const float *)(base) + (idx)))
 
+#ifdef __AVX512F__
+static inline __m512 join256(__m256 lo, __m256 hi) { /* AVX-512F only (insertf32x8 needs DQ) */
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+static inline __m256 high256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+#endif
+
 /* One score: lane sums of q * k over d in 8-lane chunks (in chunk order), hsum8, times scale. Every score in
    the kernel is computed by exactly these operations, alone or four keys at a time. */
 static inline __attribute__((always_inline)) float score1(const float *q, int dv, const void *k, long off,
@@ -236,7 +245,7 @@ static inline __attribute__((always_inline)) void rows_block(
  * block's pf_lines lines are prefetched once, spread evenly over the tiles: with many rows a steady stream that
  * the arithmetic hides, not a burst in the first tile that stalls on the memory system's queues (prefetching
  * changes no arithmetic). */
-static inline __attribute__((always_inline)) void rows_blocks(
+static inline __attribute__((always_inline)) void rows_blocks_direct(
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
     float *const *part, float *const *m, float *const *l, const int half, const char *pf_k, const char *pf_v,
     int pf_lines) {
@@ -251,6 +260,118 @@ static inline __attribute__((always_inline)) void rows_blocks(
         }
     }
 }
+#ifndef __AVX512F__
+#define rows_blocks rows_blocks_direct
+#else
+/* The AVX-512 version: the same operations per element, on 512-bit registers. The block's keys are widened once
+ * for every tile of rows into pairs (chunk c of keys j and j + 1 side by side: 8 + 8 lanes, so each lane runs the
+ * 8-lane chain of the AVX2 code and the two halves take hsum4x8's tree), its values into fp32 rows of 16-lane
+ * chunks (each element still sums over j in key order). So every path gives the AVX2 path's bits. */
+#define ROW_TILE_Z 6 /* query rows per tile: 2 accumulators each, 6 tiles' worth of registers */
+
+/* score of key j from the pair layout: score1's chain and tree exactly */
+static inline float score_pair(const float *qd, int dv, const float *kp, int j, float scale) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int c = 0; c < dv; ++c)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qd + 16 * c), _mm256_loadu_ps(kp + ((long)(j / 2) * dv + c) * 16 + (j & 1) * 8), acc);
+    return hsum8(acc) * scale;
+}
+
+static inline __attribute__((always_inline)) void rows_block_z(
+    const int RB, const float *const *q, int dv, const float *kp, const float *vf, int cnt, float scale,
+    float *const *part, float *const *m, float *const *l) {
+    float p[ROW_TILE_Z][KEY_BLOCK] __attribute__((aligned(64)));
+    float qd[ROW_TILE_Z][2 * MAX_D] __attribute__((aligned(64))); /* each 8-chunk of q twice */
+    const int D = 8 * dv;
+    for (int r = 0; r < RB; ++r)
+        for (int c = 0; c < dv; ++c) {
+            const __m256 q8 = _mm256_loadu_ps(q[r] + 8 * c);
+            _mm512_store_ps(qd[r] + 16 * c, join256(q8, q8));
+        }
+    int j = 0;
+    for (; j + 4 <= cnt; j += 4) {
+        __m512 acc[ROW_TILE_Z][2];
+        for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const float *k01 = kp + (long)(j / 2) * dv * 16, *k23 = k01 + (long)dv * 16;
+        for (int c = 0; c < dv; ++c) {
+            const __m512 ka = _mm512_load_ps(k01 + 16 * c), kb = _mm512_load_ps(k23 + 16 * c);
+            for (int r = 0; r < RB; ++r) {
+                const __m512 qv = _mm512_load_ps(qd[r] + 16 * c);
+                acc[r][0] = _mm512_fmadd_ps(qv, ka, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(qv, kb, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < RB; ++r) {
+            const __m256 a[4] = {_mm512_castps512_ps256(acc[r][0]), high256(acc[r][0]),
+                                 _mm512_castps512_ps256(acc[r][1]), high256(acc[r][1])};
+            _mm_store_ps(p[r] + j, _mm_mul_ps(hsum4x8(a), _mm_set1_ps(scale)));
+        }
+    }
+    for (; j < cnt; ++j)
+        for (int r = 0; r < RB; ++r) p[r][j] = score_pair(qd[r], dv, kp, j, scale);
+    for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r]);
+    int c0 = 0;
+    for (; c0 + 4 <= dv; c0 += 4) { /* 32 dims per pass: two 16-lane sums per row */
+        __m512 acc[ROW_TILE_Z][2];
+        for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (j = 0; j < cnt; ++j) {
+            const __m512 v0 = _mm512_load_ps(vf + (long)j * D + 8 * c0), v1 = _mm512_load_ps(vf + (long)j * D + 8 * c0 + 16);
+            for (int r = 0; r < RB; ++r) {
+                const __m512 w = _mm512_set1_ps(p[r][j]);
+                acc[r][0] = _mm512_fmadd_ps(w, v0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(w, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < RB; ++r) {
+            _mm512_storeu_ps(part[r] + 8 * c0, acc[r][0]);
+            _mm512_storeu_ps(part[r] + 8 * c0 + 16, acc[r][1]);
+        }
+    }
+    for (; c0 < dv; ++c0) {
+        __m256 acc[ROW_TILE_Z];
+        for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
+        for (j = 0; j < cnt; ++j) {
+            const __m256 vv = _mm256_load_ps(vf + (long)j * D + 8 * c0);
+            for (int r = 0; r < RB; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + j), vv, acc[r]);
+        }
+        for (int r = 0; r < RB; ++r) _mm256_storeu_ps(part[r] + 8 * c0, acc[r]);
+    }
+}
+
+static inline __attribute__((always_inline)) void rows_blocks(
+    int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
+    float *const *part, float *const *m, float *const *l, const int half, const char *pf_k, const char *pf_v,
+    int pf_lines) {
+    if (R <= ROW_TILE) { /* a tile or less: widening the block first does not pay */
+        rows_blocks_direct(R, q, dv, kb, ldk, vb, ldv, cnt, scale, part, m, l, half, pf_k, pf_v, pf_lines);
+        return;
+    }
+    const int D = 8 * dv;
+    float kp[KEY_BLOCK * MAX_D] __attribute__((aligned(64)));
+    float vf[KEY_BLOCK * MAX_D] __attribute__((aligned(64)));
+    for (int j = 0; j < cnt; ++j)
+        for (int c = 0; c < dv; ++c) {
+            _mm256_store_ps(kp + ((long)(j / 2) * dv + c) * 16 + (j & 1) * 8, LOADKV(kb, (long)j * ldk + 8 * c));
+            _mm256_store_ps(vf + (long)j * D + 8 * c, LOADKV(vb, (long)j * ldv + 8 * c));
+        }
+    const int tiles = (R + ROW_TILE_Z - 1) / ROW_TILE_Z;
+    for (int r = 0, ti = 0; r < R; r += ROW_TILE_Z, ++ti) {
+        const int l0 = ti * pf_lines / tiles, lines = (ti + 1) * pf_lines / tiles - l0;
+        for (int t = 0; pf_k && t < lines; ++t) {
+            _mm_prefetch(pf_k + 64 * (l0 + t), _MM_HINT_T0);
+            _mm_prefetch(pf_v + 64 * (l0 + t), _MM_HINT_T0);
+        }
+        switch (R - r < ROW_TILE_Z ? R - r : ROW_TILE_Z) {
+        case 1: rows_block_z(1, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
+        case 2: rows_block_z(2, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
+        case 3: rows_block_z(3, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
+        case 4: rows_block_z(4, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
+        case 5: rows_block_z(5, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
+        default: rows_block_z(6, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r);
+        }
+    }
+}
+#endif
 
 /* Attention of n new tokens (H query heads, G key/value heads, head dim D), flash-decoding style.
  *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at element g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh

@@ -1,5 +1,5 @@
-/* ragspec CPU kernels on quantized weights (AVX2 + FMA + F16C; AVX-512 VNNI where compiled for it): the lean
- * Llama forward's building blocks.
+/* ragspec CPU kernels on quantized weights (AVX2 + FMA + F16C; AVX-512 VNNI and the AMX int8 tiles where compiled
+ * for them): the lean Llama forward's building blocks.
  *
  * Weights stay in the GGUF block formats they were stored in (or that they were quantized to at load):
  *   Q8_0: blocks of 32 weights = fp16 scale d + 32 int8 q            (34 bytes),  w = d * q
@@ -24,8 +24,9 @@
  *
  * ISA paths (one build each, chosen at load): AVX2 sums a block's byte products with maddubs (pairs into int16)
  * and madd (int16 pairs into int32); AVX-512 VNNI (built with -mavx512vnni -mavx512vl) adds the same four
- * byte products into each int32 lane with one dpbusd. Both integer sums are exact and equal, and everything
- * after them is the same fp32 code, so the two paths give the same bits.
+ * byte products into each int32 lane with one dpbusd; AMX (built with -mamx-int8 too) computes the block sums
+ * of 16 activation rows x 16 weight rows with one tdpbssd (see "the AMX path" below). The integer sums are
+ * exact and equal, and everything after them is the same fp32 code, so every path gives the same bits.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -44,7 +45,11 @@ enum { W_Q8_0 = 1, W_Q4_1 = 2 };
 /* A block's integer dot products: DOT4(acc, u, s) adds, per 32-bit lane, the four products of u's unsigned and
    s's signed bytes; FINISH turns the accumulator into int32 lanes. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AMX_INT8__)
+#define RS_ISA_NAME "amx" /* the tiles for the linear layers (below), VNNI where vectors remain */
+#else
 #define RS_ISA_NAME "avx512"
+#endif
 #define DOT4(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define DOT4_WIDE(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define FINISH(acc) (acc)
@@ -219,6 +224,187 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
 
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task */
 
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__)
+/* ---- the AMX path: a block's integer dot products on the tiles ---------------------------------------------
+ * Per pair of 8-row groups (16 weight rows) and tile of up to 16 activation rows, one TDPBSSD per block of 32
+ * multiplies the activation rows' int8 values (tile A: rows of xq, 32 bytes each) by the 16 weight rows (tile B:
+ * 8 rows of 64 bytes, row kk holding weights 4kk..4kk+3 of each of the 16 rows: the x8 records' chunks of two
+ * groups side by side, Q4_1 nibbles masked out to bytes 0..15). C[n][j] is then exactly the integer sum the
+ * other paths compute for activation row n and weight row j, and everything after it is their fp32 code on
+ * 16 lanes: acc = fma(isum, d_w d_x, acc) per block in order, mins = fma(m_w, s_x, mins) per block in order,
+ * acc + mins (+ bias) (+ res). So this path gives the same bits as avx2 / avx512, and a row's result depends
+ * on nothing but its own activations. */
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux lets a process use the tiles' 8 KB of state only after asking (ARCH_REQ_XCOMP_PERM, XTILEDATA);
+   0 when granted. The loader calls it before any kernel runs. */
+int rs_amx_init(void) { return (int)syscall(SYS_arch_prctl, 0x1023, 18); }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Tiles for blocks b (0 C, 1 A, 2 B) and b + 1 (3 C, 4 A, 5 B) in flight together; A and C have `rows` rows (16, or
+   M when M < 16: the activation scratch holds whole tiles of 16 rows, the rows past M are never read back). */
+static void amx_configure(int rows) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t += 3) {
+        c.rows[t] = rows, c.colsb[t] = 64;
+        c.rows[t + 1] = rows, c.colsb[t + 1] = QK;
+        c.rows[t + 2] = QK / 4, c.colsb[t + 2] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Per-thread unpacked weights of one pair: per block a B tile (512 bytes), d_w and m_w (16 floats each). */
+#define B_BYTES (QK / 4 * 64)
+#define PAIR_BYTES (B_BYTES + 2 * 16 * 4)
+static __thread uint8_t *pair_buf;
+static __thread long pair_cap;
+
+static uint8_t *pair_scratch(int nb) {
+    if (pair_cap < (long)nb * PAIR_BYTES) {
+        free(pair_buf);
+        pair_cap = (long)nb * PAIR_BYTES;
+        pair_buf = aligned_alloc(64, pair_cap);
+    }
+    return pair_buf;
+}
+
+static inline __m512i concat256(const uint8_t *a, const uint8_t *b) {
+    const __m256i hi = b ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)), hi, 1);
+}
+
+static inline __m512 halves_f16(const uint8_t *a, const uint8_t *b) {
+    const __m128i hi = b ? _mm_loadu_si128((const __m128i *)b) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)), hi, 1));
+}
+
+/* The records of groups g0 and g1 (g1 null: a lone last group, zeros beside it) -> nb blocks of B tile, d, m. */
+static void unpack_pair(const uint8_t *g0, const uint8_t *g1, int wtype, int nb, uint8_t *out) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int b = 0; b < nb; ++b) {
+        uint8_t *bt = out + (long)b * PAIR_BYTES;
+        float *dm = (float *)(bt + B_BYTES);
+        if (wtype == W_Q4_1) {
+            const uint8_t *r0 = g0 + (long)b * REC_Q41, *r1 = g1 ? g1 + (long)b * REC_Q41 : 0;
+            for (int cc = 0; cc < 4; ++cc) {
+                const __m512i raw = concat256(r0 + 32 + 32 * cc, r1 ? r1 + 32 + 32 * cc : 0);
+                _mm512_store_si512((__m512i *)(bt + 64 * cc), _mm512_and_si512(raw, low));
+                _mm512_store_si512((__m512i *)(bt + 64 * (4 + cc)), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+            }
+            _mm512_store_ps(dm, halves_f16(r0, r1));
+            _mm512_store_ps(dm + 16, halves_f16(r0 + 16, r1 ? r1 + 16 : 0));
+        } else {
+            const uint8_t *r0 = g0 + (long)b * REC_Q80, *r1 = g1 ? g1 + (long)b * REC_Q80 : 0;
+            for (int c = 0; c < 8; ++c)
+                _mm512_store_si512((__m512i *)(bt + 64 * c), concat256(r0 + 16 + 32 * c, r1 ? r1 + 16 + 32 * c : 0));
+            _mm512_store_ps(dm, halves_f16(r0, r1));
+        }
+    }
+}
+
+/* acc[n] += C[n] d_w d_x[n] for one block's int32 sums c (row n of C: activation row m0 + n, 16 weight rows). */
+#define AMX_SCALE(c, bt, b)                                                                                         \
+    do {                                                                                                            \
+        const __m512 dw = _mm512_load_ps((const float *)((bt) + B_BYTES));                                          \
+        for (int n = 0; n < R; ++n)                                                                                 \
+            acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)((c) + 16 * n))),        \
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(xd[(long)(m0 + n) * nb + (b)])), acc[n]);     \
+    } while (0)
+
+/* R (1..16) activation rows from m0 (tile A reads the configured rows) x one unpacked pair -> y columns
+   n0..n0+valid. Two blocks at a time on separate tiles, so one block's products overlap the other's. */
+static inline __attribute__((always_inline)) void amx_rows(
+    const int R, const int8_t *xq, const float *xd, const float *xs, int m0, int K, const uint8_t *pair, int wtype,
+    int n0, int valid, float *y, long ldy, const float *bias, const float *res, long ldr) {
+    const int nb = K / QK;
+    int32_t c0[16 * 16] __attribute__((aligned(64))), c1[16 * 16] __attribute__((aligned(64)));
+    const int8_t *xa = xq + (long)m0 * K;
+    __m512 acc[16];
+    for (int n = 0; n < R; ++n) acc[n] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *bt0 = pair + (long)b * PAIR_BYTES, *bt1 = bt0 + PAIR_BYTES;
+        _tile_loadd(2, bt0, 64);
+        _tile_loadd(1, xa + b * QK, K);
+        _tile_zero(0);
+        _tile_loadd(5, bt1, 64);
+        _tile_loadd(4, xa + (b + 1) * QK, K);
+        _tile_zero(3);
+        _tile_dpbssd(0, 1, 2);
+        _tile_dpbssd(3, 4, 5);
+        _tile_stored(0, c0, 64);
+        _tile_stored(3, c1, 64);
+        AMX_SCALE(c0, bt0, b);
+        AMX_SCALE(c1, bt1, b + 1);
+    }
+    if (b < nb) {
+        const uint8_t *bt0 = pair + (long)b * PAIR_BYTES;
+        _tile_loadd(2, bt0, 64);
+        _tile_loadd(1, xa + b * QK, K);
+        _tile_zero(0);
+        _tile_dpbssd(0, 1, 2);
+        _tile_stored(0, c0, 64);
+        AMX_SCALE(c0, bt0, b);
+    }
+    if (wtype == W_Q4_1) {
+        __m512 mins[16];
+        for (int n = 0; n < R; ++n) mins[n] = _mm512_setzero_ps();
+        for (b = 0; b < nb; ++b) {
+            const __m512 mw = _mm512_load_ps((const float *)(pair + (long)b * PAIR_BYTES + B_BYTES) + 16);
+            for (int n = 0; n < R; ++n)
+                mins[n] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[(long)(m0 + n) * nb + b]), mins[n]);
+        }
+        for (int n = 0; n < R; ++n) acc[n] = _mm512_add_ps(acc[n], mins[n]);
+    }
+    const __mmask16 mask = (__mmask16)((1u << valid) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    for (int n = 0; n < R; ++n) {
+        __m512 v = acc[n];
+        if (bias) v = _mm512_add_ps(v, bv);
+        if (res) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, res + (long)(m0 + n) * ldr + n0), v);
+        _mm512_mask_storeu_ps(y + (long)(m0 + n) * ldy + n0, mask, v);
+    }
+}
+
+/* Weight groups [g0, g1) (g0 even) for every activation row, a pair of groups at a time. */
+static void amx_groups(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
+                       long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
+                       long ldr) {
+    const int nb = K / QK, groups = (N + 7) / 8;
+    uint8_t *pair = pair_scratch(nb);
+    for (int g = g0; g < g1; g += 2) {
+        unpack_pair(w + g * ldg, g + 1 < groups ? w + (g + 1) * ldg : 0, wtype, nb, pair);
+        const int n0 = 8 * g, valid = N - n0 < 16 ? N - n0 : 16;
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            switch (M - m0 < 16 ? M - m0 : 16) {
+#define AMX_CASE(R) \
+    case R: amx_rows(R, xq, xd, xs, m0, K, pair, wtype, n0, valid, y, ldy, bias, res, ldr); break;
+                AMX_CASE(1) AMX_CASE(2) AMX_CASE(3) AMX_CASE(4) AMX_CASE(5) AMX_CASE(6) AMX_CASE(7) AMX_CASE(8)
+                AMX_CASE(9) AMX_CASE(10) AMX_CASE(11) AMX_CASE(12) AMX_CASE(13) AMX_CASE(14) AMX_CASE(15)
+                AMX_CASE(16)
+#undef AMX_CASE
+            }
+        }
+    }
+}
+#define AMX 1
+/* Fewer rows go to the vector kernel: a tile's weights are unpacked per call, which only pays over several rows
+   (the two give the same bits, so the choice never changes a result). */
+#define AMX_MIN_ROWS 8
+#else
+#define AMX 0
+int rs_amx_init(void) { return -1; }
+#endif
+
 /* Quantize x [M, K] into the scratch (xq: M*K int8, xd / xs: M*K/32 floats each). */
 void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd, float *xs) {
 #pragma omp for schedule(static)
@@ -230,6 +416,18 @@ void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd
 void qmatmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
                   long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
+#if AMX
+    if (M >= AMX_MIN_ROWS) {
+        amx_configure(M < 16 ? M : 16);
+#pragma omp for schedule(static)
+        for (int t = 0; t < tasks; ++t) {
+            const int g0 = t * GROUPS_PER_TASK, g1 = g0 + GROUPS_PER_TASK < groups ? g0 + GROUPS_PER_TASK : groups;
+            amx_groups(xq, xd, xs, M, K, w, wtype, ldg, N, g0, g1, y, ldy, bias, res, ldr);
+        }
+        _tile_release();
+        return;
+    }
+#endif
 #pragma omp for schedule(static)
     for (int t = 0; t < tasks; ++t) {
         const int g0 = t * GROUPS_PER_TASK, g1 = g0 + GROUPS_PER_TASK < groups ? g0 + GROUPS_PER_TASK : groups;

@@ -1,7 +1,7 @@
 """The CPU kernels' ISA paths: chosen from what the CPU reports, forced by configuration, refused clearly where
 the CPU lacks them, one library each in the kernel cache; on every path this CPU has, a row computed alone equals
 the same row among 64 shuffled ones bit for bit, speculative greedy equals plain greedy, and every path gives the
-same bits as the AVX2 baseline."""
+same bits as the AVX2 baseline (the AMX tiles and the 16-lane attention included)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ HERE = [isa for isa in kernels.ISAS if isa in available_isas()]  # the paths thi
 
 def test_paths_are_chosen_from_the_cpu_flags() -> None:
     assert resolve_isa("auto", AVX2) == "avx2"
-    assert resolve_isa("auto", AVX512) == resolve_isa("auto", AMX) == "avx512"  # amx: not built yet
-    assert resolve_isa("avx2", AMX) == "avx2"  # forcing the baseline always works where AVX2 is
-    assert available_isas(AVX512) == ["avx512", "avx2"] and available_isas(frozenset()) == []
+    assert resolve_isa("auto", AVX512) == "avx512" and resolve_isa("auto", AMX) == "amx"
+    assert resolve_isa("avx2", AMX) == "avx2" and resolve_isa("avx512", AMX) == "avx512"  # forcing a lesser path
+    assert available_isas(AMX) == ["amx", "avx512", "avx2"] and available_isas(frozenset()) == []
     with pytest.raises(KernelUnavailable, match=r"'avx512' needs avx512_vnni, avx512bw, avx512f, avx512vl.*run: avx2"):
         resolve_isa("avx512", AVX2)
-    with pytest.raises(KernelUnavailable, match="not built yet"):
-        resolve_isa("amx", AMX)
+    with pytest.raises(KernelUnavailable, match=r"'amx' needs amx_int8, amx_tile.*run: avx512, avx2"):
+        resolve_isa("amx", AVX512)
     with pytest.raises(KernelUnavailable, match="unknown CPU kernel path 'neon'"):
         resolve_isa("neon", AMX)
 
@@ -44,7 +44,7 @@ def test_the_service_refuses_a_path_the_cpu_lacks_at_start(monkeypatch: pytest.M
     monkeypatch.setattr(kernels, "cpu_flags", lambda: AVX2)
     with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=avx512: .*needs avx512_vnni"):
         configure_kernels(Settings(cpu_isa="avx512"))
-    with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=amx: .*not built yet"):
+    with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=amx: .*needs amx_int8, amx_tile, avx512_vnni"):
         configure_kernels(Settings(cpu_isa="amx"))
     assert kernels.config() == before  # nothing changed
     with pytest.raises(ValueError, match="cpu_isa"):
@@ -93,6 +93,46 @@ def test_rows_alone_equal_rows_among_64_on_every_path(libraries: dict[str, objec
         outputs[isa] = whole
     for isa, whole in outputs.items():
         assert torch.equal(whole, outputs["avx2"]), f"{isa} differs from avx2"
+
+
+@pytest.mark.parametrize("kind", [WeightType.Q8_0, WeightType.Q4_1])
+def test_ragged_shapes_give_every_path_the_same_bits(libraries: dict[str, object], kind: WeightType) -> None:
+    """Row counts around the tile size (the AMX path takes 8 rows and more, 16 a tile), weight rows that fill
+    neither a pair of groups nor a group, bias and residual: every path equals the baseline."""
+    g = torch.Generator().manual_seed(12)
+    for n in (8, 13, 24, 40):
+        qm = quantize(torch.randn(n, 96, generator=g), kind)
+        bias = torch.randn(n, generator=g)
+        for m in (7, 8, 15, 16, 17, 40):
+            x, res = torch.randn(m, 96, generator=g) * 2, torch.randn(m, n, generator=g)
+            want = kernels.qlinear(libraries["avx2"], x, qm, bias, res)  # type: ignore[arg-type]
+            for isa, lib in libraries.items():
+                assert torch.equal(kernels.qlinear(lib, x, qm, bias, res), want), (isa, n, m)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_tree_attention_gives_every_path_the_same_bits(libraries: dict[str, object], half: bool) -> None:
+    """A verify-shaped attention (9 query heads on 3 key heads, a 150-key prefix, a 20-node tree): the wide paths
+    widen each key block once for all rows and run 16 lanes; the results are the baseline's bits."""
+    g = torch.Generator().manual_seed(13)
+    heads, groups, d, past, n = 9, 3, 64, 150, 20
+    k, v = torch.randn(1, groups, past + n, d, generator=g), torch.randn(1, groups, past + n, d, generator=g)
+    if half:
+        k, v = k.half(), v.half()
+    q = torch.randn(1, heads, n, d, generator=g)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    path, off = [], [0]
+    for i in range(n):
+        chain, j = [], i
+        while j >= 0:
+            chain.append(past + j)
+            j = parents[j]
+        path += sorted(chain)
+        off.append(len(path))
+    vis = (past, torch.tensor(path, dtype=torch.int32), torch.tensor(off, dtype=torch.int32))
+    outs = {isa: kernels.attention(lib, q, k, v, *vis, scale=d**-0.5) for isa, lib in libraries.items()}  # type: ignore[arg-type]
+    for isa, out in outs.items():
+        assert torch.equal(out, outs["avx2"]), isa
 
 
 def test_speculative_greedy_equals_plain_greedy_on_every_path(libraries: dict[str, object]) -> None:
