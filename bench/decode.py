@@ -170,6 +170,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             c: {k: v for k, v in row.items() if k in ("prompts", "all_lossless", "vs_llama_cpp")}
             | {"ar_tokens_per_second_median": row["methods"]["autoregressive"]["tokens_per_second_median"],
                "verify_8_nodes_vs_step": row["verify_cost"]["ours_vs_step"].get("8"),
+               "verify_16_nodes_vs_step": row["verify_cost"]["ours_vs_step"].get("16"),
                "prefill_ours_vs_llama_cpp": row["prefill"].get("ours_vs_llama_cpp")}
             for c, row in contexts.items()
         },

@@ -16,15 +16,18 @@ from bench.common import DocQA, median, rss_mb
 from bench.decode_cases import make_cases
 from bench.decode_methods import ENGINE_CONFIG, REFERENCES, Bench, Case, Run
 from decoding.cache.prefix import PrefixCache
+from decoding.cache.slot import SlotCache
+from decoding.runtime import kernels
+from decoding.runtime.cpu_llama import CpuLlama
 from decoding.runtime.models import LoadedModel
-from decoding.speculative.calibration import verify_costs
+from decoding.speculative.calibration import time_verifies, verify_costs
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 
 logger = logging.getLogger("bench.decode")
 
 TTFT_DOC = "gpl-3.0"  # ~7.6K tokens
-VERIFY_NODES = (0, 2, 4, 8, 16)  # draft nodes per verify forward in the cost curve (0: a plain step)
+VERIFY_NODES = (0, 2, 4, 8, 16, 32, 64)  # draft nodes per verify forward in the cost curve (0: a plain step)
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -181,16 +184,44 @@ def measure_prefill(bench: Bench, case: Case, repeats: int) -> dict[str, Any]:
     return out
 
 
+def _curve(costs: dict[int, float]) -> dict[str, Any]:
+    step = costs[0]
+    ratios = {str(k): round(v / step, 3) for k, v in costs.items() if k}
+    return {"step_ms": round(1000 * step, 2), "ours_vs_step": ratios}
+
+
+def verify_by_path(bench: Bench, context: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """The curve on every CPU kernel path this machine runs, on one prefilled cache (the paths give the same
+    bits, so the cache is the same whichever path wrote it): ``CpuLlama.lib`` swapped per path."""
+    engine = bench.engine
+    model = engine.model
+    if not isinstance(model, CpuLlama):
+        return {}
+    gen = torch.Generator().manual_seed(context)
+    vocab = bench.target.vocab_size
+    ctx = torch.randint(0, vocab, (context,), generator=gen).tolist()
+    cache = SlotCache(engine.num_layers, context + max(VERIFY_NODES) + 2)
+    with torch.inference_mode():
+        engine.prefill(ctx, cache)
+    own = model.lib
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for isa in reversed(kernels.available_isas()):
+            model.lib = kernels.library(isa)
+            costs = time_verifies(engine, cache, ctx[-1], VERIFY_NODES, repeats, gen)
+            assert costs is not None  # nothing cancels it
+            out[isa] = _curve(costs)
+    finally:
+        model.lib = own
+    return out
+
+
 def verify_curve(bench: Bench, context: int, repeats: int) -> dict[str, Any]:
-    """A forward over 2 / 4 / 8 / 16 draft nodes (3 / 5 / 9 / 17 rows) relative to a plain step, ours and
-    llama.cpp's (evaluating as many tokens at once) on a ``context``-token cache."""
+    """A forward over 2 .. 64 draft nodes (3 .. 65 rows) relative to a plain step, ours (on the configured kernel
+    path, and per path) and llama.cpp's (evaluating as many tokens at once) on a ``context``-token cache."""
     base, costs = verify_costs(bench.engine, context, VERIFY_NODES, repeats)
     step = costs[0]
-    out: dict[str, Any] = {
-        "context_tokens": base,
-        "step_ms": round(1000 * step, 2),
-        "ours_vs_step": {str(k): round(v / step, 3) for k, v in costs.items() if k},
-    }
+    out: dict[str, Any] = {"context_tokens": base, **_curve(costs), "by_path": verify_by_path(bench, base, repeats)}
     llm = bench.llama
     if llm is not None:
         gen = torch.Generator().manual_seed(context)

@@ -85,7 +85,6 @@ def _verify_costs(
     if fill is None:
         fill = engine.device.type != "cpu"
     gen = torch.Generator().manual_seed(context_tokens)
-    times: dict[int, list[float]] = {b: [] for b in sizes}
     with torch.inference_mode():
         cache = SlotCache(engine.num_layers, context_tokens + max(sizes) + 2)
         if fill:
@@ -101,7 +100,25 @@ def _verify_costs(
                 engine.prefill(ctx, cache)
             elif drain(engine.reader.read(ctx, [], None, cache, cancel)).last is None:
                 return None  # cancelled during the prefill (no prefix key: nothing is cached)
-        base = cache.length
+        costs = time_verifies(engine, cache, root, sizes, repeats, gen, cancel)
+    return None if costs is None else (cache.length, costs)
+
+
+def time_verifies(
+    engine: Engine,
+    cache: SlotCache,
+    root: int,
+    sizes: Sequence[int],
+    repeats: int,
+    gen: torch.Generator,
+    cancel: threading.Event | None = None,
+) -> dict[int, float] | None:
+    """Median seconds of a verify forward over a random chain of each size in ``sizes`` after ``root`` on
+    ``cache`` (left as it was), sizes round-robin; None if ``cancel`` was set on the way."""
+    vocab = int(engine.model.config.vocab_size)
+    base = cache.length
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    with torch.inference_mode():
         for _ in range(repeats):
             for nodes, seen in times.items():
                 if cancel is not None and cancel.is_set():
@@ -111,4 +128,4 @@ def _verify_costs(
                 engine.verify(root, chain, cache, SamplingParams(), None)
                 seen.append(time.perf_counter() - t)
                 cache.truncate(base)
-    return base, {b: statistics.median(v) for b, v in times.items()}
+    return {b: statistics.median(v) for b, v in times.items()}

@@ -104,19 +104,41 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def tiles_permitted() -> bool:
+    """Whether Linux grants this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA; Linux
+    5.16 and later). Asked once; granting is process-wide and what the amx kernels need before they run."""
+    global _tiles
+    if _tiles is None and platform.machine() not in ("x86_64", "AMD64"):
+        _tiles = False
+    if _tiles is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _tiles = libc.syscall(ctypes.c_long(158), ctypes.c_long(0x1023), ctypes.c_long(18)) == 0  # arch_prctl
+        except (OSError, AttributeError):
+            _tiles = False
+    return _tiles
+
+
+_tiles: bool | None = None
+
+
 def available_isas(flags: frozenset[str] | None = None) -> list[str]:
-    """The built ISA paths this CPU can run, best first."""
+    """The built ISA paths this CPU can run, best first (the real CPU's amx also needs ``tiles_permitted``;
+    given ``flags`` are taken as they are)."""
+    real = flags is None
     flags = cpu_flags() if flags is None else flags
-    return [isa for isa in reversed(ISAS) if isa not in NOT_BUILT and ISA_CPU_FLAGS[isa] <= flags]
+    runnable = [isa for isa in reversed(ISAS) if isa not in NOT_BUILT and ISA_CPU_FLAGS[isa] <= flags]
+    return [isa for isa in runnable if not (real and isa == "amx" and not tiles_permitted())]
 
 
 def resolve_isa(isa: str = "auto", flags: frozenset[str] | None = None) -> str:
     """``isa`` checked against this CPU (``auto``: the best path it can run; ``avx2`` where it can run none, which
     ``load`` then reports as unavailable). Raises ``KernelUnavailable`` for an unknown path, one not built yet
     or one the CPU lacks."""
+    real = flags is None
     flags = cpu_flags() if flags is None else flags
     if isa == "auto":
-        found = available_isas(flags)
+        found = available_isas(None if real else flags)
         return found[0] if found else "avx2"
     if isa not in ISAS:
         raise KernelUnavailable(f"unknown CPU kernel path {isa!r}; use auto or one of {', '.join(ISAS)}")
@@ -125,7 +147,10 @@ def resolve_isa(isa: str = "auto", flags: frozenset[str] | None = None) -> str:
     missing = sorted(ISA_CPU_FLAGS[isa] - flags)
     if missing:
         raise KernelUnavailable(f"CPU kernel path {isa!r} needs {', '.join(missing)}, which this CPU does not "
-                                f"report (it can run: {', '.join(available_isas(flags)) or 'none'})")
+                                f"report (it can run: {', '.join(available_isas(None if real else flags)) or 'none'})")
+    if real and isa == "amx" and not tiles_permitted():
+        raise KernelUnavailable("CPU kernel path 'amx': Linux refuses this process the AMX tile state "
+                                "(arch_prctl XTILEDATA needs Linux 5.16 or later)")
     return isa
 
 
@@ -208,6 +233,18 @@ def build(force: bool = False, isa: str | None = None) -> Path:
     return out
 
 
+def _open(isa: str) -> ctypes.CDLL:
+    """Build (if needed) and load the library of path ``isa``, checked to be that path and ready to run."""
+    lib = ctypes.CDLL(str(build(isa=isa)))
+    _declare(lib)
+    built = lib.rs_isa().decode()
+    if built != isa:  # the compiler ignored the path's flags: never run another path quietly
+        raise RuntimeError(f"the kernels were built for {built}, not for {isa}")
+    if built == "amx" and lib.rs_amx_init() != 0:
+        raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl XTILEDATA)")
+    return lib
+
+
 def load() -> ctypes.CDLL | None:
     """The kernel library, building it on first use; None (with the reason logged once) if unavailable."""
     global _lib, _tried, _why_not
@@ -218,19 +255,26 @@ def load() -> ctypes.CDLL | None:
         _why_not = _cpu_supported()
         if not _why_not:
             try:
-                lib = ctypes.CDLL(str(build()))
-                _declare(lib)
-                built = lib.rs_isa().decode()
-                if built != _config.isa:  # the compiler ignored the path's flags: never run another path quietly
-                    raise RuntimeError(f"the kernels were built for {built}, not for {_config.isa}")
-                if built == "amx" and lib.rs_amx_init() != 0:
-                    raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl XTILEDATA)")
-                _lib = lib
+                _lib = _open(_config.isa)
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 _why_not = str(exc)
         if _lib is None:
             logger.warning("CPU kernels unavailable, using torch's: %s", _why_not)
         return _lib
+
+
+_paths: dict[str, ctypes.CDLL] = {}
+
+
+def library(isa: str) -> ctypes.CDLL:
+    """The library of one ISA path whatever the configured one (benchmarks and tests compare paths on one
+    model: ``CpuLlama.lib`` may be swapped). Raises ``KernelUnavailable`` for a path this CPU cannot run and
+    ``RuntimeError`` if it does not build."""
+    resolve_isa(isa)
+    with _lock:
+        if isa not in _paths:
+            _paths[isa] = _open(isa)
+        return _paths[isa]
 
 
 def loaded() -> ctypes.CDLL | None:

@@ -5,7 +5,6 @@ same bits as the AVX2 baseline (the AMX tiles and the 16-lane attention included
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,24 +51,13 @@ def test_the_service_refuses_a_path_the_cpu_lacks_at_start(monkeypatch: pytest.M
 
 
 @pytest.fixture(scope="module")
-def libraries() -> Iterator[dict[str, object]]:
-    """Every path this CPU runs, loaded from the usual kernel cache (built there once); the configuration is put
-    back afterwards."""
+def libraries() -> dict[str, object]:
+    """Every path this CPU runs, loaded from the usual kernel cache (built there once)."""
     if kernels.load() is None:
         pytest.skip("CPU kernels unavailable on this machine")
-    before = kernels.config()
-    found: dict[str, object] = {}
-    try:
-        for isa in HERE:
-            kernels.configure(before.enabled, before.cache_dir, before.compiler, isa=isa)
-            lib = kernels.load()
-            assert lib is not None, kernels.unavailable_reason()
-            assert lib.rs_isa().decode() == isa
-            found[isa] = lib
-        yield found
-    finally:
-        kernels.configure(before.enabled, before.cache_dir, before.compiler, before.isa)
-        kernels.load()
+    found = {isa: kernels.library(isa) for isa in HERE}
+    assert all(lib.rs_isa().decode() == isa for isa, lib in found.items())
+    return found  # type: ignore[return-value]
 
 
 def test_each_path_is_its_own_library_in_the_cache(libraries: dict[str, object]) -> None:
@@ -140,11 +128,9 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(libraries: dict[st
     autoregressive, and every path's tokens and logits equal the baseline's."""
     torch.set_num_threads(1)
     tokens, logits = {}, {}
-    for isa in libraries:
-        before = kernels.config()
-        kernels.configure(before.enabled, before.cache_dir, before.compiler, isa=isa)
+    for isa, lib in libraries.items():
         model = quantized_tiny_llama(5)
-        assert model.lib.rs_isa().decode() == isa
+        model.lib = lib  # type: ignore[assignment]
         engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-{isa}", torch.device("cpu"), (), 512))
         plain = run(engine, PROMPT, 40, [], None).token_ids
         assert run(engine, PROMPT, 40, [RandomTreeDrafter(plain, seed=1)], 16).token_ids == plain, isa
