@@ -440,9 +440,14 @@ static inline __attribute__((always_inline)) void attention_part(
         const int g = task / n, i = task % n;
         const int plen = path_off[i + 1] - path_off[i];
         const int total = past + plen, nb = (total + KEY_BLOCK - 1) / KEY_BLOCK;
+        /* a path that continues the prefix row by row (a causal chunk: a prefill) is read in place */
+        int in_place = 1;
+        for (int u = 0; u < plen && in_place; ++u) in_place = path[path_off[i] + u] == past + u;
         for (int b = full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
             const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
-            for (int t = 0; t < cnt; ++t) {
+            const char *kd = (const char *)k + esz * (g * kv_sh + (long)t0 * kv_sn);
+            const char *vd = (const char *)v + esz * (g * kv_sh + (long)t0 * kv_sn);
+            for (int t = 0; t < cnt && !in_place; ++t) {
                 const long row = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
                 const long src = g * kv_sh + row * kv_sn;
                 for (int c = 0; c < dv; ++c) {
@@ -460,7 +465,10 @@ static inline __attribute__((always_inline)) void attention_part(
                     ps[t] = parts + r * pstride + (long)b * D;
                     ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
                 }
-                rows_blocks(R, qs, dv, kbuf, D, vbuf, D, cnt, scale, ps, ms, ls, 0, 0, 0, 0);
+                if (in_place) /* the same values as gathered: loading widens them the same way */
+                    rows_blocks(R, qs, dv, kd, kv_sn, vd, kv_sn, cnt, scale, ps, ms, ls, half, 0, 0, 0);
+                else
+                    rows_blocks(R, qs, dv, kbuf, D, vbuf, D, cnt, scale, ps, ms, ls, 0, 0, 0, 0);
             }
         }
         for (int h = g * group; h < (g + 1) * group; ++h) {
