@@ -63,8 +63,9 @@ class Settings(BaseSettings):
         description="CPU target weights: auto (a GGUF as stored, an HF model quantized to q8_0), q8_0, q4_1, "
         "or none (fp32 on transformers)",
     )
-    kv_dtype: Literal["auto", "float16", "float32"] = Field(
-        "auto", description="KV cache storage of the quantized CPU runtime (auto: float16)"
+    kv_dtype: Literal["auto", "float16", "float32", "int8"] = Field(
+        "auto", description="KV cache storage of the quantized CPU runtime (auto: float16; int8: half the bytes "
+        "per cached token, quantized per 32 values, which changes answers: opt-in)"
     )
     cpu_kernels: bool = Field(
         True, description="ragspec's AVX2 kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"

@@ -1,8 +1,8 @@
 """Decoding benchmark: long-document QA prompts on the target, greedy, methods side by side, per context length.
 
     python -m bench.decode [--quick] [--json PATH] [--methods NAME ...] [--repeats N] [--threads N]
-                           [--contexts 3500 7500] [--kv-dtype auto|float16|float32] [--cpu-quant ...]
-                           [--cpu-isa auto|avx2|avx512]
+                           [--contexts 3500 7500] [--kv-dtype auto|float16|float32|int8] [--cpu-quant ...]
+                           [--cpu-isa auto|avx2|avx512|amx]
 
 Every method runs on the same prompts in one process with the same threads, interleaved per prompt
 (rep -> prompt -> method), after one warm-up run each. Figures, as the papers report them:
@@ -19,7 +19,7 @@ Methods: ``autoregressive`` (our engine, no drafter), one entry per drafter set 
 speculative method is one line there), and references whose output is not expected to equal ours (their
 agreement is reported, they are left out of ``all_lossless``): ``llama_cpp`` (llama.cpp's greedy decoding of
 the same GGUF file, same prompt token ids, same thread count; ``pip install -e .[bench]``) and
-``autoregressive_kv_fp32`` / ``_kv_fp16`` (our decoding with the other KV cache precision, same weights).
+``autoregressive_kv_fp32`` / ``_kv_fp16`` / ``_kv_int8`` (our decoding with another KV cache storage, same weights).
 On the torch runtime (``--cpu-quant none``) ``hf_generate`` and ``hf_prompt_lookup`` (HF generate, with
 prompt_lookup_num_tokens=10) are available too.
 
@@ -58,7 +58,17 @@ from bench.decode_measure import (
     summarize_case,
     verify_curve,
 )
-from bench.decode_methods import DRAFTERS, ENGINE_CONFIG, SYSTEM, Bench, Case, Run, all_methods, default_methods
+from bench.decode_methods import (
+    DRAFTERS,
+    ENGINE_CONFIG,
+    KV_TWINS,
+    SYSTEM,
+    Bench,
+    Case,
+    Run,
+    all_methods,
+    default_methods,
+)
 from decoding.cache.prefix import PrefixCache
 from decoding.runtime import kernels
 from decoding.runtime.kernels import kernels_active
@@ -99,14 +109,15 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     # Our methods share the document prefix KV (as in the service); speedups compare decode throughput.
     engine = Engine(target, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
     calibrate(engine)
-    other_kv = None
-    if any(n.startswith("autoregressive_kv") for n in names):
-        from decoding.runtime.cpu_llama import CpuLlama
+    other_kv = {}
+    for name in names:
+        if name.startswith("autoregressive_kv_"):
+            from decoding.runtime.cpu_llama import CpuLlama
 
-        model: CpuLlama = target.model
-        kv = torch.float32 if model.kv_dtype == torch.float16 else torch.float16
-        twin = dataclasses.replace(target, model=CpuLlama(model.weights, kv))
-        other_kv = Engine(twin, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
+            kv = KV_TWINS[name.removeprefix("autoregressive_kv_")]
+            twin = dataclasses.replace(target, model=CpuLlama(target.model.weights, kv))
+            other_kv[name.removeprefix("autoregressive_kv_")] = Engine(twin, PrefixCache(byte_budget=6 << 30),
+                                                                       config=ENGINE_CONFIG)
     bench = Bench(target, engine, args.max_new_tokens, cases, llm, other_kv)
 
     warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in qa_documents()[:1]], 1, 8,
@@ -237,7 +248,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu-quant", default="auto", help="CPU target weights: auto, q8_0, q4_1, none (torch fp32)")
     p.add_argument("--cpu-isa", default="auto", choices=["auto", *kernels.ISAS],
                    help="ISA path of the CPU kernels (auto: the best this CPU runs)")
-    p.add_argument("--kv-dtype", default="auto", help="KV cache of the quantized CPU runtime: auto, float16, float32")
+    p.add_argument("--kv-dtype", default="auto", choices=["auto", "float16", "float32", "int8"],
+                   help="KV cache of the quantized CPU runtime")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 128)

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bench.decode")
 
 SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
-REFERENCES = ("llama_cpp", "autoregressive_kv_fp32", "autoregressive_kv_fp16")  # not expected to equal ours
+KV_TWINS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}  # our decoding, other KV storage
+REFERENCES = ("llama_cpp", *(f"autoregressive_kv_{name}" for name in KV_TWINS))  # not expected to equal ours
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -60,7 +61,7 @@ class Bench:
     max_new_tokens: int
     cases: Sequence[Case] = ()
     llama: Any = None  # a llama_cpp.Llama on the same GGUF, when the bench extra is installed
-    other_kv: Engine | None = None  # our engine on the same weights with the other KV cache precision
+    other_kv: dict[str, Engine] = field(default_factory=dict)  # our engine on the same weights, other KV storage
 
 
 # Our speculative methods: name -> drafters for one case (fresh per run). One line per method.
@@ -266,9 +267,8 @@ def run_llama_cpp(bench: Bench, case: Case) -> Run:
     )
 
 
-def run_other_kv(bench: Bench, case: Case) -> Run:
-    assert bench.other_kv is not None
-    return run_engine(Bench(bench.target, bench.other_kv, bench.max_new_tokens), case, [])
+def run_other_kv(bench: Bench, case: Case, name: str) -> Run:
+    return run_engine(Bench(bench.target, bench.other_kv[name], bench.max_new_tokens), case, [])
 
 
 Method = Callable[[Bench, Case], Run]
@@ -286,8 +286,9 @@ def all_methods(target: LoadedModel) -> dict[str, Method]:
             bench, case.with_draft(b), mode("rapid")(bench, case))
     methods["llama_cpp"] = run_llama_cpp
     if target.runtime.startswith("cpu-quantized"):
-        other = "fp32" if target.runtime.endswith("float16") else "fp16"
-        methods[f"autoregressive_kv_{other}"] = run_other_kv
+        for name, dtype in KV_TWINS.items():
+            if not target.runtime.endswith(str(dtype).removeprefix("torch.")):
+                methods[f"autoregressive_kv_{name}"] = lambda bench, case, n=name: run_other_kv(bench, case, n)  # type: ignore[misc]
     return methods
 
 

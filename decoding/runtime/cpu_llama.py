@@ -157,7 +157,7 @@ class _Buffers:
 
 
 class CpuLlama:
-    """The target's forward on quantized weights (batch 1, CPU, fp32 activations, fp32 / fp16 KV)."""
+    """The target's forward on quantized weights (batch 1, CPU, fp32 activations, fp32 / fp16 / int8 KV)."""
 
     dtype = torch.float32  # activations and logits
     device = torch.device("cpu")
@@ -166,8 +166,8 @@ class CpuLlama:
         lib = kernels.load()
         if lib is None:
             raise ModelLoadError(f"the quantized CPU runtime needs the CPU kernels: {kernels.unavailable_reason()}")
-        if kv_dtype not in (torch.float32, torch.float16):
-            raise ModelLoadError(f"KV cache dtype must be float32 or float16, not {kv_dtype}")
+        if kv_dtype not in (torch.float32, torch.float16, torch.int8):
+            raise ModelLoadError(f"KV cache dtype must be float32, float16 or int8, not {kv_dtype}")
         self.lib = lib
         self.weights = weights
         self.config = weights.config
@@ -175,6 +175,8 @@ class CpuLlama:
         self.kv_dtype = kv_dtype
         self.runtime_tag = f"{weights.source}/kv-{str(kv_dtype).removeprefix('torch.')}"
         e, h, g, d, inter = llama_dims(self.config)
+        if kv_dtype == torch.int8 and d % 32:
+            raise ModelLoadError(f"an int8 KV cache quantizes per 32 values: head size {d} is not a multiple of 32")
         self.dims = (e, h, g, d, inter)
         self.vocab = weights.head.rows
         self.max_positions = int(self.config.max_position_embeddings)
@@ -232,10 +234,15 @@ class CpuLlama:
                 self._layers(x[c0:c1], pos[c0:c1], cache, start + c0, vis)
         return SimpleNamespace(logits=self._head(x, keep).unsqueeze(0))
 
+    @property
+    def kv_storage(self) -> torch.dtype:
+        """The cache buffers' dtype: int8 keys / values are stored as uint8 rows holding their scales."""
+        return torch.uint8 if self.kv_dtype == torch.int8 else self.kv_dtype
+
     def _reserve(self, cache: SlotCache, rows: int) -> None:
         _, _, g, d, _ = self.dims
         for layer in cache.slot_layers:
-            layer.reserve(g, d, self.kv_dtype, rows)
+            layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: SlotCache, start: int, vis: Any) -> None:
         """Run rows ``x`` [m, E] (positions ``pos``) through every layer, storing their KV at ``start``.."""
@@ -246,7 +253,7 @@ class CpuLlama:
         work = kernels.attention_work_floats(h, m, d, past + max_path)
         scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
         threads = torch.get_num_threads()
-        half = int(self.kv_dtype == torch.float16)
+        mode = kernels.kv_mode(self.kv_storage)
         assert x.is_contiguous(), "rows are updated in place"
         xp, pp, cp, sp = _addr(x), _addr(pos), _addr(self.cos), _addr(self.sin)
         path_p, off_p = _addr(path), _addr(off)
@@ -254,7 +261,7 @@ class CpuLlama:
             kbuf, vbuf = layer.buffers()
             self.lib.rs_layer(
                 ctypes.byref(lw), ctypes.byref(self.shape), xp, m, pp, cp, sp,
-                _addr(kbuf), _addr(vbuf), kbuf.stride(1), kbuf.stride(2), start, half,
+                _addr(kbuf), _addr(vbuf), kbuf.stride(1), kbuf.stride(2), start, mode,
                 past, path_p, off_p, ctypes.byref(scratch), threads,
             )  # fmt: skip
             layer.advance(m)

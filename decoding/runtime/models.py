@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
-KV_DTYPES = ("auto", "float16", "float32")  # KV cache storage of the quantized CPU runtime
+KV_DTYPES = {"auto": torch.float16, "float16": torch.float16, "float32": torch.float32, "int8": torch.int8}
+# ^ KV cache storage of the quantized CPU runtime (int8: per 32 values with fp32 scales, lossy; opt-in)
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,7 +221,8 @@ class LoadOptions:
     torch's intra-op threads (None: left as they are). ``local_files_only``: never look at a hub cache.
     ``cpu_kernels``: ragspec's CPU kernels (False: transformers only). ``cpu_quant``: the quantized CPU
     runtime's weight type (``'auto'``, ``'q8_0'``, ``'q4_1'``; ``'none'``: run transformers). ``kv_dtype``: its
-    KV storage (``'auto'`` = float16, or ``'float32'``). ``rope_scaling``: a rope scaling written into the
+    KV storage (``'auto'`` = float16, ``'float32'`` or ``'int8'``: per 32 values with their scales, half
+    the bytes a step reads from the cache, not the same answers). ``rope_scaling``: a rope scaling written into the
     config (see ``apply_rope_scaling``).
     """
 
@@ -256,6 +258,9 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
     quantized = _quantized_runtime(dev, dt, o.cpu_quant, o.cpu_kernels)
     if o.kv_dtype not in KV_DTYPES:
         raise ModelLoadError(f"unknown kv_dtype {o.kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
+    if o.kv_dtype == "int8" and not quantized:
+        raise ModelLoadError("kv_dtype int8 is a storage of the quantized CPU runtime; this model runs on "
+                             f"{dev.type} {str(dt).removeprefix('torch.')} (use auto)")
     source, name = _resolve_source(spec, o.models_dir, quantized)
     gguf = _gguf_file(Path(source)) if Path(source).exists() else None
     try:
@@ -349,7 +354,7 @@ def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any 
                                                      **extra)
         weights = weights_from_hf(dense, kind)
         del dense
-    return CpuLlama(weights, torch.float32 if o.kv_dtype == "float32" else torch.float16), rope_tag
+    return CpuLlama(weights, KV_DTYPES[o.kv_dtype]), rope_tag
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

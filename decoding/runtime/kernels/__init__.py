@@ -354,6 +354,22 @@ def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> t
     return out
 
 
+KV_MODES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2}  # how the kernels read a cached row
+
+
+def kv_mode(dtype: torch.dtype) -> int:
+    """The kernels' code for keys / values stored as ``dtype`` (uint8: int8 rows, each D values quantized per 32
+    then its D / 32 fp32 scales)."""
+    if dtype not in KV_MODES:
+        raise ValueError(f"the CPU kernels read fp32, fp16 or int8 (uint8 rows) keys / values, not {dtype}")
+    return KV_MODES[dtype]
+
+
+def kv_row_width(dtype: torch.dtype, head_dim: int) -> int:
+    """Elements of ``dtype`` one cached key or value row takes (int8 rows carry their scales)."""
+    return head_dim + head_dim // 8 if dtype == torch.uint8 else head_dim
+
+
 _work = threading.local()
 
 
@@ -373,8 +389,8 @@ def _workspace(floats: int) -> torch.Tensor:
 def attention(
     lib: ctypes.CDLL,
     query: torch.Tensor,  # [1, H, n, D]
-    key: torch.Tensor,  # [1, G, L, D], rows contiguous (D stride 1), fp32 or fp16
-    value: torch.Tensor,  # [1, G, L, D], same strides and dtype as key
+    key: torch.Tensor,  # [1, G, L, D] fp32 / fp16 or [1, G, L, D + D/8] uint8 (int8 rows), rows contiguous
+    value: torch.Tensor,  # same shape, strides and dtype as key
     past: int,
     path: torch.Tensor,  # int32 [total]: visible rows beyond the prefix, per query, ascending
     path_off: torch.Tensor,  # int32 [n + 1]
@@ -392,7 +408,7 @@ def attention(
         _ptr(q), q.stride(1), q.stride(2), h, n, d,
         _ptr(key), _ptr(value), key.stride(1), key.stride(2), g,
         past, _ptr(path), _ptr(path_off), float(scale),
-        _ptr(out), out.stride(1), out.stride(2), _ptr(work), int(key.dtype == torch.float16), threads,
+        _ptr(out), out.stride(1), out.stride(2), _ptr(work), kv_mode(key.dtype), threads,
     )  # fmt: skip
     return out
 

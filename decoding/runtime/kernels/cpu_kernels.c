@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "simd.h"
 #ifdef _OPENMP
@@ -154,11 +155,22 @@ static inline __m128 hsum4x8(const __m256 *a) {
     return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-/* Cached keys / values are fp32 or fp16 (`half`): an fp16 row is widened to fp32 on load (exactly), so the
-   arithmetic after the load is the same for both storage types. Offsets below count elements. */
-#define LOADKV(base, idx) \
-    (half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (idx)))) \
-          : _mm256_loadu_ps((const float *)(base) + (idx)))
+/* Cached keys / values are fp32, fp16 or int8 (`kvm` 0 / 1 / 2): each is widened to fp32 on load, so the
+   arithmetic after the load is the same for every storage type. An fp16 value widens exactly; an int8 row holds
+   its D values then one fp32 scale per 32 (q * d, one rounding: the same value wherever it is loaded). Rows
+   are addressed by their first element (`row`, in elements of the storage type: bytes for int8) and a chunk
+   of 8 values `c` (dv chunks a row). */
+static inline float kv_scale(const void *base, long row, int c, int dv) {
+    float d;
+    memcpy(&d, (const char *)base + row + 8 * dv + 4 * (c / 4), sizeof d);
+    return d;
+}
+#define LOADKV(base, row, c, dv)                                                                                \
+    (kvm == 2 ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                                          \
+                                  _mm_loadl_epi64((const __m128i *)((const int8_t *)(base) + (row) + 8 * (c))))), \
+                              _mm256_set1_ps(kv_scale((base), (row), (c), (dv))))                                \
+     : kvm == 1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (row) + 8 * (c))))  \
+                : _mm256_loadu_ps((const float *)(base) + (row) + 8 * (c)))
 
 #ifdef __AVX512F__
 static inline __m512 join256(__m256 lo, __m256 hi) { /* AVX-512F only (insertf32x8 needs DQ) */
@@ -171,9 +183,9 @@ static inline __m256 high256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf
 /* One score: lane sums of q * k over d in 8-lane chunks (in chunk order), hsum8, times scale. Every score in
    the kernel is computed by exactly these operations, alone or four keys at a time. */
 static inline __attribute__((always_inline)) float score1(const float *q, int dv, const void *k, long off,
-                                                          float scale, const int half) {
+                                                          float scale, const int kvm) {
     __m256 acc = _mm256_setzero_ps();
-    for (int c = 0; c < dv; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), LOADKV(k, off + 8 * c), acc);
+    for (int c = 0; c < dv; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), LOADKV(k, off, c, dv), acc);
     return hsum8(acc) * scale;
 }
 
@@ -189,7 +201,7 @@ static inline __attribute__((always_inline)) float score1(const float *q, int dv
  * (pf_lines cache lines each), so streaming the cache overlaps the arithmetic. */
 static inline __attribute__((always_inline)) void rows_block(
     const int RB, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt,
-    float scale, float *const *part, float *const *m, float *const *l, const int half, const char *pf_k,
+    float scale, float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k,
     const char *pf_v, int pf_lines) {
     float p[ROW_TILE][KEY_BLOCK] __attribute__((aligned(32)));
     int j = 0;
@@ -202,13 +214,13 @@ static inline __attribute__((always_inline)) void rows_block(
             for (int t = 0; t < 4; ++t) acc[r][t] = _mm256_setzero_ps();
         for (int c = 0; c < dv; ++c)
             for (int t = 0; t < 4; ++t) {
-                const __m256 kv = LOADKV(kb, (long)(j + t) * ldk + 8 * c);
+                const __m256 kv = LOADKV(kb, (long)(j + t) * ldk, c, dv);
                 for (int r = 0; r < RB; ++r) acc[r][t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), kv, acc[r][t]);
             }
         for (int r = 0; r < RB; ++r) _mm_store_ps(p[r] + j, _mm_mul_ps(hsum4x8(acc[r]), _mm_set1_ps(scale)));
     }
     for (; j < cnt; ++j)
-        for (int r = 0; r < RB; ++r) p[r][j] = score1(q[r], dv, kb, (long)j * ldk, scale, half);
+        for (int r = 0; r < RB; ++r) p[r][j] = score1(q[r], dv, kb, (long)j * ldk, scale, kvm);
     for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r]);
     /* 4 dims chunks x RB rows of sums in registers per pass; each element still sums over j in key order */
     int c0 = 0;
@@ -223,7 +235,7 @@ static inline __attribute__((always_inline)) void rows_block(
             __m256 w[ROW_TILE];
             for (int r = 0; r < RB; ++r) w[r] = _mm256_broadcast_ss(p[r] + j);
             for (int c = 0; c < 4; ++c) {
-                const __m256 vv = LOADKV(vb, (long)j * ldv + 8 * (c0 + c));
+                const __m256 vv = LOADKV(vb, (long)j * ldv, c0 + c, dv);
                 for (int r = 0; r < RB; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], vv, acc[r][c]);
             }
         }
@@ -234,7 +246,7 @@ static inline __attribute__((always_inline)) void rows_block(
         __m256 acc[ROW_TILE];
         for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
         for (j = 0; j < cnt; ++j) {
-            const __m256 vv = LOADKV(vb, (long)j * ldv + 8 * c0);
+            const __m256 vv = LOADKV(vb, (long)j * ldv, c0, dv);
             for (int r = 0; r < RB; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + j), vv, acc[r]);
         }
         for (int r = 0; r < RB; ++r) _mm256_storeu_ps(part[r] + 8 * c0, acc[r]);
@@ -247,16 +259,16 @@ static inline __attribute__((always_inline)) void rows_block(
  * changes no arithmetic). */
 static inline __attribute__((always_inline)) void rows_blocks_direct(
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
-    float *const *part, float *const *m, float *const *l, const int half, const char *pf_k, const char *pf_v,
+    float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k, const char *pf_v,
     int pf_lines) {
     const int tiles = (R + ROW_TILE - 1) / ROW_TILE;
     for (int r = 0, ti = 0; r < R; r += ROW_TILE, ++ti) {
         const int l0 = ti * pf_lines / tiles, lines = (ti + 1) * pf_lines / tiles - l0;
         const char *fk = pf_k && lines ? pf_k + 64 * l0 : 0, *fv = pf_v && lines ? pf_v + 64 * l0 : 0;
         switch (R - r < ROW_TILE ? R - r : ROW_TILE) {
-        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, lines); break;
-        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, lines); break;
-        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, half, fk, fv, lines);
+        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, kvm, fk, fv, lines); break;
+        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, kvm, fk, fv, lines); break;
+        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, kvm, fk, fv, lines);
         }
     }
 }
@@ -340,10 +352,10 @@ static inline __attribute__((always_inline)) void rows_block_z(
 
 static inline __attribute__((always_inline)) void rows_blocks(
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
-    float *const *part, float *const *m, float *const *l, const int half, const char *pf_k, const char *pf_v,
+    float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k, const char *pf_v,
     int pf_lines) {
     if (R <= ROW_TILE) { /* a tile or less: widening the block first does not pay */
-        rows_blocks_direct(R, q, dv, kb, ldk, vb, ldv, cnt, scale, part, m, l, half, pf_k, pf_v, pf_lines);
+        rows_blocks_direct(R, q, dv, kb, ldk, vb, ldv, cnt, scale, part, m, l, kvm, pf_k, pf_v, pf_lines);
         return;
     }
     const int D = 8 * dv;
@@ -351,8 +363,8 @@ static inline __attribute__((always_inline)) void rows_blocks(
     float vf[KEY_BLOCK * MAX_D] __attribute__((aligned(64)));
     for (int j = 0; j < cnt; ++j)
         for (int c = 0; c < dv; ++c) {
-            _mm256_store_ps(kp + ((long)(j / 2) * dv + c) * 16 + (j & 1) * 8, LOADKV(kb, (long)j * ldk + 8 * c));
-            _mm256_store_ps(vf + (long)j * D + 8 * c, LOADKV(vb, (long)j * ldv + 8 * c));
+            _mm256_store_ps(kp + ((long)(j / 2) * dv + c) * 16 + (j & 1) * 8, LOADKV(kb, (long)j * ldk, c, dv));
+            _mm256_store_ps(vf + (long)j * D + 8 * c, LOADKV(vb, (long)j * ldv, c, dv));
         }
     const int tiles = (R + ROW_TILE_Z - 1) / ROW_TILE_Z;
     for (int r = 0, ti = 0; r < R; r += ROW_TILE_Z, ++ti) {
@@ -393,7 +405,7 @@ static inline __attribute__((always_inline)) void rows_blocks(
 static inline __attribute__((always_inline)) void attention_part(
     const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
     long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale, float *out, long o_sn,
-    long o_sh, float *work, const int half) {
+    long o_sh, float *work, const int kvm) {
     int maxpath = 0;
     for (int i = 0; i < n; ++i) {
         int len = path_off[i + 1] - path_off[i];
@@ -406,15 +418,16 @@ static inline __attribute__((always_inline)) void attention_part(
     const long pstride = (long)nbmax * D;  /* partials of row r = h * n + i: work + r * pstride + b * D */
     float *parts = work;
     float *ml = work + (long)H * n * pstride; /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
-    const long esz = half ? 2 : 4;
-    const int lines = (int)((KEY_BLOCK * D * esz + 63) / 64);
+    const long esz = kvm == 2 ? 1 : kvm == 1 ? 2 : 4;
+    const long row_len = kvm == 2 ? D + D / 8 : D; /* elements a cached row takes */
+    const int lines = (int)((KEY_BLOCK * row_len * esz + 63) / 64);
 #pragma omp for schedule(static)
     for (int task = 0; task < G * full; ++task) {
         const int g = task / full, b = task % full;
         const long off = g * kv_sh + (long)b * KEY_BLOCK * kv_sn;
         const char *kb = (const char *)k + esz * off, *vb = (const char *)v + esz * off;
         const char *pf_k = 0, *pf_v = 0;
-        if (kv_sn == D && task + 1 < G * full) { /* contiguous blocks: prefetch the next task's */
+        if (kv_sn == row_len && task + 1 < G * full) { /* contiguous blocks: prefetch the next task's */
             const long noff = (task + 1) / full * kv_sh + (long)((task + 1) % full) * KEY_BLOCK * kv_sn;
             pf_k = (const char *)k + esz * noff, pf_v = (const char *)v + esz * noff;
         }
@@ -429,7 +442,7 @@ static inline __attribute__((always_inline)) void attention_part(
                 ps[t] = parts + r * pstride + (long)b * D;
                 ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
             }
-            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, half, r0 ? 0 : pf_k,
+            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm, r0 ? 0 : pf_k,
                         r0 ? 0 : pf_v, lines);
         }
     }
@@ -451,8 +464,8 @@ static inline __attribute__((always_inline)) void attention_part(
                 const long row = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
                 const long src = g * kv_sh + row * kv_sn;
                 for (int c = 0; c < dv; ++c) {
-                    _mm256_storeu_ps(kbuf + (long)t * D + 8 * c, LOADKV(k, src + 8 * c));
-                    _mm256_storeu_ps(vbuf + (long)t * D + 8 * c, LOADKV(v, src + 8 * c));
+                    _mm256_storeu_ps(kbuf + (long)t * D + 8 * c, LOADKV(k, src, c, dv));
+                    _mm256_storeu_ps(vbuf + (long)t * D + 8 * c, LOADKV(v, src, c, dv));
                 }
             }
             for (int h0 = g * group; h0 < (g + 1) * group; h0 += MAX_GROUP) {
@@ -466,7 +479,7 @@ static inline __attribute__((always_inline)) void attention_part(
                     ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
                 }
                 if (in_place) /* the same values as gathered: loading widens them the same way */
-                    rows_blocks(R, qs, dv, kd, kv_sn, vd, kv_sn, cnt, scale, ps, ms, ls, half, 0, 0, 0);
+                    rows_blocks(R, qs, dv, kd, kv_sn, vd, kv_sn, cnt, scale, ps, ms, ls, kvm, 0, 0, 0);
                 else
                     rows_blocks(R, qs, dv, kbuf, D, vbuf, D, cnt, scale, ps, ms, ls, 0, 0, 0, 0);
             }
@@ -494,33 +507,29 @@ static inline __attribute__((always_inline)) void attention_part(
     }
 }
 
-void attention_f32_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
-                        long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
-                        float scale, float *out, long o_sn, long o_sh, float *work) {
-    attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh,
-                   work, 0);
+/* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales). */
+void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
+                       long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
+                       float scale, float *out, long o_sn, long o_sh, float *work, int kvm) {
+#define ATTENTION(MODE)                                                                                          \
+    attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh, \
+                   work, MODE)
+    if (kvm == 2)
+        ATTENTION(2);
+    else if (kvm == 1)
+        ATTENTION(1);
+    else
+        ATTENTION(0);
+#undef ATTENTION
 }
 
-void attention_f16_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
-                        long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
-                        float scale, float *out, long o_sn, long o_sh, float *work) {
-    attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh,
-                   work, 1);
-}
-
-/* The attention kernel as one call; kv_half: keys / values stored as fp16 instead of fp32. */
+/* The attention kernel as one call (kvm as for attention_kv_part). */
 void rs_attention(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
                   long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale,
-                  float *out, long o_sn, long o_sh, float *work, int kv_half, int threads) {
+                  float *out, long o_sn, long o_sh, float *work, int kvm, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        if (kv_half)
-            attention_f16_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn,
-                               o_sh, work);
-        else
-            attention_f32_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn,
-                               o_sh, work);
-    }
+    attention_kv_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh,
+                      work, kvm);
 }
 
 int rs_kernels_version(void) { return 3; }

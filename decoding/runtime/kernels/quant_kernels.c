@@ -497,10 +497,27 @@ void rmsnorm_part(const float *x, long ldx, int M, int K, const float *weight, f
 
 /* Rotary embedding of the query and key heads of qkv rows [M, (H + 2G) * D] (q heads, k heads, v heads) at
    positions pos[m] (HF's rotate-half layout: pairs (t, t + D/2); tables cos / sin [positions, D/2]). Queries
-   go to q [M, H * D]; keys and values are stored at cache row start + m (as fp16 when kv_half). */
+   go to q [M, H * D]; keys and values are stored at cache row start + m, as kv_mode says: 0 fp32, 1 fp16,
+   2 int8 (a row of D values quantized per 32 as the activations are, then its D/32 fp32 scales: D + D/8 bytes;
+   offsets and strides count elements of the storage type). */
+static void store_kv(const float *x, int D, void *buf, long off, int kv_mode) {
+    if (kv_mode == 2) {
+        int8_t *row = (int8_t *)buf + off;
+        float d[8], s[8]; /* D <= 256 */
+        quantize_row(x, D, row, d, s);
+        memcpy(row + D, d, sizeof(float) * (D / QK));
+    } else if (kv_mode == 1) {
+        for (int t = 0; t < D; t += 8)
+            _mm_storeu_si128((__m128i *)((uint16_t *)buf + off + t),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(x + t), _MM_FROUND_TO_NEAREST_INT));
+    } else {
+        memcpy((float *)buf + off, x, sizeof(float) * D);
+    }
+}
+
 void rope_store_part(const float *qkv, int M, int H, int G, int D, const int64_t *pos, const float *cos_t,
                      const float *sin_t, float *q, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long start,
-                     int kv_half) {
+                     int kv_mode) {
     const int half = D / 2;
     const long width = (long)(H + 2 * G) * D;
 #pragma omp for schedule(static)
@@ -518,17 +535,8 @@ void rope_store_part(const float *qkv, int M, int H, int G, int D, const int64_t
             }
             if (h >= H) {
                 const long off = (long)(h - H) * kv_sh + (start + m) * kv_sn;
-                const float *vsrc = row + (long)(H + G) * D + (long)(h - H) * D;
-                if (kv_half) {
-                    uint16_t *kd = (uint16_t *)kbuf + off, *vd = (uint16_t *)vbuf + off;
-                    for (int t = 0; t < D; t += 8) {
-                        _mm_storeu_si128((__m128i *)(kd + t), _mm256_cvtps_ph(_mm256_loadu_ps(kr + t), _MM_FROUND_TO_NEAREST_INT));
-                        _mm_storeu_si128((__m128i *)(vd + t), _mm256_cvtps_ph(_mm256_loadu_ps(vsrc + t), _MM_FROUND_TO_NEAREST_INT));
-                    }
-                } else {
-                    memcpy((float *)kbuf + off, kr, sizeof(float) * D);
-                    memcpy((float *)vbuf + off, vsrc, sizeof(float) * D);
-                }
+                store_kv(kr, D, kbuf, off, kv_mode);
+                store_kv(row + (long)(H + G) * D + (long)(h - H) * D, D, vbuf, off, kv_mode);
             }
         }
     }
@@ -568,10 +576,8 @@ typedef struct {
     float eps, scale;
 } rs_shape;
 
-void attention_f32_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
-                        const int32_t *, const int32_t *, float, float *, long, long, float *);
-void attention_f16_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
-                        const int32_t *, const int32_t *, float, float *, long, long, float *);
+void attention_kv_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
+                       const int32_t *, const int32_t *, float, float *, long, long, float *, int);
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],
    gu [M*2I], act [M*I], xq (int8) [M*max(E,I)], xd / xs [M*max(E,I)/32], work (attention). */
@@ -584,7 +590,7 @@ typedef struct {
    rows of query i are 0..past-1 then path[path_off[i]..path_off[i+1]), past = start for a tree pass). */
 void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, const int64_t *pos,
               const float *cos_t, const float *sin_t, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long start,
-              int kv_half, int past, const int32_t *path, const int32_t *path_off, const rs_scratch *T,
+              int kv_mode, int past, const int32_t *path, const int32_t *path_off, const rs_scratch *T,
               int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
@@ -593,14 +599,10 @@ void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, con
         rmsnorm_part(x, E, M, E, L->attn_norm, S->eps, T->h, E);
         quantize_part(T->h, E, M, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
-        rope_store_part(T->qkv, M, H, G, D, pos, cos_t, sin_t, T->q, kbuf, vbuf, kv_sh, kv_sn, start, kv_half);
+        rope_store_part(T->qkv, M, H, G, D, pos, cos_t, sin_t, T->q, kbuf, vbuf, kv_sh, kv_sn, start, kv_mode);
 #pragma omp barrier
-        if (kv_half)
-            attention_f16_part(T->q, D, (long)H * D, H, M, D, kbuf, vbuf, kv_sh, kv_sn, G, past, path, path_off,
-                               S->scale, T->att, (long)H * D, D, T->work);
-        else
-            attention_f32_part(T->q, D, (long)H * D, H, M, D, kbuf, vbuf, kv_sh, kv_sn, G, past, path, path_off,
-                               S->scale, T->att, (long)H * D, D, T->work);
+        attention_kv_part(T->q, D, (long)H * D, H, M, D, kbuf, vbuf, kv_sh, kv_sn, G, past, path, path_off,
+                          S->scale, T->att, (long)H * D, D, T->work, kv_mode);
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
         rmsnorm_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E);

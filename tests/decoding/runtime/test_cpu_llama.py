@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from decoding.cache.slot import SlotCache
+from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
@@ -206,12 +207,12 @@ def _tree_mask(layout_mask: torch.Tensor, past: int) -> torch.Tensor:
 
 
 @needs_kernels
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32, torch.int8])
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype, nthreads: int, threads: None) -> None:
     """A random draft tree verified in one forward gives every node the logits it gets decoded alone."""
     torch.set_num_threads(nthreads)
-    model = quantized_tiny_llama(5, kv_dtype=kv_dtype)
+    model = quantized_tiny_llama(5, kv_dtype=kv_dtype, head_dim=32)
     g = _gen(6)
     prompt = torch.randint(0, 97, (1, 40), generator=g)
     tree = DraftTree()
@@ -239,6 +240,32 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
         again = model(layout.input_ids, layout.position_ids, _tree_mask(layout.ancestor_mask, base),
                       past_key_values=cache).logits[0]
         assert torch.equal(again, tree_logits)
+
+
+@needs_kernels
+def test_an_int8_kv_cache_stores_each_row_with_its_scales_and_stays_close() -> None:
+    """int8 keys / values: a row is its 32-value blocks quantized as the activations are (d = max|x| / 127) then
+    the blocks' fp32 scales; what attention reads back is within half a step of each value, and the logits stay
+    close to the fp32 cache's (it is lossy: opt-in). A head size that is not a multiple of 32 is refused."""
+    g = _gen(21)
+    ids = torch.randint(0, 97, (1, 60), generator=g)
+    out = {}
+    with torch.inference_mode():
+        for kv in (torch.float32, torch.int8):
+            model = quantized_tiny_llama(4, kv_dtype=kv, head_dim=32)
+            cache = SlotCache(model.num_layers, 64)
+            out[kv] = (model(ids, past_key_values=cache).logits[0], cache.slot_layers[0].keys.clone())
+    ref, rows = out[torch.float32][1], out[torch.int8][1]  # layer 0 (same inputs): [1, G, 60, 32] fp32; 36 uint8
+    assert rows.dtype == torch.uint8 and rows.shape[-1] == 32 + 4
+    q = rows[..., :32].view(torch.int8).float()
+    d = rows[..., 32:].contiguous().view(torch.float32)  # [1, G, 60, 1]
+    assert torch.equal(d, ref.abs().amax(-1, keepdim=True) / 127)
+    assert (q * d - ref).abs().le(d / 2 * 1.0001).all()  # rounding to the nearest step
+    a, b = out[torch.float32][0], out[torch.int8][0]
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.999
+    assert not torch.equal(a, b)
+    with pytest.raises(ModelLoadError, match="multiple of 32"):
+        quantized_tiny_llama(4, kv_dtype=torch.int8)  # head size 16
 
 
 @needs_kernels

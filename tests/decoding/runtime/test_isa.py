@@ -123,13 +123,16 @@ def test_tree_attention_gives_every_path_the_same_bits(libraries: dict[str, obje
         assert torch.equal(out, outs["avx2"]), isa
 
 
-def test_speculative_greedy_equals_plain_greedy_on_every_path(libraries: dict[str, object]) -> None:
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
+def test_speculative_greedy_equals_plain_greedy_on_every_path(
+    libraries: dict[str, object], kv_dtype: torch.dtype
+) -> None:
     """The whole quantized forward (linear layers, norms, rope, attention, head) on each path: speculative ==
-    autoregressive, and every path's tokens and logits equal the baseline's."""
+    autoregressive, and every path's tokens and logits equal the baseline's (fp16 and int8 KV caches)."""
     torch.set_num_threads(1)
     tokens, logits = {}, {}
     for isa, lib in libraries.items():
-        model = quantized_tiny_llama(5)
+        model = quantized_tiny_llama(5, kv_dtype=kv_dtype, head_dim=32)
         model.lib = lib  # type: ignore[assignment]
         engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-{isa}", torch.device("cpu"), (), 512))
         plain = run(engine, PROMPT, 40, [], None).token_ids
