@@ -48,11 +48,9 @@ from bench.decode_cases import RagContext, make_cases
 from bench.decode_measure import (
     TTFT_DOC,
     gguf_of,
-    llama_version,
     measure_prefill,
     measure_ttft_repeat,
     noise,
-    open_llama,
     source_shares,
     summarize,
     summarize_case,
@@ -62,6 +60,7 @@ from bench.decode_methods import (
     DRAFTERS,
     ENGINE_CONFIG,
     KV_TWINS,
+    LLAMA_REFS,
     SYSTEM,
     Bench,
     Case,
@@ -69,6 +68,7 @@ from bench.decode_methods import (
     all_methods,
     default_methods,
 )
+from bench.llama_ref import open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.runtime import kernels
 from decoding.runtime.kernels import kernels_active
@@ -91,10 +91,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     target = load_target(args.model, Path(args.data_dir), options=options)
     target_rss = rss_mb() - before
     methods = all_methods(target)
-    llm, llama_rss = (None, 0.0)
-    if args.methods is None or "llama_cpp" in args.methods:
-        llm, llama_rss = open_llama(gguf_of(args.model, Path(args.data_dir)), threads)
-    names = ["autoregressive", *[m for m in (args.methods or default_methods(methods, llm is not None))
+    wanted = [m for m in LLAMA_REFS if args.methods is None or m in args.methods]
+    llama = open_workers(gguf_of(args.model, Path(args.data_dir)), threads, wanted)
+    for name in sorted(set(wanted) - set(llama)):
+        logger.warning("%s not built (scripts/build-llama-cpp, make bench): left out", name)
+    names = ["autoregressive", *[m for m in (args.methods or default_methods(methods, list(llama)))
                                  if m != "autoregressive"]]
     unknown = [m for m in names if m not in methods]
     if unknown:
@@ -118,7 +119,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             twin = dataclasses.replace(target, model=CpuLlama(target.model.weights, kv))
             other_kv[name.removeprefix("autoregressive_kv_")] = Engine(twin, PrefixCache(byte_budget=6 << 30),
                                                                        config=ENGINE_CONFIG)
-    bench = Bench(target, engine, args.max_new_tokens, cases, llm, other_kv)
+    bench = Bench(target, engine, args.max_new_tokens, cases, llama, other_kv)
 
     warmup = make_cases(target, [DocQA(d.name, d.text[:1500], d.questions) for d in qa_documents()[:1]], 1, 8,
                         rag=rag)[0]
@@ -167,7 +168,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "prefill": measure_prefill(bench, longest, 1 if args.quick else 2),
             "verify_cost": verify_curve(bench, len(longest.prompt.ids), 3 if args.quick else 5),
         }
-        logger.info("context %d: %s", context, contexts[str(context)].get("vs_llama_cpp"))
+        logger.info("context %d: %s", context, {k: v for k, v in contexts[str(context)].items() if k.startswith("vs_")})
 
     [ttft_doc] = qa_documents([TTFT_DOC])
     ttft = measure_ttft_repeat(target, ttft_doc, 1 if args.quick else 2, None)  # always the whole ~7K-token document
@@ -178,14 +179,17 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_repeat_ratio": ttft["ratio"],
         "methods": {k: v for k, v in overall["methods"].items() if k != "autoregressive"},
         "contexts": {
-            c: {k: v for k, v in row.items() if k in ("prompts", "all_lossless", "vs_llama_cpp")}
+            c: {k: v for k, v in row.items() if k in ("prompts", "all_lossless") or k.startswith("vs_llama")}
             | {"ar_tokens_per_second_median": row["methods"]["autoregressive"]["tokens_per_second_median"],
                "verify_8_nodes_vs_step": row["verify_cost"]["ours_vs_step"].get("8"),
                "verify_16_nodes_vs_step": row["verify_cost"]["ours_vs_step"].get("16"),
+               "prefill_tokens_per_s": row["prefill"]["ours_tokens_per_s"],
                "prefill_ours_vs_llama_cpp": row["prefill"].get("ours_vs_llama_cpp")}
             for c, row in contexts.items()
         },
     }
+    for worker in llama.values():
+        worker.close()
     per_method = {name: overall["methods"][name] for name in names}
     sources = {name: source_shares(results, name) for name in names if name in DRAFTERS or "@" in name}
     return {
@@ -209,12 +213,12 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 str(k): round(1000 * v, 5) for k, v in sorted(engine.policy.cost_slope.items())
             },
             "cpu_kernels": target.runtime.startswith("cpu-quantized") or kernels_active(target.model),
-            "llama_cpp": llama_version() if llm is not None else None,
+            "llama_cpp": {name: worker.info for name, worker in llama.items()},
         },
         "memory": {
             "served_weights_mb": round(target.weight_bytes / 1e6, 1),
             "target_rss_mb": round(target_rss, 1),
-            "llama_cpp_rss_mb": round(llama_rss, 1) if llm is not None else None,
+            **{f"{name}_rss_mb": worker.info["rss_mb"] for name, worker in llama.items()},
         },
         "noise": noise(runs),
         "sources": sources,

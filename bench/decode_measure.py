@@ -5,16 +5,15 @@ cold prefill, the verify-cost curve and TTFT of a repeated question."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import DocQA, median, rss_mb
+from bench.common import DocQA, median
 from bench.decode_cases import make_cases
-from bench.decode_methods import ENGINE_CONFIG, REFERENCES, Bench, Case, Run
+from bench.decode_methods import ENGINE_CONFIG, LLAMA_REFS, REFERENCES, Bench, Case, Run
 from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
 from decoding.runtime import kernels
@@ -146,41 +145,23 @@ def gguf_of(spec: str, data_dir: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def open_llama(gguf: Path | None, threads: int) -> tuple[Any, float]:
-    """llama.cpp on ``gguf`` (full window, this many threads) and the resident MB it added; None if unavailable."""
-    if gguf is None:
-        return None, 0.0
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        logger.warning("llama-cpp-python not installed (pip install -e .[bench]): no llama_cpp method")
-        return None, 0.0
-    before = rss_mb()
-    llm = Llama(model_path=str(gguf), n_ctx=8192, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                verbose=False)
-    return llm, rss_mb() - before
-
-
 def measure_prefill(bench: Bench, case: Case, repeats: int) -> dict[str, Any]:
-    """Cold prefill throughput of the case's whole prompt: ours (no cached prefix) and llama.cpp's."""
+    """Cold prefill throughput of the case's whole prompt: ours (no cached prefix) and each llama.cpp build's."""
     ours: list[float] = []
-    theirs: list[float] = []
+    theirs: dict[str, list[float]] = {name: [] for name in bench.llama}
     n = len(case.prompt.ids)
     for _ in range(repeats):
         engine = Engine(bench.target, None, config=ENGINE_CONFIG)
         done = next(e for e in engine.generate(case.prompt, GenerationConfig(max_new_tokens=1))
                     if isinstance(e, DoneEvent))
         ours.append(n / done.stats.prefill_s)
-        if bench.llama is not None:
-            bench.llama.reset()
-            t = time.perf_counter()
-            bench.llama.eval(list(case.prompt.ids))
-            theirs.append(n / (time.perf_counter() - t))
-            bench.llama.reset()
-    out: dict[str, Any] = {"prompt_tokens": n, "ours_tokens_per_s": round(median(ours), 1)}
-    if theirs:
-        out["llama_cpp_tokens_per_s"] = round(median(theirs), 1)
-        out["ours_vs_llama_cpp"] = round(median(ours) / median(theirs), 3)
+        for name, worker in bench.llama.items():
+            theirs[name].append(n / worker.eval(list(case.prompt.ids)))
+    out: dict[str, Any] = {"prompt_tokens": n, "ours_tokens_per_s": round(median(ours), 1),
+                           "ours_ttft_s": round(n / median(ours), 3)}
+    for name, speeds in theirs.items():
+        out[f"{name}_tokens_per_s"] = round(median(speeds), 1)
+        out[f"ours_vs_{name}"] = round(median(ours) / median(speeds), 3)
     return out
 
 
@@ -222,25 +203,18 @@ def verify_curve(bench: Bench, context: int, repeats: int) -> dict[str, Any]:
     base, costs = verify_costs(bench.engine, context, VERIFY_NODES, repeats)
     step = costs[0]
     out: dict[str, Any] = {"context_tokens": base, **_curve(costs), "by_path": verify_by_path(bench, base, repeats)}
-    llm = bench.llama
-    if llm is not None:
-        gen = torch.Generator().manual_seed(context)
+    gen = torch.Generator().manual_seed(context)
+    for name, worker in bench.llama.items():
         vocab = bench.target.vocab_size
-        llm.reset()
-        llm.eval(torch.randint(0, vocab, (base,), generator=gen).tolist())
+        worker.eval(torch.randint(0, vocab, (base,), generator=gen).tolist())
         times: dict[int, list[float]] = {k: [] for k in VERIFY_NODES}
         for _ in range(repeats):
             for nodes in VERIFY_NODES:
-                llm.n_tokens = base  # eval drops the KV beyond n_tokens first
-                batch = torch.randint(0, vocab, (nodes + 1,), generator=gen).tolist()
-                t = time.perf_counter()
-                llm.eval(batch)
-                times[nodes].append(time.perf_counter() - t)
-        llm.reset()
+                times[nodes].append(worker.eval(torch.randint(0, vocab, (nodes + 1,), generator=gen).tolist(), base))
         theirs = {k: median(v) for k, v in times.items()}
-        out["llama_cpp_step_ms"] = round(1000 * theirs[0], 2)
-        out["llama_cpp_vs_step"] = {str(k): round(v / theirs[0], 3) for k, v in theirs.items() if k}
-        out["ours_step_vs_llama_cpp_step"] = round(step / theirs[0], 3)
+        out[f"{name}_step_ms"] = round(1000 * theirs[0], 2)
+        out[f"{name}_vs_step"] = {str(k): round(v / theirs[0], 3) for k, v in theirs.items() if k}
+        out[f"ours_step_vs_{name}_step"] = round(step / theirs[0], 3)
     return out
 
 
@@ -267,16 +241,16 @@ def summarize(results: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
         ),
         "methods": methods,
     }
-    if "llama_cpp" in names:
-        llama = [r["methods"]["llama_cpp"]["decode_tokens_per_s"] for r in results]
-        ours = [n for n in names if n not in REFERENCES and not n.startswith("hf_")]
+    ours = [n for n in names if n not in REFERENCES and not n.startswith("hf_")]
+    for ref in (n for n in names if n in LLAMA_REFS):
+        theirs = [r["methods"][ref]["decode_tokens_per_s"] for r in results]
 
-        def vs_llama(name: str) -> float:
+        def vs(name: str, theirs: list[float] = theirs) -> float:
             tps = [r["methods"][name]["decode_tokens_per_s"] for r in results]
-            return round(median([a / b for a, b in zip(tps, llama, strict=True) if b > 0]), 4)
+            return round(median([a / b for a, b in zip(tps, theirs, strict=True) if b > 0]), 4)
 
-        ratios = {name: vs_llama(name) for name in ours}
-        out["vs_llama_cpp"] = {
+        ratios = {name: vs(name) for name in ours}
+        out[f"vs_{ref}"] = {
             "autoregressive": ratios["autoregressive"],
             "best_speculative": max((v for k, v in ratios.items() if k != "autoregressive"), default=0.0),
             "best_speculative_method": max((k for k in ratios if k != "autoregressive"), key=ratios.__getitem__,
@@ -284,10 +258,3 @@ def summarize(results: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
             "by_method": ratios,
         }
     return out
-
-
-def llama_version() -> str:
-    import llama_cpp
-
-    return str(getattr(llama_cpp, "__version__", "?"))
-

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from bench.llama_ref import BUILDS, LlamaWorker
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
     AutomatonCache,
@@ -40,7 +41,8 @@ logger = logging.getLogger("bench.decode")
 
 SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
 KV_TWINS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}  # our decoding, other KV storage
-REFERENCES = ("llama_cpp", *(f"autoregressive_kv_{name}" for name in KV_TWINS))  # not expected to equal ours
+LLAMA_REFS = tuple(BUILDS)  # llama.cpp builds: the best one here, the AVX2 one
+REFERENCES = (*LLAMA_REFS, *(f"autoregressive_kv_{name}" for name in KV_TWINS))  # not expected to equal ours
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -60,7 +62,7 @@ class Bench:
     engine: Engine
     max_new_tokens: int
     cases: Sequence[Case] = ()
-    llama: Any = None  # a llama_cpp.Llama on the same GGUF, when the bench extra is installed
+    llama: dict[str, LlamaWorker] = field(default_factory=dict)  # llama.cpp builds on the same GGUF (bench.llama_ref)
     other_kv: dict[str, Engine] = field(default_factory=dict)  # our engine on the same weights, other KV storage
 
 
@@ -238,31 +240,20 @@ def run_hf(bench: Bench, case: Case, **generate_kwargs: Any) -> Run:
     )
 
 
-def run_llama_cpp(bench: Bench, case: Case) -> Run:
+def run_llama_cpp(bench: Bench, case: Case, name: str) -> Run:
     """llama.cpp's own greedy decoding of the same prompt ids (it reuses its KV of a shared prompt prefix)."""
-    llm = bench.llama
-    if llm is None:
-        raise RuntimeError("llama_cpp needs llama-cpp-python (pip install -e .[bench]) and a GGUF target")
-    eos = set(bench.target.eos_token_ids)
-    tokens: list[int] = []
-    t0 = time.perf_counter()
-    first = end = t0
-    for tok in llm.generate(list(case.prompt.ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
-        end = time.perf_counter()
-        if not tokens:
-            first = end
-        if tok in eos:
-            break
-        tokens.append(int(tok))
-        if len(tokens) >= bench.max_new_tokens:
-            break
+    if name not in bench.llama:
+        raise RuntimeError(f"{name} needs llama-cpp-python (pip install -e .[bench]), its build "
+                           "(scripts/build-llama-cpp) and a GGUF target")
+    out = bench.llama[name].generate(list(case.prompt.ids), bench.max_new_tokens, list(bench.target.eos_token_ids))
+    n = len(out["tokens"])
     return Run(
-        tokens=tokens,
-        ttft_s=first - t0,
-        decode_s=end - first,
-        total_s=end - t0,
-        decode_tokens=max(0, len(tokens) - 1),
-        forwards=max(0, len(tokens) - 1),
+        tokens=out["tokens"],
+        ttft_s=out["ttft_s"],
+        decode_s=out["decode_s"],
+        total_s=out["total_s"],
+        decode_tokens=max(0, n - 1),
+        forwards=max(0, n - 1),
         acceptance_length=1.0,
     )
 
@@ -284,7 +275,8 @@ def all_methods(target: LoadedModel) -> dict[str, Method]:
     for budget in RAPID_SWEEP:
         methods[f"rapid@{budget}"] = lambda bench, case, b=budget: run_engine(  # type: ignore[misc]
             bench, case.with_draft(b), mode("rapid")(bench, case))
-    methods["llama_cpp"] = run_llama_cpp
+    for name in LLAMA_REFS:
+        methods[name] = lambda bench, case, n=name: run_llama_cpp(bench, case, n)  # type: ignore[misc]
     if target.runtime.startswith("cpu-quantized"):
         for name, dtype in KV_TWINS.items():
             if not target.runtime.endswith(str(dtype).removeprefix("torch.")):
@@ -292,7 +284,8 @@ def all_methods(target: LoadedModel) -> dict[str, Method]:
     return methods
 
 
-def default_methods(methods: dict[str, Method], has_llama: bool) -> list[str]:
-    """Everything but the other-KV reference (a separate question: ``--methods autoregressive_kv_...``)."""
-    return [m for m in methods if not m.startswith("autoregressive_kv") and (has_llama or m != "llama_cpp")]
+def default_methods(methods: dict[str, Method], llama: Sequence[str]) -> list[str]:
+    """Everything but the other-KV references (a separate question: ``--methods autoregressive_kv_...``) and the
+    llama.cpp builds that are not there."""
+    return [m for m in methods if not m.startswith("autoregressive_kv") and (m not in LLAMA_REFS or m in llama)]
 

@@ -259,6 +259,9 @@ static void amx_configure(int rows) {
         c.rows[t + 1] = rows, c.colsb[t + 1] = QK;
         c.rows[t + 2] = QK / 4, c.colsb[t + 2] = 64;
     }
+    /* gcc 12's _tile_loadconfig tells the compiler it reads 8 of the 64 bytes, so the stores above could be
+       dropped as dead: make the whole struct visible to memory first */
+    __asm__ __volatile__("" : : "r"(&c) : "memory");
     _tile_loadconfig(&c);
 }
 
