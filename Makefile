@@ -48,19 +48,23 @@ test: test-deps
 
 BENCH_STAMP := $(VENV)/.ragspec-bench-installed
 
-# llama.cpp built for AVX2 without -march=native and with its own thread pool, not OpenMP: the default build
-# of llama-cpp-python 0.3.36 crashed (SIGSEGV) on its first eval on this machine, a bare load + eval. No pip
-# wheel cache, so these flags are what gets built.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF
+# bench.decode's llama.cpp references, two builds of the llama.cpp in llama-cpp-python 0.3.36 (its Python
+# package installed without a library of its own; each build runs in a worker process, LLAMA_CPP_LIB_PATH):
+# `best` (AVX-512 + VNNI + BF16 + AMX, with a fix for gcc 12 dropping the tile configuration, which made the
+# default native build die on its first eval here) and `avx2`. scripts/build-llama-cpp says how (~4 min each).
+LLAMA_BUILDS := $(VENV)/llama-builds
 
-$(BENCH_STAMP): pyproject.toml $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --no-cache-dir -e ".[dev,bench]"
+$(BENCH_STAMP): pyproject.toml $(STAMP) scripts/build-llama-cpp
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF" $(PY) -m pip install -q --no-cache-dir -e ".[dev,bench]"
+	PATH="$(abspath $(VENV))/bin:$$PATH" scripts/build-llama-cpp best $(LLAMA_BUILDS)/best
+	PATH="$(abspath $(VENV))/bin:$$PATH" scripts/build-llama-cpp avx2 $(LLAMA_BUILDS)/avx2
 	touch $(BENCH_STAMP)
 
 bench: models $(BENCH_STAMP)
 	$(PY) -m bench.retrieval --json bench/results/retrieval.json
 	$(PY) -m bench.decode --threads 2 --repeats 2 --max-new-tokens 64 --json bench/results/decode.json \
-		--methods prompt_lookup racer racer_cross_session rapid rapid@512 rapid@2048 rapid_kv combined auto llama_cpp
+		--methods prompt_lookup racer racer_cross_session rapid rapid@512 rapid@2048 rapid_kv combined auto llama_cpp \
+		llama_cpp_avx2
 	$(PY) -m bench.eta --json bench/results/eta.json
 	$(PY) -m bench.long_doc --json bench/results/long_doc.json
 
