@@ -185,16 +185,19 @@ def verify_by_path(bench: Bench, context: int, repeats: int) -> dict[str, dict[s
     with torch.inference_mode():
         engine.prefill(ctx, cache)
     own = model.lib
-    out: dict[str, dict[str, Any]] = {}
+    paths = {isa: kernels.library(isa) for isa in reversed(kernels.available_isas())}
+    times: dict[str, dict[int, list[float]]] = {isa: {n: [] for n in VERIFY_NODES} for isa in paths}
     try:
-        for isa in reversed(kernels.available_isas()):
-            model.lib = kernels.library(isa)
-            costs = time_verifies(engine, cache, ctx[-1], VERIFY_NODES, repeats, gen)
-            assert costs is not None  # nothing cancels it
-            out[isa] = _curve(costs)
+        for _ in range(repeats):  # paths interleaved per repetition: the machine's drift moves them all
+            for isa, lib in paths.items():
+                model.lib = lib
+                costs = time_verifies(engine, cache, ctx[-1], VERIFY_NODES, 1, gen)
+                assert costs is not None  # nothing cancels it
+                for n, seconds in costs.items():
+                    times[isa][n].append(seconds)
     finally:
         model.lib = own
-    return out
+    return {isa: _curve({n: median(v) for n, v in by_size.items()}) for isa, by_size in times.items()}
 
 
 def verify_curve(bench: Bench, context: int, repeats: int) -> dict[str, Any]:

@@ -32,8 +32,8 @@ class LlamaWorker:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info: dict[str, Any] = self._call({"op": "info"})
         self.info["lib_dir"] = str(lib_dir)
-        flags = lib_dir / "build-flags.txt"
-        self.info["build_flags"] = flags.read_text().strip() if flags.is_file() else None
+        flags = lib_dir / "build-flags.txt"  # variant, cmake command, patch; then the whole cmake cache
+        self.info["build_flags"] = flags.read_text().splitlines()[:3] if flags.is_file() else None
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
