@@ -69,7 +69,8 @@ bench: models $(BENCH_STAMP)
 	$(PY) -m bench.long_doc --json bench/results/long_doc.json
 
 bench-quick: models $(BENCH_STAMP)
-	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json
+	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \
+		--methods prompt_lookup rapid_kv combined auto autoregressive_kv_int8 llama_cpp llama_cpp_avx2
 
 # The GPU checks (issue 13) where there is CUDA: tests/gpu (skipped without it) and bench.gpu_check on a
 # Llama-3.1-8B shape (random weights, nothing downloaded). scripts/gpu-check runs both on a lent machine in one call.
