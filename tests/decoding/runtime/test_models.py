@@ -70,6 +70,9 @@ def test_unknown_quant_and_kv_settings_are_domain_errors(tiny_dir: tuple[Path, L
         load_model(str(tiny_dir[0]), LoadOptions(kv_dtype="int4"))
     with pytest.raises(ModelLoadError, match="kv_dtype int8 is a storage of the quantized CPU runtime"):
         load_model(str(tiny_dir[0]), LoadOptions(kv_dtype="int8", cpu_quant="none"))  # transformers runs it
+    if kernels.load() is not None:
+        with pytest.raises(ModelLoadError, match="head size 16 is not a multiple of 32"):
+            load_model(str(tiny_dir[0]), LoadOptions(kv_dtype="int8"))  # the quantized runtime, head size 16
 
 
 def test_without_kernels_the_cpu_target_falls_back_to_torch(
