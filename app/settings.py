@@ -68,7 +68,7 @@ class Settings(BaseSettings):
         "per cached token, quantized per 32 values, which changes answers: opt-in)"
     )
     cpu_kernels: bool = Field(
-        True, description="ragspec's AVX2 kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"
+        True, description="ragspec's CPU kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"
     )
     cpu_isa: Literal["auto", "avx2", "avx512", "amx"] = Field(
         "auto", description="ISA path of the CPU kernels: auto (the best this CPU runs), avx2, avx512 (AVX-512 "
