@@ -221,8 +221,8 @@ class LoadOptions:
     torch's intra-op threads (None: left as they are). ``local_files_only``: never look at a hub cache.
     ``cpu_kernels``: ragspec's CPU kernels (False: transformers only). ``cpu_quant``: the quantized CPU
     runtime's weight type (``'auto'``, ``'q8_0'``, ``'q4_1'``; ``'none'``: run transformers). ``kv_dtype``: its
-    KV storage (``'auto'`` = float16, ``'float32'`` or ``'int8'``: per 32 values with their scales, half
-    the bytes a step reads from the cache, not the same answers). ``rope_scaling``: a rope scaling written into the
+    KV storage (``'auto'`` = float16, ``'float32'`` or ``'int8'``: per 32 values with their scales,
+    36 / 64 of fp16's bytes a cached token, not the same answers). ``rope_scaling``: a rope scaling written into the
     config (see ``apply_rope_scaling``).
     """
 

@@ -60,7 +60,6 @@ ISA_CPU_FLAGS: dict[str, frozenset[str]] = {  # what /proc/cpuinfo must list for
     "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
     "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"}),
 }
-NOT_BUILT: dict[str, str] = {}  # a path named but without kernels yet: refused with this reason
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
 TILE_ROWS = 16  # the AMX path reads quantized activations a whole tile of rows at a time
 
@@ -79,7 +78,7 @@ _why_not = ""
 
 
 class KernelUnavailable(DecodingError):  # noqa: N818  (what the caller is told)
-    """An ISA path that is unknown, not built yet, or that this CPU lacks."""
+    """An ISA path that is unknown or that this CPU (or its kernel) cannot run."""
 
 
 @dataclass(frozen=True)
@@ -127,14 +126,14 @@ def available_isas(flags: frozenset[str] | None = None) -> list[str]:
     given ``flags`` are taken as they are)."""
     real = flags is None
     flags = cpu_flags() if flags is None else flags
-    runnable = [isa for isa in reversed(ISAS) if isa not in NOT_BUILT and ISA_CPU_FLAGS[isa] <= flags]
+    runnable = [isa for isa in reversed(ISAS) if ISA_CPU_FLAGS[isa] <= flags]
     return [isa for isa in runnable if not (real and isa == "amx" and not tiles_permitted())]
 
 
 def resolve_isa(isa: str = "auto", flags: frozenset[str] | None = None) -> str:
     """``isa`` checked against this CPU (``auto``: the best path it can run; ``avx2`` where it can run none, which
-    ``load`` then reports as unavailable). Raises ``KernelUnavailable`` for an unknown path, one not built yet
-    or one the CPU lacks."""
+    ``load`` then reports as unavailable). Raises ``KernelUnavailable`` for an unknown path or one the CPU
+    lacks."""
     real = flags is None
     flags = cpu_flags() if flags is None else flags
     if isa == "auto":
@@ -142,8 +141,6 @@ def resolve_isa(isa: str = "auto", flags: frozenset[str] | None = None) -> str:
         return found[0] if found else "avx2"
     if isa not in ISAS:
         raise KernelUnavailable(f"unknown CPU kernel path {isa!r}; use auto or one of {', '.join(ISAS)}")
-    if isa in NOT_BUILT:
-        raise KernelUnavailable(f"CPU kernel path {isa!r} is not available: {NOT_BUILT[isa]}")
     missing = sorted(ISA_CPU_FLAGS[isa] - flags)
     if missing:
         raise KernelUnavailable(f"CPU kernel path {isa!r} needs {', '.join(missing)}, which this CPU does not "
@@ -204,7 +201,7 @@ def _cpu_supported() -> str:
 def built_isas() -> list[str]:
     """Every ISA path there are kernels for, the configured one last (what an image builds ahead: the CPU it
     will run on may differ from the one it is built on)."""
-    return [*(isa for isa in ISAS if isa not in NOT_BUILT and isa != _config.isa), _config.isa]
+    return [*(isa for isa in ISAS if isa != _config.isa), _config.isa]
 
 
 def build(force: bool = False, isa: str | None = None) -> Path:
@@ -240,7 +237,7 @@ def _open(isa: str) -> ctypes.CDLL:
     built = lib.rs_isa().decode()
     if built != isa:  # the compiler ignored the path's flags: never run another path quietly
         raise RuntimeError(f"the kernels were built for {built}, not for {isa}")
-    if built == "amx" and lib.rs_amx_init() != 0:
+    if built == "amx" and not tiles_permitted():  # the request is process-wide: asked once, before any tile runs
         raise RuntimeError("Linux refused this process the AMX tile state (arch_prctl XTILEDATA)")
     return lib
 
@@ -301,8 +298,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_layer.restype = None
     lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
     lib.rs_head.restype = None
-    lib.rs_amx_init.argtypes = []
-    lib.rs_amx_init.restype = ctypes.c_int
     lib.rs_isa.argtypes = []
     lib.rs_isa.restype = ctypes.c_char_p
 

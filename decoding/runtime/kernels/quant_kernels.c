@@ -235,12 +235,9 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
  * acc + mins (+ bias) (+ res). So this path gives the same bits as avx2 / avx512, and a row's result depends
  * on nothing but its own activations. */
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-/* Linux lets a process use the tiles' 8 KB of state only after asking (ARCH_REQ_XCOMP_PERM, XTILEDATA);
-   0 when granted. The loader calls it before any kernel runs. */
-int rs_amx_init(void) { return (int)syscall(SYS_arch_prctl, 0x1023, 18); }
+/* Linux lets a process use the tiles' 8 KB of state only after asking (arch_prctl ARCH_REQ_XCOMP_PERM,
+   XTILEDATA): the loader asks (kernels.tiles_permitted) before this library runs. */
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -405,7 +402,6 @@ static void amx_groups(const int8_t *xq, const float *xd, const float *xs, int M
 #define AMX_MIN_ROWS 8
 #else
 #define AMX 0
-int rs_amx_init(void) { return -1; }
 #endif
 
 /* Quantize x [M, K] into the scratch (xq: M*K int8, xd / xs: M*K/32 floats each). */
