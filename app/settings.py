@@ -63,9 +63,10 @@ class Settings(BaseSettings):
         description="CPU target weights: auto (a GGUF as stored, an HF model quantized to q8_0), q8_0, q4_1, "
         "or none (fp32 on transformers)",
     )
-    kv_dtype: Literal["auto", "float16", "float32", "int8"] = Field(
-        "auto", description="KV cache storage of the quantized CPU runtime (auto: float16; int8: half the bytes "
-        "per cached token, quantized per 32 values, which changes answers: opt-in)"
+    kv_dtype: Literal["auto", "float16", "bfloat16", "float32", "int8"] = Field(
+        "auto", description="KV cache storage of the quantized CPU runtime (auto: bfloat16 on the amx path, whose "
+        "attention runs on the bf16 tiles, float16 elsewhere; int8: half the bytes per cached token, quantized per "
+        "32 values, which changes answers: opt-in)"
     )
     cpu_kernels: bool = Field(
         True, description="ragspec's CPU kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"

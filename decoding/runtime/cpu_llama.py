@@ -56,6 +56,7 @@ __all__ = [
     "weights_from_hf",
 ]
 
+KV_STORAGE = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # int8: per 32 values with fp32 scales
 CHUNK_ROWS = 128  # rows per kernel forward: longer causal inputs (prefill) run in chunks of this size
 
 
@@ -157,17 +158,20 @@ class _Buffers:
 
 
 class CpuLlama:
-    """The target's forward on quantized weights (batch 1, CPU, fp32 activations, fp32 / fp16 / int8 KV)."""
+    """The target's forward on quantized weights (batch 1, CPU, fp32 activations, fp32 / fp16 / bf16 / int8 KV;
+    by default bf16 where the attention runs on the tiles, fp16 elsewhere)."""
 
     dtype = torch.float32  # activations and logits
     device = torch.device("cpu")
 
-    def __init__(self, weights: LlamaWeights, kv_dtype: torch.dtype = torch.float16) -> None:
+    def __init__(self, weights: LlamaWeights, kv_dtype: torch.dtype | None = None) -> None:
         lib = kernels.load()
         if lib is None:
             raise ModelLoadError(f"the quantized CPU runtime needs the CPU kernels: {kernels.unavailable_reason()}")
-        if kv_dtype not in (torch.float32, torch.float16, torch.int8):
-            raise ModelLoadError(f"KV cache dtype must be float32, float16 or int8, not {kv_dtype}")
+        if kv_dtype is None:
+            kv_dtype = kernels.default_kv_dtype(lib)
+        if kv_dtype not in KV_STORAGE:
+            raise ModelLoadError(f"KV cache dtype must be float32, float16, bfloat16 or int8, not {kv_dtype}")
         self.lib = lib
         self.weights = weights
         self.config = weights.config

@@ -33,8 +33,10 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
-KV_DTYPES = {"auto": torch.float16, "float16": torch.float16, "float32": torch.float32, "int8": torch.int8}
-# ^ KV cache storage of the quantized CPU runtime (int8: per 32 values with fp32 scales, lossy; opt-in)
+KV_DTYPES = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+             "int8": torch.int8}
+# ^ KV cache storage of the quantized CPU runtime (auto: bfloat16 on the amx path, float16 elsewhere; int8: per 32
+#   values with fp32 scales, lossy; opt-in)
 
 
 @dataclass(frozen=True, eq=False)

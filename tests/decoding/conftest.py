@@ -103,6 +103,13 @@ def tiny_target(
 needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="CPU kernels unavailable on this machine")
 
 
+def default_kv_name() -> str:
+    """The KV storage a quantized model gets by default on this machine's kernel path (its runtime tag's name)."""
+    lib = kernels.load()
+    assert lib is not None
+    return str(kernels.default_kv_dtype(lib)).removeprefix("torch.")
+
+
 def sampling_target(seed: int, vocab: int, peaked: float) -> TinyTarget:
     """A tiny target for the statistical tests, which run thousands of generations: on the quantized runtime
     where the kernels load (one C call a layer: several times faster than transformers' modules), else on

@@ -53,12 +53,14 @@ ISAS = ("avx2", "avx512", "amx")  # the paths, in order of preference; "auto" pi
 ISA_FLAGS: dict[str, tuple[str, ...]] = {  # added to FLAGS
     "avx2": (),
     "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-    "amx": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
+    "amx": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8",
+            "-mamx-bf16"),
 }
 ISA_CPU_FLAGS: dict[str, frozenset[str]] = {  # what /proc/cpuinfo must list for a path
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
-    "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"}),
+    "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile",
+                      "amx_int8", "amx_bf16"}),
 }
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
 TILE_ROWS = 16  # the AMX path reads quantized activations a whole tile of rows at a time
@@ -349,15 +351,21 @@ def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> t
     return out
 
 
-KV_MODES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2}  # how the kernels read a cached row
+KV_MODES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2, torch.bfloat16: 3}  # how the kernels read a cached row
 
 
 def kv_mode(dtype: torch.dtype) -> int:
     """The kernels' code for keys / values stored as ``dtype`` (uint8: int8 rows, each D values quantized per 32
     then its D / 32 fp32 scales)."""
     if dtype not in KV_MODES:
-        raise ValueError(f"the CPU kernels read fp32, fp16 or int8 (uint8 rows) keys / values, not {dtype}")
+        raise ValueError(f"the CPU kernels read fp32, fp16, bf16 or int8 (uint8 rows) keys / values, not {dtype}")
     return KV_MODES[dtype]
+
+
+def default_kv_dtype(lib: ctypes.CDLL) -> torch.dtype:
+    """The KV storage a model on ``lib`` gets unless told otherwise: bf16 on the amx path (its attention runs on the
+    bf16 tiles), fp16 elsewhere (every path reads every storage)."""
+    return torch.bfloat16 if lib.rs_isa() == b"amx" else torch.float16
 
 
 def kv_row_width(dtype: torch.dtype, head_dim: int) -> int:
@@ -369,8 +377,9 @@ _work = threading.local()
 
 
 def attention_work_floats(heads: int, rows: int, head_dim: int, longest: int) -> int:
-    """Scratch the attention kernel needs: per row and block of 64 visible keys, a partial of head_dim + 2."""
-    return heads * rows * ((longest + 63) // 64) * (head_dim + 2)
+    """Scratch the attention kernel needs: per row and block of 64 visible keys, a partial of head_dim + 2; then
+    (the tiles' path) every query row once more in bf16, in whole tiles of 16 per key head."""
+    return heads * rows * ((longest + 63) // 64) * (head_dim + 2) + (heads * rows + 16 * heads) * head_dim // 2 + 16
 
 
 def _workspace(floats: int) -> torch.Tensor:

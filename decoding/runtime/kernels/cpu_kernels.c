@@ -155,8 +155,8 @@ static inline __m128 hsum4x8(const __m256 *a) {
     return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-/* Cached keys / values are fp32, fp16 or int8 (`kvm` 0 / 1 / 2): each is widened to fp32 on load, so the
-   arithmetic after the load is the same for every storage type. An fp16 value widens exactly; an int8 row holds
+/* Cached keys / values are fp32, fp16, int8 or bf16 (`kvm` 0 / 1 / 2 / 3): each is widened to fp32 on load, so
+   the arithmetic after the load is the same for every storage type. fp16 and bf16 widen exactly; an int8 row holds
    its D values then one fp32 scale per 32 (q * d, one rounding: the same value wherever it is loaded). Rows
    are addressed by their first element (`row`, in elements of the storage type: bytes for int8) and a chunk
    of 8 values `c` (dv chunks a row). */
@@ -170,6 +170,8 @@ static inline float kv_scale(const void *base, long row, int c, int dv) {
                                   _mm_loadl_epi64((const __m128i *)((const int8_t *)(base) + (row) + 8 * (c))))), \
                               _mm256_set1_ps(kv_scale((base), (row), (c), (dv))))                                \
      : kvm == 1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (row) + 8 * (c))))  \
+     : kvm == 3 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(                                   \
+                      _mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (row) + 8 * (c)))), 16))      \
                 : _mm256_loadu_ps((const float *)(base) + (row) + 8 * (c)))
 
 #ifdef __AVX512F__
@@ -402,6 +404,31 @@ static inline __attribute__((always_inline)) void rows_blocks(
  * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
 #define MAX_GROUP 64 /* query heads per key head */
 
+/* A row's output from its nb block partials (part b at pb + b * D, its max and sum at mlr[2b], mlr[2b + 1]), in
+   block order: out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b) (elementwise, so computed for
+   eight blocks at a time with the bits of one at a time). */
+static void combine_blocks(const float *pb, const float *mlr, int nb, int D, float *o) {
+    const int dv = D / 8;
+    float mx = -INFINITY;
+    for (int b = 0; b < nb; ++b) mx = mlr[2 * b] > mx ? mlr[2 * b] : mx;
+    float e[8];
+    __m256 acc[MAX_D / 8];
+    for (int c = 0; c < dv; ++c) acc[c] = _mm256_setzero_ps();
+    float den = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+        if (b % 8 == 0) {
+            float m8[8];
+            for (int t = 0; t < 8; ++t) m8[t] = b + t < nb ? mlr[2 * (b + t)] - mx : 0.0f;
+            _mm256_storeu_ps(e, exp_nonpos(_mm256_loadu_ps(m8)));
+        }
+        const __m256 ev = _mm256_set1_ps(e[b % 8]);
+        for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(pb + (long)b * D + 8 * c), acc[c]);
+        den += mlr[2 * b + 1] * e[b % 8];
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / den);
+    for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
+}
+
 static inline __attribute__((always_inline)) void attention_part(
     const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
     long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale, float *out, long o_sn,
@@ -418,7 +445,7 @@ static inline __attribute__((always_inline)) void attention_part(
     const long pstride = (long)nbmax * D;  /* partials of row r = h * n + i: work + r * pstride + b * D */
     float *parts = work;
     float *ml = work + (long)H * n * pstride; /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
-    const long esz = kvm == 2 ? 1 : kvm == 1 ? 2 : 4;
+    const long esz = kvm == 2 ? 1 : kvm == 0 ? 4 : 2;
     const long row_len = kvm == 2 ? D + D / 8 : D; /* elements a cached row takes */
     const int lines = (int)((KEY_BLOCK * row_len * esz + 63) / 64);
 #pragma omp for schedule(static)
@@ -486,35 +513,440 @@ static inline __attribute__((always_inline)) void attention_part(
         }
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const long r = (long)h * n + i;
-            const float *mlr = ml + 2 * r * nbmax;
-            float mx = -INFINITY;
-            for (int b = 0; b < nb; ++b) mx = mlr[2 * b] > mx ? mlr[2 * b] : mx;
-            __m256 acc[MAX_D / 8];
-            for (int c = 0; c < dv; ++c) acc[c] = _mm256_setzero_ps();
-            float den = 0.0f;
-            for (int b = 0; b < nb; ++b) {
-                float e;
-                _mm_store_ss(&e, _mm256_castps256_ps128(exp_nonpos(_mm256_set1_ps(mlr[2 * b] - mx))));
-                const __m256 ev = _mm256_set1_ps(e);
-                const float *pb = parts + r * pstride + (long)b * D;
-                for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(pb + 8 * c), acc[c]);
-                den += mlr[2 * b + 1] * e;
-            }
-            const __m256 inv = _mm256_set1_ps(1.0f / den);
-            float *o = out + i * o_sn + h * o_sh;
-            for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
+            combine_blocks(parts + r * pstride, ml + 2 * r * nbmax, nb, D, out + i * o_sn + h * o_sh);
         }
     }
 }
 
-/* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales). */
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+/* Attention on the bf16 tiles (the amx path with a bf16 KV cache). Per block of TKB keys and tile of up to
+ * 16 queries: scores S = Q K^T by tdpbf16ps (queries rounded to bf16 after the scale, keys as cached), the block's
+ * softmax numerators on 16 lanes (one query's 64 keys in four registers: max, exp, rounded to bf16, their sum), then
+ * P V by tdpbf16ps. Each tile element is one query's dot product with one key (or value column), computed by the
+ * same instructions whichever other queries share the tile, so a row's result depends only on its visible keys:
+ * the invariance the vector code has, with other rounding (bf16 operands, fp32 sums in the tiles' order). The keys
+ * and values of a block are laid out for the tiles once for every query reading it. */
+#define TILE_ATTENTION 1
+#define TKB 128 /* keys per block on the tiles: a multiple of 64 */
+#define TQ 16 /* queries per tile */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} att_tile_config;
+
+static void att_tiles_configure(void) { /* all eight tiles 16 rows x 64 bytes */
+    att_tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+    __asm__ __volatile__("" : : "r"(&c) : "memory"); /* gcc 12: keep the stores before ldtilecfg */
+    _tile_loadconfig(&c);
+}
+
+/* r[i] <- column i of the 16 x 16 dwords r (rows i) */
+static inline void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) { /* r[4i + e], 128-bit lane L: column 4L + e of rows 4i .. 4i + 3 */
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int e = 0; e < 4; ++e) {
+        const __m512i a = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x88), b = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xDD);
+        const __m512i c = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x88), d = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xDD);
+        t[e] = _mm512_shuffle_i32x4(a, c, 0x88), t[8 + e] = _mm512_shuffle_i32x4(a, c, 0xDD);
+        t[4 + e] = _mm512_shuffle_i32x4(b, d, 0x88), t[12 + e] = _mm512_shuffle_i32x4(b, d, 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+#define TILE_U16 512 /* bf16 values in one 1 KB tile */
+
+/* The tiles of one block of cnt <= TKB keys / values (bf16 rows ldk / ldv elements apart; rows >= cnt read
+ * as 0; pf_k / pf_v, optional: the next block's, prefetched): kt[(s * D/32 + c) * TILE_U16]: keys 16s.. and dims 32c.. as tdpbf16ps's B (16 dim pairs x 16 keys);
+ * vp[(h * D/16 + c) * TILE_U16]: keys 32h.. and dims 16c.. as B (16 key pairs x 16 dims). */
+static void block_tiles(const uint16_t *kb, long ldk, const uint16_t *vb, long ldv, int cnt, int D, uint16_t *kt,
+                        uint16_t *vp, const uint16_t *pf_k, const uint16_t *pf_v) {
+    const int nc = D / 32;
+    for (int s = 0; s * 16 < cnt; ++s) {
+        if (pf_k) /* the next block's rows 16s .. 16s + 15 (its keys and values), while this one is laid out */
+            for (int j = 16 * s; j < 16 * s + 16; ++j)
+                for (int e = 0; e < 2 * D; e += 64) {
+                    _mm_prefetch((const char *)(pf_k + j * ldk) + e, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(pf_v + j * ldv) + e, _MM_HINT_T0);
+                }
+        for (int c = 0; c < nc; ++c) {
+            __m512i r[16];
+            for (int j = 0; j < 16; ++j)
+                r[j] = s * 16 + j < cnt ? _mm512_loadu_si512(kb + (long)(s * 16 + j) * ldk + 32 * c) : _mm512_setzero_si512();
+            transpose16_epi32(r);
+            uint16_t *dst = kt + (long)(s * nc + c) * TILE_U16;
+            for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + 32 * p, r[p]);
+        }
+    }
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int p = 0; 2 * p < cnt; ++p) { /* key pair p: keys 2p, 2p + 1 interleaved per dim */
+        const int h = p / 16, row = p % 16;
+        const uint16_t *a = vb + (long)(2 * p) * ldv, *b = vb + (long)(2 * p + 1) * ldv;
+        for (int c = 0; c < nc; ++c) {
+            const __m512i va = _mm512_loadu_si512(a + 32 * c);
+            const __m512i vv = 2 * p + 1 < cnt ? _mm512_loadu_si512(b + 32 * c) : _mm512_setzero_si512();
+            _mm512_store_si512(vp + (long)(h * 2 * nc + 2 * c) * TILE_U16 + 32 * row, _mm512_permutex2var_epi16(va, lo, vv));
+            _mm512_store_si512(vp + (long)(h * 2 * nc + 2 * c + 1) * TILE_U16 + 32 * row, _mm512_permutex2var_epi16(va, hi, vv));
+        }
+    }
+    if (cnt % 32) /* the last key half's pairs past the block: zero (0 x 0 adds nothing) */
+        for (int p = (cnt + 1) / 2; p % 16; ++p)
+            for (int c = 0; c < 2 * nc; ++c)
+                _mm512_store_si512(vp + (long)((p / 16) * 2 * nc + c) * TILE_U16 + 32 * (p % 16), _mm512_setzero_si512());
+}
+
+/* The A tiles of up to 16 queries (rows past R zero): qa[c * TILE_U16 + 32 t] = bf16(q[t][32c ..] * scale). */
+static void query_tiles(const float *const *q, int R, int D, float scale, uint16_t *qa) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int c = 0; c < D / 32; ++c)
+        for (int t = 0; t < TQ; ++t) {
+            __m512i v = _mm512_setzero_si512();
+            if (t < R)
+                v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(q[t] + 32 * c + 16), sv),
+                                                 _mm512_mul_ps(_mm512_loadu_ps(q[t] + 32 * c), sv));
+            _mm512_store_si512(qa + (long)c * TILE_U16 + 32 * t, v);
+        }
+}
+
+/* exp(x) for the numerators, zero in lanes not in `keep`: 2^n 2^f (n = round(x log2 e), |f| <= 1/2, 2^f by a
+   degree-4 polynomial, relative error ~4e-5: far below the bf16 rounding that follows). */
+static inline __m512 exp_bf16(__mmask16 keep, __m512 x) {
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+static inline __m512 bf16_lo(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+static inline __m512 bf16_hi(__m512i v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* One tile of work: up to 16 queries (their A tiles qa) against one block's tiles (cnt keys). Query t's block max
+ * and sum go to ml + t * ml_ld (then + 1), its weighted values to part + t * part_ld. */
+typedef struct {
+    const uint16_t *qa, *kt, *vp;
+    int R, cnt;
+    float *part, *ml;
+    long part_ld, ml_ld;
+} tile_unit;
+
+#define MAX_UNITS 8 /* units run stage by stage: the tiles and the vector code hand over once per stage */
+#define MAX_CHUNK 4  /* blocks whose tiles are laid out at once */
+#define BLOCK_U16(D) ((long)TKB * (D) / 256 * TILE_U16) /* a block's K tiles (per 16 keys and 32 dims), V tiles */
+
+typedef struct { /* per-thread scratch of the tiles' attention */
+    uint16_t *blocks; /* MAX_CHUNK blocks' tiles */
+    float *s;         /* per unit its 16 x TKB scores */
+    uint16_t *p;      /* per unit its 16 x TKB numerators */
+    float *o;         /* per unit its 16 x D weighted values (units of fewer than 16 queries) */
+    uint16_t *kbuf, *vbuf, *qa;
+} tile_scratch;
+
+static tile_scratch *tile_scratch_get(void) {
+    static __thread tile_scratch ts;
+    if (!ts.blocks) {
+        ts.blocks = aligned_alloc(64, 2 * MAX_CHUNK * BLOCK_U16(MAX_D));
+        ts.s = aligned_alloc(64, 4 * MAX_UNITS * TQ * TKB);
+        ts.p = aligned_alloc(64, 2 * MAX_UNITS * TQ * TKB);
+        ts.o = aligned_alloc(64, 4 * MAX_UNITS * TQ * MAX_D);
+        ts.kbuf = aligned_alloc(64, 2 * MAX_CHUNK * TKB * MAX_D);
+        ts.vbuf = aligned_alloc(64, 2 * MAX_CHUNK * TKB * MAX_D);
+        ts.qa = aligned_alloc(64, 2 * (MAX_D / 32) * TILE_U16 * (MAX_GROUP / TQ));
+    }
+    return &ts;
+}
+
+/* Stage 1 (tiles): the units' scores S = Q K^T, four accumulators of 16 keys, B tiles alternating in 6 / 7. */
+static void units_scores(const tile_unit *u, int U, int D, float *s) {
+    const int nc = D / 32;
+    for (int i = 0; i < U; ++i)
+        for (int q0 = 0; q0 < u[i].cnt; q0 += 64) { /* 64 keys a round */
+            const int ns = (u[i].cnt - q0 + 15) / 16;
+            const uint16_t *kt = u[i].kt + (long)q0 / 16 * nc * TILE_U16;
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_zero(4);
+            _tile_zero(5);
+            for (int c = 0; c < nc; ++c) {
+                _tile_loadd(0, u[i].qa + (long)c * TILE_U16, 64);
+                _tile_loadd(6, kt + (long)c * TILE_U16, 64);
+                _tile_dpbf16ps(2, 0, 6);
+                if (ns > 1) {
+                    _tile_loadd(7, kt + (long)(nc + c) * TILE_U16, 64);
+                    _tile_dpbf16ps(3, 0, 7);
+                }
+                if (ns > 2) {
+                    _tile_loadd(6, kt + (long)(2 * nc + c) * TILE_U16, 64);
+                    _tile_dpbf16ps(4, 0, 6);
+                }
+                if (ns > 3) {
+                    _tile_loadd(7, kt + (long)(3 * nc + c) * TILE_U16, 64);
+                    _tile_dpbf16ps(5, 0, 7);
+                }
+            }
+            float *si = s + (long)i * TQ * TKB + q0;
+            _tile_stored(2, si, 4 * TKB);
+            _tile_stored(3, si + 16, 4 * TKB);
+            _tile_stored(4, si + 32, 4 * TKB);
+            _tile_stored(5, si + 48, 4 * TKB);
+        }
+}
+
+/* Stage 2 (vector): per query its block max, the numerators exp(s - max) rounded to bf16 (zero past cnt and for
+ * rows no query reads, so the products stay finite) and their sum as the tiles multiply them (each dword's pair,
+ * then a fixed tree). */
+static void units_softmax(const tile_unit *u, int U, const float *s, uint16_t *p) {
+    for (int i = 0; i < U; ++i) {
+        const int cnt = u[i].cnt, nv = (cnt + 31) / 32 * 2; /* 16-key vectors, in whole pairs */
+        for (int t = 0; t < TQ; ++t) {
+            uint16_t *pt = p + ((long)i * TQ + t) * TKB;
+            if (t >= u[i].R) {
+                for (int v = 0; v < nv; v += 2) _mm512_store_si512(pt + 16 * v, _mm512_setzero_si512());
+                continue;
+            }
+            const float *st = s + ((long)i * TQ + t) * TKB;
+            __m512 x[TKB / 16];
+            __mmask16 k[TKB / 16];
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int v = 0; v < nv; ++v) {
+                const int left = cnt - 16 * v;
+                k[v] = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+                x[v] = _mm512_maskz_load_ps(k[v], st + 16 * v);
+                mx = _mm512_mask_max_ps(mx, k[v], mx, x[v]);
+            }
+            const float m = _mm512_reduce_max_ps(mx);
+            const __m512 mv = _mm512_set1_ps(m);
+            __m512 sum = _mm512_setzero_ps();
+            for (int v = 0; v < nv; v += 2) {
+                const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(exp_bf16(k[v + 1], _mm512_sub_ps(x[v + 1], mv)),
+                                                                exp_bf16(k[v], _mm512_sub_ps(x[v], mv)));
+                _mm512_store_si512(pt + 16 * v, pb);
+                sum = _mm512_add_ps(sum, _mm512_add_ps(bf16_lo(pb), bf16_hi(pb)));
+            }
+            float *ml = u[i].ml + t * u[i].ml_ld;
+            ml[0] = m;
+            ml[1] = _mm512_reduce_add_ps(sum);
+        }
+    }
+}
+
+/* Stage 3 (tiles): the units' P V, four 16-dim accumulators at a time, stored straight into the partials when a
+ * unit has 16 queries (o otherwise). */
+static void units_values(const tile_unit *u, int U, int D, const uint16_t *p, float *o) {
+    for (int i = 0; i < U; ++i) {
+        const int nh = (u[i].cnt + 31) / 32;
+        const uint16_t *pi = p + (long)i * TQ * TKB;
+        const int direct = u[i].R == TQ;
+        float *dst = direct ? u[i].part : o + (long)i * TQ * D;
+        const long ld = 4 * (direct ? u[i].part_ld : D);
+        for (int c0 = 0; c0 < D / 16; c0 += 4) {
+            const int nd = D / 16 - c0 < 4 ? D / 16 - c0 : 4;
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_zero(4);
+            _tile_zero(5);
+            for (int h = 0; h < nh; ++h) { /* 32 keys a step: their numerators in tile 0 or 1 */
+                const uint16_t *vh = u[i].vp + (long)(h * D / 16 + c0) * TILE_U16;
+#define PV_STEP(A, ACC, B, OFF)                                \
+    do {                                                       \
+        _tile_loadd(B, vh + (long)(OFF) * TILE_U16, 64);       \
+        _tile_dpbf16ps(ACC, A, B);                             \
+    } while (0)
+#define PV_HALF(A)                                             \
+    do {                                                       \
+        _tile_loadd(A, pi + 32 * h, 2 * TKB);                  \
+        PV_STEP(A, 2, 6, 0);                                   \
+        PV_STEP(A, 3, 7, 1);                                   \
+        if (nd > 2) {                                          \
+            PV_STEP(A, 4, 6, 2);                               \
+            PV_STEP(A, 5, 7, 3);                               \
+        }                                                      \
+    } while (0)
+                if (h % 2 == 0)
+                    PV_HALF(0);
+                else
+                    PV_HALF(1);
+#undef PV_HALF
+#undef PV_STEP
+            }
+            _tile_stored(2, dst + 16 * c0, ld);
+            _tile_stored(3, dst + 16 * c0 + 16, ld);
+            if (nd > 2) {
+                _tile_stored(4, dst + 16 * c0 + 32, ld);
+                _tile_stored(5, dst + 16 * c0 + 48, ld);
+            }
+        }
+    }
+}
+
+/* The units, stage by stage, then (vector) the partials of units of fewer than 16 queries copied out. */
+static void run_units(const tile_unit *u, int U, int D, tile_scratch *ts) {
+    units_scores(u, U, D, ts->s);
+    units_softmax(u, U, ts->s, ts->p);
+    units_values(u, U, D, ts->p, ts->o);
+    for (int i = 0; i < U; ++i)
+        if (u[i].R < TQ)
+            for (int t = 0; t < u[i].R; ++t)
+                memcpy(u[i].part + t * u[i].part_ld, ts->o + ((long)i * TQ + t) * D, sizeof(float) * D);
+}
+
+/* attention_part on the tiles, for bf16 keys / values: the same phases, work and visibility; the work buffer also
+ * holds every key head's query tiles (attention_work_floats counts them). Phase 1 runs by key head and chunk of
+ * prefix blocks (all query tiles of the key head against each), phase 2 by key head and query as before. */
+static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const uint16_t *k,
+                                 const uint16_t *v, long kv_sh, long kv_sn, int G, int past, const int32_t *path,
+                                 const int32_t *path_off, float scale, float *out, long o_sn, long o_sh, float *work) {
+    int maxpath = 0;
+    for (int i = 0; i < n; ++i) {
+        int len = path_off[i + 1] - path_off[i];
+        maxpath = len > maxpath ? len : maxpath;
+    }
+    const int nbmax = (past + maxpath + TKB - 1) / TKB;
+    const int group = H / G, full = past / TKB, nc = D / 32;
+    const long pstride = (long)nbmax * D;
+    float *parts = work;
+    float *ml = work + (long)H * n * pstride;
+    const int rows = group * n, cts = (rows + TQ - 1) / TQ; /* query tiles per key head */
+    const long qtile = (long)nc * TILE_U16;
+    uint16_t *qall = (uint16_t *)(((uintptr_t)(ml + 2L * H * n * nbmax) + 63) & ~(uintptr_t)63);
+    tile_scratch *ts = tile_scratch_get();
+    const long bsz = BLOCK_U16(D), vofs = (long)TKB / 16 * nc * TILE_U16; /* a block's tiles; its V tiles' offset */
+    att_tiles_configure();
+#pragma omp for schedule(static)
+    for (int task = 0; task < G * cts; ++task) { /* query rows t of key head g: head g * group + t / n, row t % n */
+        const int g = task / cts, t0 = task % cts * TQ, R = rows - t0 < TQ ? rows - t0 : TQ;
+        const float *qs[TQ];
+        for (int t = 0; t < R; ++t) {
+            const int h = g * group + (t0 + t) / n, i = (t0 + t) % n;
+            qs[t] = q + h * q_sh + i * q_sn;
+        }
+        query_tiles(qs, R, D, scale, qall + task * qtile);
+    }
+    int chunk = MAX_UNITS / cts; /* prefix blocks per task: whole query tiles of the key head for each */
+    chunk = chunk < 1 ? 1 : chunk > MAX_CHUNK ? MAX_CHUNK : chunk;
+    const int chunks = (full + chunk - 1) / chunk;
+#pragma omp for schedule(static)
+    for (int task = 0; task < G * chunks; ++task) {
+        const int g = task / chunks, b0 = task % chunks * chunk, nb = full - b0 < chunk ? full - b0 : chunk;
+        tile_unit u[MAX_UNITS];
+        int U = 0;
+        for (int bi = 0; bi < nb; ++bi) {
+            const int b = b0 + bi;
+            const long off = g * kv_sh + (long)b * TKB * kv_sn;
+            uint16_t *bt = ts->blocks + bi * bsz;
+            const int last = task + 1 == G * chunks && bi + 1 == nb;
+            const long noff = bi + 1 < nb ? off + (long)TKB * kv_sn                               /* same chunk */
+                                          : (task + 1) / chunks * kv_sh + (long)((task + 1) % chunks) * chunk * TKB * kv_sn;
+            block_tiles(k + off, kv_sn, v + off, kv_sn, TKB, D, bt, bt + vofs, last ? 0 : k + noff, last ? 0 : v + noff);
+            for (int ct = 0; ct < cts; ++ct, ++U) {
+                const int t0 = ct * TQ;
+                const long r0 = (long)g * rows + t0; /* row (g * group + (t0 + t) / n) * n + (t0 + t) % n */
+                u[U] = (tile_unit){qall + (g * cts + ct) * qtile, bt, bt + vofs, rows - t0 < TQ ? rows - t0 : TQ,
+                                   TKB, parts + r0 * pstride + (long)b * D, ml + 2 * (r0 * nbmax + b),
+                                   pstride, 2L * nbmax};
+                if (U + 1 == MAX_UNITS) {
+                    run_units(u, U + 1, D, ts);
+                    U = -1;
+                }
+            }
+        }
+        if (U) run_units(u, U, D, ts);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < G * n; ++task) {
+        const int g = task / n, i = task % n;
+        const int plen = path_off[i + 1] - path_off[i];
+        const int total = past + plen, nb = (total + TKB - 1) / TKB;
+        int in_place = 1;
+        for (int w = 0; w < plen && in_place; ++w) in_place = path[path_off[i] + w] == past + w;
+        for (int h0 = g * group; h0 < (g + 1) * group; h0 += TQ) {
+            const int R = (g + 1) * group - h0 < TQ ? (g + 1) * group - h0 : TQ;
+            const float *qs[TQ];
+            for (int t = 0; t < R; ++t) qs[t] = q + (h0 + t) * q_sh + i * q_sn;
+            uint16_t *qa = ts->qa + (long)(h0 - g * group) / TQ * qtile;
+            query_tiles(qs, R, D, scale, qa);
+        }
+        for (int b1 = full; b1 < nb; b1 += MAX_CHUNK) {
+            tile_unit u[MAX_UNITS];
+            int U = 0;
+            for (int b = b1; b < nb && b < b1 + MAX_CHUNK; ++b) {
+                const int t0 = b * TKB, cnt = total - t0 < TKB ? total - t0 : TKB;
+                uint16_t *bt = ts->blocks + (b - b1) * bsz;
+                if (in_place && cnt == TKB) {
+                    const long off = g * kv_sh + (long)t0 * kv_sn;
+                    block_tiles(k + off, kv_sn, v + off, kv_sn, cnt, D, bt, bt + vofs, 0, 0);
+                } else {
+                    uint16_t *kb = ts->kbuf + (long)(b - b1) * TKB * D, *vb = ts->vbuf + (long)(b - b1) * TKB * D;
+                    for (int t = 0; t < cnt; ++t) {
+                        const long row = t0 + t < past || in_place ? t0 + t : path[path_off[i] + (t0 + t - past)];
+                        memcpy(kb + (long)t * D, k + g * kv_sh + row * kv_sn, 2 * D);
+                        memcpy(vb + (long)t * D, v + g * kv_sh + row * kv_sn, 2 * D);
+                    }
+                    block_tiles(kb, D, vb, D, cnt, D, bt, bt + vofs, 0, 0);
+                }
+                for (int h0 = g * group; h0 < (g + 1) * group; h0 += TQ, ++U) {
+                    const long r0 = (long)h0 * n + i;
+                    u[U] = (tile_unit){ts->qa + (long)(h0 - g * group) / TQ * qtile, bt, bt + vofs,
+                                       (g + 1) * group - h0 < TQ ? (g + 1) * group - h0 : TQ, cnt,
+                                       parts + r0 * pstride + (long)b * D, ml + 2 * (r0 * nbmax + b),
+                                       (long)n * pstride, 2L * n * nbmax};
+                    if (U + 1 == MAX_UNITS) {
+                        run_units(u, U + 1, D, ts);
+                        U = -1;
+                    }
+                }
+            }
+            if (U) run_units(u, U, D, ts);
+        }
+        for (int h = g * group; h < (g + 1) * group; ++h) {
+            const long r = (long)h * n + i;
+            combine_blocks(parts + r * pstride, ml + 2 * r * nbmax, nb, D, out + i * o_sn + h * o_sh);
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales, 3 bf16; on the
+   amx path bf16 runs on the tiles). */
 void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
                        long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
                        float scale, float *out, long o_sn, long o_sh, float *work, int kvm) {
 #define ATTENTION(MODE)                                                                                          \
     attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh, \
                    work, MODE)
-    if (kvm == 2)
+#ifdef TILE_ATTENTION
+    if (kvm == 3 && D % 32 == 0) {
+        attention_tiles_part(q, q_sh, q_sn, H, n, D, (const uint16_t *)k, (const uint16_t *)v, kv_sh, kv_sn, G, past,
+                             path, path_off, scale, out, o_sn, o_sh, work);
+        return;
+    }
+#endif
+    if (kvm == 3)
+        ATTENTION(3);
+    else if (kvm == 2)
         ATTENTION(2);
     else if (kvm == 1)
         ATTENTION(1);

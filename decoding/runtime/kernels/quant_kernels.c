@@ -496,7 +496,7 @@ void rmsnorm_part(const float *x, long ldx, int M, int K, const float *weight, f
 
 /* Rotary embedding of the query and key heads of qkv rows [M, (H + 2G) * D] (q heads, k heads, v heads) at
    positions pos[m] (HF's rotate-half layout: pairs (t, t + D/2); tables cos / sin [positions, D/2]). Queries
-   go to q [M, H * D]; keys and values are stored at cache row start + m, as kv_mode says: 0 fp32, 1 fp16,
+   go to q [M, H * D]; keys and values are stored at cache row start + m, as kv_mode says: 0 fp32, 1 fp16, 3 bf16,
    2 int8 (a row of D values quantized per 32 as the activations are, then its D/32 fp32 scales: D + D/8 bytes;
    offsets and strides count elements of the storage type). */
 static void store_kv(const float *x, int D, void *buf, long off, int kv_mode) {
@@ -505,6 +505,14 @@ static void store_kv(const float *x, int D, void *buf, long off, int kv_mode) {
         float d[8], s[8]; /* D <= 256 */
         quantize_row(x, D, row, d, s);
         memcpy(row + D, d, sizeof(float) * (D / QK));
+    } else if (kv_mode == 3) { /* bf16, rounded to nearest even (in integers: the same bits on every path) */
+        for (int t = 0; t < D; t += 8) {
+            const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + t));
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+            const __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+            _mm_storeu_si128((__m128i *)((uint16_t *)buf + off + t), _mm256_castsi256_si128(pk));
+        }
     } else if (kv_mode == 1) {
         for (int t = 0; t < D; t += 8)
             _mm_storeu_si128((__m128i *)((uint16_t *)buf + off + t),

@@ -207,7 +207,7 @@ def _tree_mask(layout_mask: torch.Tensor, past: int) -> torch.Tensor:
 
 
 @needs_kernels
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32, torch.int8])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int8])
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype, nthreads: int, threads: None) -> None:
     """A random draft tree verified in one forward gives every node the logits it gets decoded alone."""

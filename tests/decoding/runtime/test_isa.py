@@ -1,7 +1,8 @@
 """The CPU kernels' ISA paths: chosen from what the CPU reports, forced by configuration, refused clearly where
 the CPU lacks them, one library each in the kernel cache; on every path this CPU has, a row computed alone equals
 the same row among 64 shuffled ones bit for bit, speculative greedy equals plain greedy, and every path gives the
-same bits as the AVX2 baseline (the AMX tiles and the 16-lane attention included)."""
+same bits as the AVX2 baseline (the AMX int8 tiles and the 16-lane attention included), except the attention on the
+bf16 tiles (amx with a bf16 KV cache): its own arithmetic, invariant in itself and close to the exact result."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.decoding.conftest import PROMPT, RandomTreeDrafter, TinyTarget, TinyT
 
 AVX2 = frozenset({"avx2", "fma", "f16c", "sse4_2"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
-AMX = AVX512 | {"amx_tile", "amx_int8", "amx_bf16"}
+AMX = AVX512 | {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"}
 HERE = [isa for isa in kernels.ISAS if isa in available_isas()]  # the paths this CPU runs
 
 
@@ -32,7 +33,7 @@ def test_paths_are_chosen_from_the_cpu_flags() -> None:
     assert available_isas(AMX) == ["amx", "avx512", "avx2"] and available_isas(frozenset()) == []
     with pytest.raises(KernelUnavailable, match=r"'avx512' needs avx512_vnni, avx512bw, avx512f, avx512vl.*run: avx2"):
         resolve_isa("avx512", AVX2)
-    with pytest.raises(KernelUnavailable, match=r"'amx' needs amx_int8, amx_tile.*run: avx512, avx2"):
+    with pytest.raises(KernelUnavailable, match=r"'amx' needs amx_bf16, amx_int8, amx_tile, avx512_bf16.*run: avx512, avx2"):
         resolve_isa("amx", AVX512)
     with pytest.raises(KernelUnavailable, match="unknown CPU kernel path 'neon'"):
         resolve_isa("neon", AMX)
@@ -43,7 +44,7 @@ def test_the_service_refuses_a_path_the_cpu_lacks_at_start(monkeypatch: pytest.M
     monkeypatch.setattr(kernels, "cpu_flags", lambda: AVX2)
     with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=avx512: .*needs avx512_vnni"):
         configure_kernels(Settings(cpu_isa="avx512"))
-    with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=amx: .*needs amx_int8, amx_tile, avx512_vnni"):
+    with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=amx: .*needs amx_bf16, amx_int8, amx_tile, avx512_bf16, avx512_vnni"):
         configure_kernels(Settings(cpu_isa="amx"))
     assert kernels.config() == before  # nothing changed
     with pytest.raises(ValueError, match="cpu_isa"):
@@ -108,7 +109,15 @@ def test_tree_attention_gives_every_path_the_same_bits(libraries: dict[str, obje
     if half:
         k, v = k.half(), v.half()
     q = torch.randn(1, heads, n, d, generator=g)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    vis = _tree_queries(g, past, n)
+    outs = {isa: kernels.attention(lib, q, k, v, *vis, scale=d**-0.5) for isa, lib in libraries.items()}  # type: ignore[arg-type]
+    for isa, out in outs.items():
+        assert torch.equal(out, outs["avx2"]), isa
+
+
+def _tree_queries(g: torch.Generator, past: int, n: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The visibility of n tree nodes after a past-key prefix: each node sees its ancestors and itself."""
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)]
     path, off = [], [0]
     for i in range(n):
         chain, j = [], i
@@ -117,18 +126,59 @@ def test_tree_attention_gives_every_path_the_same_bits(libraries: dict[str, obje
             j = parents[j]
         path += sorted(chain)
         off.append(len(path))
-    vis = (past, torch.tensor(path, dtype=torch.int32), torch.tensor(off, dtype=torch.int32))
-    outs = {isa: kernels.attention(lib, q, k, v, *vis, scale=d**-0.5) for isa, lib in libraries.items()}  # type: ignore[arg-type]
-    for isa, out in outs.items():
-        assert torch.equal(out, outs["avx2"]), isa
+    return past, torch.tensor(path, dtype=torch.int32), torch.tensor(off, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
+@pytest.mark.parametrize("past", [0, 37, 300, 1100])
+def test_attention_on_the_bf16_tiles_is_row_invariant_and_close(libraries: dict[str, object], past: int) -> None:
+    """amx with a bf16 cache: 64 tree nodes (9 query heads on 3 key heads) in one call, in shuffled order, and each
+    node alone give the same bits; the result is the exact attention of the bf16 operands within bf16 rounding; the
+    vector paths read the same bf16 cache with the baseline's bits."""
+    if "amx" not in libraries:
+        pytest.skip("no AMX on this CPU")
+    g = torch.Generator().manual_seed(past)
+    heads, groups, d, n = 9, 3, 64, 64
+    k = torch.randn(1, groups, past + n, d, generator=g).bfloat16()
+    v = torch.randn(1, groups, past + n, d, generator=g).bfloat16()
+    q = torch.randn(1, heads, n, d, generator=g) * 2
+    _, path, off = _tree_queries(g, past, n)
+    lib = libraries["amx"]
+    out = kernels.attention(lib, q, k, v, past, path, off, scale=d**-0.5)  # type: ignore[arg-type]
+    order = torch.randperm(n, generator=g)
+    rows = [path[off[i] : off[i + 1]] for i in order.tolist()]
+    shuffled = kernels.attention(  # type: ignore[arg-type]
+        lib, q[:, :, order], k, v, past, torch.cat(rows), torch.tensor([0] + [len(r) for r in rows]).cumsum(0).int(),
+        scale=d**-0.5,
+    )
+    assert torch.equal(shuffled, out[:, order])
+    for i in (0, 1, n // 2, n - 1):
+        alone = kernels.attention(lib, q[:, :, i : i + 1], k, v, past, path[off[i] : off[i + 1]],  # type: ignore[arg-type]
+                                  torch.tensor([0, int(off[i + 1] - off[i])], dtype=torch.int32), scale=d**-0.5)
+        assert torch.equal(alone[0, 0], out[0, i]), i
+    visible = torch.zeros(n, past + n, dtype=torch.bool)
+    visible[:, :past] = True
+    for i in range(n):
+        visible[i, path[off[i] : off[i + 1]].long()] = True
+    kk, vv = (t.float().repeat_interleave(heads // groups, dim=1) for t in (k, v))
+
+    def exact(queries: torch.Tensor) -> torch.Tensor:
+        scores = (queries @ kk.transpose(-1, -2)).masked_fill(~visible, float("-inf"))
+        return (scores.softmax(-1) @ vv).transpose(1, 2)
+
+    assert (out - exact((q * d**-0.5).bfloat16().float())).abs().max() < 1e-2  # the tiles' queries are bf16
+    on_vectors = [kernels.attention(libraries[i], q, k, v, past, path, off, scale=d**-0.5)  # type: ignore[arg-type]
+                  for i in ("avx2", "avx512")]
+    assert torch.equal(on_vectors[0], on_vectors[1])
+    assert (on_vectors[0] - exact(q * d**-0.5)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
 def test_speculative_greedy_equals_plain_greedy_on_every_path(
     libraries: dict[str, object], kv_dtype: torch.dtype
 ) -> None:
     """The whole quantized forward (linear layers, norms, rope, attention, head) on each path: speculative ==
-    autoregressive, and every path's tokens and logits equal the baseline's (fp16 and int8 KV caches)."""
+    autoregressive, and every path's tokens and logits equal the baseline's (fp16, bf16 and int8 KV caches; with
+    bf16 on amx the attention runs on the tiles: its own bits, close to the baseline's)."""
     torch.set_num_threads(1)
     tokens, logits = {}, {}
     for isa, lib in libraries.items():
@@ -141,4 +191,7 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(
         with torch.inference_mode():
             logits[isa] = model(torch.tensor([PROMPT.ids])).logits
     for isa in libraries:
-        assert tokens[isa] == tokens["avx2"] and torch.equal(logits[isa], logits["avx2"]), isa
+        if isa == "amx" and kv_dtype == torch.bfloat16:
+            assert (logits[isa] - logits["avx2"]).abs().max() < 0.05
+        else:
+            assert tokens[isa] == tokens["avx2"] and torch.equal(logits[isa], logits["avx2"]), isa

@@ -14,7 +14,7 @@ from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.runtime import bundled, bundled_build, kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
-from tests.decoding.conftest import make_tokenizer, save_tiny_model
+from tests.decoding.conftest import default_kv_name, make_tokenizer, save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_cpu_loads_quantize_an_hf_dir(tiny_dir: tuple[Path, LlamaForCausalLM], q
     """On a CPU an HF model is quantized at load (q8_0 by default) and served by the quantized runtime."""
     path, original = tiny_dir
     loaded = load_model(str(path), LoadOptions(cpu_quant=quant, kv_dtype=kv))
-    kv_name = "float16" if kv == "auto" else kv
+    kv_name = default_kv_name() if kv == "auto" else kv
     assert loaded.runtime == f"cpu-quantized:quantized:{weights}/kv-{kv_name}"
     assert loaded.weight_bytes < sum(p.numel() * 4 for p in original.parameters()) / 3
     assert loaded.eos_token_ids == (loaded.tokenizer.convert_tokens_to_ids("<|im_end|>"),)

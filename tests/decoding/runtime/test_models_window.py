@@ -16,7 +16,7 @@ from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import rotary_tables
 from decoding.runtime.models import LoadOptions, apply_rope_scaling, load_model, with_context_window
-from tests.decoding.conftest import make_tokenizer, save_tiny_model
+from tests.decoding.conftest import default_kv_name, make_tokenizer, save_tiny_model
 
 needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="no CPU kernels: no quantized runtime")
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
@@ -74,7 +74,7 @@ def test_rope_scaling_reaches_the_quantized_runtime(qwen_dir: Path) -> None:
     """An HF model quantized at load: the rotary tables are the scaled ones transformers computes, for the
     raised window, and the outputs follow transformers' scaled model."""
     loaded = load_model(str(qwen_dir), LoadOptions(cpu_quant="q8_0", rope_scaling=YARN))
-    assert loaded.runtime == "cpu-quantized+rope-yarnx4@256:quantized:q8_0/kv-float16"
+    assert loaded.runtime == f"cpu-quantized+rope-yarnx4@256:quantized:q8_0/kv-{default_kv_name()}"
     assert loaded.max_context == 1024 and loaded.model.max_positions == 1024
     reference = _reference(qwen_dir, YARN)
     cos, sin = rotary_tables(reference.config, 1024)

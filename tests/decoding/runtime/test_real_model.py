@@ -18,6 +18,7 @@ from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.runtime import bundled, kernels
 from decoding.runtime.bundled_install import BundledAssets, install_bundled
 from decoding.runtime.models import LoadedModel, LoadOptions, load_model
+from tests.decoding.conftest import default_kv_name
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, TokenEvent
 from decoding.speculative.prompt import build_prompt
@@ -66,7 +67,7 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(installed: Install
     assert installed.first_listing == [bundled.GGUF_DIR_NAME]  # no fp32 dir, no temp dirs left
     if kernels.load() is not None:
         served = load_model("bundled", LoadOptions(models_dir=models, threads=1))
-        assert served.runtime == "cpu-quantized:gguf:Q4_1+Q8_0/kv-float16"
+        assert served.runtime == f"cpu-quantized:gguf:Q4_1+Q8_0/kv-{default_kv_name()}"
         assert served.eos_token_ids == (2,) and served.max_context == 8192 and served.vocab_size == 49152
         assert served.weight_bytes < 100_000_000
 
