@@ -70,7 +70,7 @@ bench: models $(BENCH_STAMP)
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \
-		--methods prompt_lookup rapid_kv combined auto autoregressive_kv_int8 llama_cpp llama_cpp_avx2
+		--methods prompt_lookup rapid_kv combined auto autoregressive_kv_fp16 llama_cpp llama_cpp_avx2
 
 # The GPU checks (issue 13) where there is CUDA: tests/gpu (skipped without it) and bench.gpu_check on a
 # Llama-3.1-8B shape (random weights, nothing downloaded). scripts/gpu-check runs both on a lent machine in one call.

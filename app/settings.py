@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     )
     cpu_isa: Literal["auto", "avx2", "avx512", "amx"] = Field(
         "auto", description="ISA path of the CPU kernels: auto (the best this CPU runs), avx2, avx512 (AVX-512 "
-        "VNNI and 16-lane attention) or amx (linear layers of 8 rows and more on the AMX int8 tiles); every path "
-        "gives the same results; a path the CPU lacks stops the start"
+        "VNNI and 16-lane attention) or amx (linear layers of 8 rows and more on the AMX int8 tiles, attention on "
+        "the bf16 tiles with a bf16 KV cache); every path gives the same results on the same KV storage except "
+        "the bf16 tiles' attention (each path lossless in itself); a path the CPU lacks stops the start"
     )
     kernel_cache: Path | None = Field(
         None, description="Directory the CPU kernels are compiled into (default: ~/.cache/ragspec/kernels)"

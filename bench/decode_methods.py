@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bench.decode")
 
 SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
-KV_TWINS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}  # our decoding, other KV storage
+KV_TWINS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}  # our decoding, other KV
 LLAMA_REFS = tuple(BUILDS)  # llama.cpp builds: the best one here, the AVX2 one
 REFERENCES = (*LLAMA_REFS, *(f"autoregressive_kv_{name}" for name in KV_TWINS))  # not expected to equal ours
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ def all_methods(target: LoadedModel) -> dict[str, Method]:
         methods[name] = lambda bench, case, n=name: run_llama_cpp(bench, case, n)  # type: ignore[misc]
     if target.runtime.startswith("cpu-quantized"):
         for name, dtype in KV_TWINS.items():
-            if not target.runtime.endswith(str(dtype).removeprefix("torch.")):
+            if not target.runtime.endswith("/kv-" + str(dtype).removeprefix("torch.")):
                 methods[f"autoregressive_kv_{name}"] = lambda bench, case, n=name: run_other_kv(bench, case, n)  # type: ignore[misc]
     return methods
 

@@ -30,6 +30,11 @@ class SlotLayer(CacheLayerMixin):
         self.length = 0
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
+        # A runtime's own layout of whole blocks of ``tile_keys`` rows (the CPU kernels' attention on the tiles):
+        # blocks below ``tiled[0]`` hold the rows as they are; every write below that lowers it.
+        self.tiles: torch.Tensor | None = None
+        self.tiled = torch.zeros(1, dtype=torch.int32)
+        self.tile_keys = 0
 
     def lazy_initialization(self, key_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
@@ -56,6 +61,21 @@ class SlotLayer(CacheLayerMixin):
             raise ValueError(f"this cache holds {self.dtype} keys/values, not {dtype}")
         self._ensure(rows)
 
+    def reserve_tiles(self, heads: int, block_elems: int, tile_keys: int) -> torch.Tensor:
+        """The tiled blocks' buffer ``[heads, blocks, block_elems]`` covering the capacity (after ``reserve``);
+        made anew (nothing tiled) when it grows."""
+        blocks = -(-self.capacity // tile_keys)
+        if self.tiles is None or self.tiles.shape[1] < blocks or self.tile_keys != tile_keys:
+            self.tiles = torch.empty(heads, blocks, block_elems, dtype=torch.int16)
+            self.tiled[0] = 0
+            self.tile_keys = tile_keys
+        return self.tiles
+
+    def _rewritten(self, row: int) -> None:
+        """Rows from ``row`` on change: blocks reaching them are no longer tiled."""
+        if self.tile_keys and int(self.tiled[0]) > row // self.tile_keys:
+            self.tiled[0] = row // self.tile_keys
+
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``)."""
         assert self._kbuf is not None and self._vbuf is not None
@@ -63,6 +83,7 @@ class SlotLayer(CacheLayerMixin):
 
     def advance(self, n: int) -> None:
         """``n`` rows after ``length`` were written into the buffers directly: make them live."""
+        self._rewritten(self.length)
         self.length += n
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, at: int = 0) -> None:
@@ -72,6 +93,7 @@ class SlotLayer(CacheLayerMixin):
         n = keys.shape[2]
         self._ensure(at + n)
         assert self._kbuf is not None and self._vbuf is not None
+        self._rewritten(at)
         self._kbuf[:, :, at : at + n].copy_(keys)
         self._vbuf[:, :, at : at + n].copy_(values)
         self.length = at + n
@@ -102,6 +124,7 @@ class SlotLayer(CacheLayerMixin):
         n = key_states.shape[2]
         self._ensure(self.length + n)
         assert self._kbuf is not None and self._vbuf is not None
+        self._rewritten(self.length)
         self._kbuf[:, :, self.length : self.length + n].copy_(key_states)
         self._vbuf[:, :, self.length : self.length + n].copy_(value_states)
         self.length += n
@@ -115,12 +138,14 @@ class SlotLayer(CacheLayerMixin):
         k = self._kbuf.index_select(2, src)  # [1, h, m, d]: only the accepted rows
         v = self._vbuf.index_select(2, src)
         m = rows.numel()
+        self._rewritten(base)
         self._kbuf[:, :, base : base + m].copy_(k)
         self._vbuf[:, :, base : base + m].copy_(v)
         self.length = base + m
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
+        self._rewritten(self.length)
 
     def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
         return self.length + cache_position.shape[0], 0

@@ -245,8 +245,11 @@ class CpuLlama:
 
     def _reserve(self, cache: SlotCache, rows: int) -> None:
         _, _, g, d, _ = self.dims
+        tile_keys = self.lib.rs_tile_keys() if self.kv_storage == torch.bfloat16 and d % 32 == 0 else 0
         for layer in cache.slot_layers:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
+            if tile_keys:  # the attention keeps the prefix's whole blocks laid out for the tiles
+                layer.reserve_tiles(g, self.lib.rs_tile_block_elems(d), tile_keys)
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: SlotCache, start: int, vis: Any) -> None:
         """Run rows ``x`` [m, E] (positions ``pos``) through every layer, storing their KV at ``start``.."""
@@ -261,12 +264,16 @@ class CpuLlama:
         assert x.is_contiguous(), "rows are updated in place"
         xp, pp, cp, sp = _addr(x), _addr(pos), _addr(self.cos), _addr(self.sin)
         path_p, off_p = _addr(path), _addr(off)
+        tiled = self.kv_storage == torch.bfloat16 and bool(self.lib.rs_tile_keys())
         for layer, lw in zip(cache.slot_layers, self.layer_structs, strict=True):
             kbuf, vbuf = layer.buffers()
+            tiles = layer.tiles if tiled else None
             self.lib.rs_layer(
                 ctypes.byref(lw), ctypes.byref(self.shape), xp, m, pp, cp, sp,
                 _addr(kbuf), _addr(vbuf), kbuf.stride(1), kbuf.stride(2), start, mode,
-                past, path_p, off_p, ctypes.byref(scratch), threads,
+                past, path_p, off_p, ctypes.byref(scratch),
+                None if tiles is None else _addr(tiles), 0 if tiles is None else tiles.stride(0), _addr(layer.tiled),
+                threads,
             )  # fmt: skip
             layer.advance(m)
 

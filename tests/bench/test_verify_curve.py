@@ -28,3 +28,13 @@ def test_the_curve_is_measured_on_every_path() -> None:
         assert list(curve["ours_vs_step"]) == [str(n) for n in VERIFY_NODES if n]
         assert all(v > 0 for v in curve["ours_vs_step"].values())
     assert model.lib is own
+
+
+def test_the_other_kv_twins_are_the_storages_the_target_does_not_use() -> None:
+    """`autoregressive_kv_<name>` is offered for every KV storage but the target's own (bf16 is not fp16)."""
+    from bench.decode_methods import all_methods
+
+    for own, others in (("bfloat16", {"fp32", "fp16", "int8"}), ("float16", {"fp32", "bf16", "int8"})):
+        target = SimpleNamespace(runtime=f"cpu-quantized:gguf:Q4_1+Q8_0/kv-{own}")
+        twins = {m.removeprefix("autoregressive_kv_") for m in all_methods(target) if m.startswith("autoregressive_kv_")}  # type: ignore[arg-type]
+        assert twins == others

@@ -7,16 +7,17 @@ before it loads a model): this package reads no environment variables.
 
 ISA paths, one build each (the cache file is keyed by the path and its flags): ``avx2``, the baseline;
 ``avx512`` (AVX-512 VNNI: a block's int8 products summed by one ``dpbusd``; attention on 16 lanes); ``amx``
-(also linear layers of 8 rows and more on the int8 tiles, after asking Linux for the tile state). All give
-the same bits (see the C files). ``auto`` takes the best path the CPU reports; asking for a path the CPU
+(also linear layers of 8 rows and more on the int8 tiles, after asking Linux for the tile state, and, with a
+bf16 KV cache, its default, attention on the bf16 tiles). All give the same bits on the same cache except the
+attention on the bf16 tiles, which has its own (bf16 queries and numerators; see the C file). ``auto`` takes the best path the CPU reports; asking for a path the CPU
 lacks raises ``KernelUnavailable`` at ``configure``, before a model loads. ``build`` compiles any path
 (compiling needs no CPU support: an image builds every path, ``built_isas``); ``load`` loads the configured one.
 
 - ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
   layer;
-- ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32 or fp16 KV), used by
-  both CPU paths, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``).
+- ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32, fp16, bf16 or int8 KV),
+  used by both CPU runtimes, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``).
 
 Where they cannot be used (no compiler, a CPU without AVX2, ``configure(enabled=False)``) the target runs on
 transformers with fp32 weights: same results up to rounding, slower.
@@ -296,7 +297,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_qlinear.restype = None
     lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
     lib.rs_dequant_rows.restype = None
-    lib.rs_layer.argtypes = [p, p, p, i, p, p, p, p, p, lg, lg, lg, i, i, p, p, p, i]
+    lib.rs_layer.argtypes = [p, p, p, i, p, p, p, p, p, lg, lg, lg, i, i, p, p, p, p, lg, p, i]
+    lib.rs_tile_keys.argtypes = []
+    lib.rs_tile_keys.restype = i
+    lib.rs_tile_block_elems.argtypes = [i]
+    lib.rs_tile_block_elems.restype = lg
     lib.rs_layer.restype = None
     lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
     lib.rs_head.restype = None

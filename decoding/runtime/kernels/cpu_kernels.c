@@ -527,7 +527,7 @@ static inline __attribute__((always_inline)) void attention_part(
  * the invariance the vector code has, with other rounding (bf16 operands, fp32 sums in the tiles' order). The keys
  * and values of a block are laid out for the tiles once for every query reading it. */
 #define TILE_ATTENTION 1
-#define TKB 128 /* keys per block on the tiles: a multiple of 64 */
+#define TKB TILE_KEYS /* keys per block on the tiles: a multiple of 64 */
 #define TQ 16 /* queries per tile */
 
 typedef struct {
@@ -685,6 +685,9 @@ static void units_scores(const tile_unit *u, int U, int D, float *s) {
         for (int q0 = 0; q0 < u[i].cnt; q0 += 64) { /* 64 keys a round */
             const int ns = (u[i].cnt - q0 + 15) / 16;
             const uint16_t *kt = u[i].kt + (long)q0 / 16 * nc * TILE_U16;
+            if (i + 1 < U && u[i + 1].kt != u[i].kt) /* the next block's key tiles of this round, on their way */
+                for (long e = 0; e < 4L * nc * TILE_U16; e += 32)
+                    _mm_prefetch((const char *)(u[i + 1].kt + (long)q0 / 16 * nc * TILE_U16 + e), _MM_HINT_T0);
             _tile_zero(2);
             _tile_zero(3);
             _tile_zero(4);
@@ -761,6 +764,9 @@ static void units_values(const tile_unit *u, int U, int D, const uint16_t *p, fl
         const int direct = u[i].R == TQ;
         float *dst = direct ? u[i].part : o + (long)i * TQ * D;
         const long ld = 4 * (direct ? u[i].part_ld : D);
+        if (i + 1 < U && u[i + 1].vp != u[i].vp) /* the next block's value tiles, on their way */
+            for (long e = 0; e < (long)(u[i + 1].cnt + 31) / 32 * D / 16 * TILE_U16; e += 32)
+                _mm_prefetch((const char *)(u[i + 1].vp + e), _MM_HINT_T0);
         for (int c0 = 0; c0 < D / 16; c0 += 4) {
             const int nd = D / 16 - c0 < 4 ? D / 16 - c0 : 4;
             _tile_zero(2);
@@ -817,7 +823,8 @@ static void run_units(const tile_unit *u, int U, int D, tile_scratch *ts) {
  * prefix blocks (all query tiles of the key head against each), phase 2 by key head and query as before. */
 static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const uint16_t *k,
                                  const uint16_t *v, long kv_sh, long kv_sn, int G, int past, const int32_t *path,
-                                 const int32_t *path_off, float scale, float *out, long o_sn, long o_sh, float *work) {
+                                 const int32_t *path_off, float scale, float *out, long o_sn, long o_sh, float *work,
+                                 uint16_t *tiles, long tiles_sh, int valid) {
     int maxpath = 0;
     for (int i = 0; i < n; ++i) {
         int len = path_off[i + 1] - path_off[i];
@@ -855,11 +862,14 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
         for (int bi = 0; bi < nb; ++bi) {
             const int b = b0 + bi;
             const long off = g * kv_sh + (long)b * TKB * kv_sn;
-            uint16_t *bt = ts->blocks + bi * bsz;
-            const int last = task + 1 == G * chunks && bi + 1 == nb;
-            const long noff = bi + 1 < nb ? off + (long)TKB * kv_sn                               /* same chunk */
-                                          : (task + 1) / chunks * kv_sh + (long)((task + 1) % chunks) * chunk * TKB * kv_sn;
-            block_tiles(k + off, kv_sn, v + off, kv_sn, TKB, D, bt, bt + vofs, last ? 0 : k + noff, last ? 0 : v + noff);
+            uint16_t *bt = tiles ? tiles + g * tiles_sh + (long)b * bsz : ts->blocks + bi * bsz;
+            if (!tiles || b >= valid) { /* not laid out yet (kept in the cache's tiles from now on, if it has them) */
+                const int last = task + 1 == G * chunks && bi + 1 == nb;
+                const long noff = bi + 1 < nb ? off + (long)TKB * kv_sn /* same chunk */
+                                              : (task + 1) / chunks * kv_sh + (long)((task + 1) % chunks) * chunk * TKB * kv_sn;
+                block_tiles(k + off, kv_sn, v + off, kv_sn, TKB, D, bt, bt + vofs, last ? 0 : k + noff,
+                            last ? 0 : v + noff);
+            }
             for (int ct = 0; ct < cts; ++ct, ++U) {
                 const int t0 = ct * TQ;
                 const long r0 = (long)g * rows + t0; /* row (g * group + (t0 + t) / n) * n + (t0 + t) % n */
@@ -930,17 +940,20 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
 #endif
 
 /* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales, 3 bf16; on the
-   amx path bf16 runs on the tiles). */
+   amx path bf16 runs on the tiles). tiles (optional, the tiles' path only): the cache's blocks of TILE_KEYS keys
+   laid out for the tiles, tiles_sh elements per key head, the first `valid` already there; the prefix's other
+   whole blocks are laid out into it (rs_tile_keys says whether a library does). */
 void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
                        long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
-                       float scale, float *out, long o_sn, long o_sh, float *work, int kvm) {
+                       float scale, float *out, long o_sn, long o_sh, float *work, int kvm, uint16_t *tiles,
+                       long tiles_sh, int valid) {
 #define ATTENTION(MODE)                                                                                          \
     attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh, \
                    work, MODE)
 #ifdef TILE_ATTENTION
     if (kvm == 3 && D % 32 == 0) {
         attention_tiles_part(q, q_sh, q_sn, H, n, D, (const uint16_t *)k, (const uint16_t *)v, kv_sh, kv_sn, G, past,
-                             path, path_off, scale, out, o_sn, o_sh, work);
+                             path, path_off, scale, out, o_sn, o_sh, work, tiles, tiles_sh, valid);
         return;
     }
 #endif
@@ -961,7 +974,18 @@ void rs_attention(const float *q, long q_sh, long q_sn, int H, int n, int D, con
                   float *out, long o_sn, long o_sh, float *work, int kvm, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
     attention_kv_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh,
-                      work, kvm);
+                      work, kvm, 0, 0, 0);
 }
+
+/* Keys per block the attention keeps laid out in a bf16 cache's tiles (0: this library has no tiles' path), and
+   the elements one such block takes per key head (its keys' tiles, then its values'). */
+int rs_tile_keys(void) {
+#ifdef TILE_ATTENTION
+    return TKB;
+#else
+    return 0;
+#endif
+}
+long rs_tile_block_elems(int D) { return 2L * TILE_KEYS * D; }
 
 int rs_kernels_version(void) { return 3; }

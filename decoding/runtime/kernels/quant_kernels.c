@@ -584,7 +584,8 @@ typedef struct {
 } rs_shape;
 
 void attention_kv_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
-                       const int32_t *, const int32_t *, float, float *, long, long, float *, int);
+                       const int32_t *, const int32_t *, float, float *, long, long, float *, int, uint16_t *, long, int);
+int rs_tile_keys(void);
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],
    gu [M*2I], act [M*I], xq (int8) [M*max(E,I)], xd / xs [M*max(E,I)/32], work (attention). */
@@ -598,9 +599,12 @@ typedef struct {
 void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, const int64_t *pos,
               const float *cos_t, const float *sin_t, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long start,
               int kv_mode, int past, const int32_t *path, const int32_t *path_off, const rs_scratch *T,
-              int threads) {
+              uint16_t *tiles, long tiles_sh, int32_t *tiled, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
+    if (tiled && *tiled > start / TILE_KEYS) /* rows from start on are rewritten: their blocks' tiles are stale */
+        *tiled = (int32_t)(start / TILE_KEYS);
+    const int valid = tiled ? *tiled : 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         rmsnorm_part(x, E, M, E, L->attn_norm, S->eps, T->h, E);
@@ -609,7 +613,7 @@ void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, con
         rope_store_part(T->qkv, M, H, G, D, pos, cos_t, sin_t, T->q, kbuf, vbuf, kv_sh, kv_sn, start, kv_mode);
 #pragma omp barrier
         attention_kv_part(T->q, D, (long)H * D, H, M, D, kbuf, vbuf, kv_sh, kv_sn, G, past, path, path_off,
-                          S->scale, T->att, (long)H * D, D, T->work, kv_mode);
+                          S->scale, T->att, (long)H * D, D, T->work, kv_mode, tiles, tiles_sh, valid);
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
         rmsnorm_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E);
@@ -619,6 +623,8 @@ void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, con
         quantize_part(T->act, I, M, I, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
     }
+    if (tiles && tiled && kv_mode == 3 && D % 32 == 0 && rs_tile_keys() && past / TILE_KEYS > valid)
+        *tiled = past / TILE_KEYS; /* the attention laid out the prefix's whole blocks */
 }
 
 /* Final norm + LM head over the last `keep` rows of x [M, E]: logits [keep, V]. */

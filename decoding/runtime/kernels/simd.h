@@ -4,6 +4,10 @@
 #define RAGSPEC_SIMD_H
 #include <immintrin.h>
 
+/* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
+   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's rs_layer). */
+#define TILE_KEYS 128
+
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);

@@ -214,7 +214,7 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
     torch.set_num_threads(nthreads)
     model = quantized_tiny_llama(5, kv_dtype=kv_dtype, head_dim=32)
     g = _gen(6)
-    prompt = torch.randint(0, 97, (1, 40), generator=g)
+    prompt = torch.randint(0, 97, (1, 300), generator=g)  # whole key blocks of 64 and of 128 (the tiles') too
     tree = DraftTree()
     for i in range(12):
         tree.add(ROOT if i < 2 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
@@ -240,6 +240,50 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
         again = model(layout.input_ids, layout.position_ids, _tree_mask(layout.ancestor_mask, base),
                       past_key_values=cache).logits[0]
         assert torch.equal(again, tree_logits)
+
+
+@needs_kernels
+def test_a_cache_keeps_its_tiled_blocks_only_while_their_rows_stand() -> None:
+    """With a bf16 cache on the tiles' path the attention keeps the prefix's whole blocks laid out for the tiles
+    (``SlotLayer.tiles``); after truncation and rewriting, compaction and loading a prefix, every forward still
+    gives the logits a fresh cache gives, bit for bit."""
+    model = quantized_tiny_llama(7, kv_dtype=torch.bfloat16, head_dim=32)
+    keys = model.lib.rs_tile_keys()
+    if not keys:
+        pytest.skip("no attention on the tiles on this CPU")
+    g = _gen(8)
+    a, b, c = (torch.randint(0, 97, (1, n), generator=g) for n in (300, 150, 40))
+
+    def fresh_cache(*parts: torch.Tensor) -> SlotCache:
+        cache = SlotCache(model.num_layers, 16)
+        for p in parts:
+            model(p, past_key_values=cache)
+        return cache
+
+    def fresh(*parts: torch.Tensor) -> torch.Tensor:
+        return model(parts[-1], past_key_values=fresh_cache(*parts[:-1])).logits[0]
+
+    with torch.inference_mode():
+        cache = SlotCache(model.num_layers, 16)
+        model(a, past_key_values=cache)
+        layer = cache.slot_layers[0]
+        assert layer.tiles is not None and int(layer.tiled[0]) == 256 // keys  # the whole blocks before the last chunk
+        assert torch.equal(model(c, past_key_values=cache).logits[0], fresh(a, c))
+        assert int(layer.tiled[0]) == 300 // keys
+        cache.truncate(200)  # blocks reaching row 200 are stale now
+        assert int(layer.tiled[0]) == 200 // keys
+        model(b, past_key_values=cache)
+        assert torch.equal(model(c, past_key_values=cache).logits[0], fresh(a[:, :200], b, c))
+        cache.compact(100, list(range(50, 250)))  # rows 150..349 move to 100..299 (their positions kept)
+        assert int(layer.tiled[0]) == 100 // keys
+        kept = model(c, past_key_values=cache).logits[0]
+        cache.truncate(300)
+        for each in cache.slot_layers:
+            each.tiled[0] = 0  # every block laid out again from the rows
+        assert torch.equal(model(c, past_key_values=cache).logits[0], kept)
+        cache.load_prefix([fresh_cache(a[:, :100]).snapshot(0, 100)])
+        assert int(layer.tiled[0]) == 0
+        assert torch.equal(model(c, past_key_values=cache).logits[0], fresh(a[:, :100], c))
 
 
 @needs_kernels
