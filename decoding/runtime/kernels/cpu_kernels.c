@@ -1,6 +1,6 @@
-/* ragspec CPU kernels (AVX2 + FMA + F16C; the attention on 16 lanes where built with AVX-512): fp32 small-batch
- * linear layers (the torch fallback path) and the decode / tree-verify attention both CPU paths use (fp32 or
- * fp16 KV cache).
+/* ragspec CPU kernels (AVX2 + FMA + F16C; the attention on 16 lanes where built with AVX-512, on the bf16 tiles
+ * where built with AMX and the cache is bf16): fp32 small-batch linear layers (the torch fallback path) and the
+ * decode / tree-verify attention both CPU runtimes use (fp32, fp16, bf16 or int8 KV cache).
  *
  * Why: on a CPU the target's forward over a handful of tokens (a verify pass) is dominated by GEMMs with
  * M = 1..65 rows, where the BLAS kernels run far below the machine's FMA rate, and by attention over the
@@ -387,23 +387,6 @@ static inline __attribute__((always_inline)) void rows_blocks(
 }
 #endif
 
-/* Attention of n new tokens (H query heads, G key/value heads, head dim D), flash-decoding style.
- *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at element g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
- *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions):
- *   its visible keys in logical order, split into blocks of KEY_BLOCK logical positions.
- *   work: H * n * nb * (D + 2) floats (nb = blocks of the longest row), shared by the threads.
- * Two phases over all heads at once:
- *   1. the prefix blocks every row sees in full, by (key head, block): the block's keys / values are read from
- *      the cache once for every query row of the key head (all H/G heads x n rows, ROW_TILE at a time); per
- *      row a partial (block max, sum of exp, weighted values);
- *   2. by (key head, query): the blocks that reach into the query's own path (gathered by logical position,
- *      once for the key head's H/G query heads), then each row's partials combined in block order:
- *      out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b).
- * Every row's result is a function of its visible keys alone (not of n, the tree, the task split or the
- * thread), so a tree node's attention equals its attention decoded alone, bit for bit.
- * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
-#define MAX_GROUP 64 /* query heads per key head */
-
 /* A row's output from its nb block partials (part b at pb + b * D, its max and sum at mlr[2b], mlr[2b + 1]), in
    block order: out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b) (elementwise, so computed for
    eight blocks at a time with the bits of one at a time). */
@@ -428,6 +411,23 @@ static void combine_blocks(const float *pb, const float *mlr, int nb, int D, flo
     const __m256 inv = _mm256_set1_ps(1.0f / den);
     for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
 }
+
+/* Attention of n new tokens (H query heads, G key/value heads, head dim D), flash-decoding style.
+ *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at element g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
+ *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions):
+ *   its visible keys in logical order, split into blocks of KEY_BLOCK logical positions.
+ *   work: H * n * nb * (D + 2) floats (nb = blocks of the longest row), shared by the threads.
+ * Two phases over all heads at once:
+ *   1. the prefix blocks every row sees in full, by (key head, block): the block's keys / values are read from
+ *      the cache once for every query row of the key head (all H/G heads x n rows, ROW_TILE at a time); per
+ *      row a partial (block max, sum of exp, weighted values);
+ *   2. by (key head, query): the blocks that reach into the query's own path (gathered by logical position,
+ *      once for the key head's H/G query heads), then each row's partials combined in block order:
+ *      out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b).
+ * Every row's result is a function of its visible keys alone (not of n, the tree, the task split or the
+ * thread), so a tree node's attention equals its attention decoded alone, bit for bit.
+ * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
+#define MAX_GROUP 64 /* query heads per key head */
 
 static inline __attribute__((always_inline)) void attention_part(
     const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
