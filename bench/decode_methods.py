@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bench.decode")
 
 SYSTEM = "You answer questions about the document below. Answer briefly, using only the document."
-KV_TWINS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}  # our decoding, other KV
+# our decoding on another KV storage
+KV_TWINS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
 LLAMA_REFS = tuple(BUILDS)  # llama.cpp builds: the best one here, the AVX2 one
 REFERENCES = (*LLAMA_REFS, *(f"autoregressive_kv_{name}" for name in KV_TWINS))  # not expected to equal ours
 @dataclass(frozen=True)

@@ -36,5 +36,6 @@ def test_the_other_kv_twins_are_the_storages_the_target_does_not_use() -> None:
 
     for own, others in (("bfloat16", {"fp32", "fp16", "int8"}), ("float16", {"fp32", "bf16", "int8"})):
         target = SimpleNamespace(runtime=f"cpu-quantized:gguf:Q4_1+Q8_0/kv-{own}")
-        twins = {m.removeprefix("autoregressive_kv_") for m in all_methods(target) if m.startswith("autoregressive_kv_")}  # type: ignore[arg-type]
+        methods = all_methods(target)  # type: ignore[arg-type]
+        twins = {m.removeprefix("autoregressive_kv_") for m in methods if m.startswith("autoregressive_kv_")}
         assert twins == others

@@ -9,9 +9,10 @@ ISA paths, one build each (the cache file is keyed by the path and its flags): `
 ``avx512`` (AVX-512 VNNI: a block's int8 products summed by one ``dpbusd``; attention on 16 lanes); ``amx``
 (also linear layers of 8 rows and more on the int8 tiles, after asking Linux for the tile state, and, with a
 bf16 KV cache, its default, attention on the bf16 tiles). All give the same bits on the same cache except the
-attention on the bf16 tiles, which has its own (bf16 queries and numerators; see the C file). ``auto`` takes the best path the CPU reports; asking for a path the CPU
-lacks raises ``KernelUnavailable`` at ``configure``, before a model loads. ``build`` compiles any path
-(compiling needs no CPU support: an image builds every path, ``built_isas``); ``load`` loads the configured one.
+attention on the bf16 tiles, which has its own (bf16 queries and numerators; see the C file). ``auto`` takes the
+best path the CPU reports; asking for a path the CPU lacks raises ``KernelUnavailable`` at ``configure``, before a
+model loads. ``build`` compiles any path (compiling needs no CPU support: an image builds every path,
+``built_isas``); ``load`` loads the configured one.
 
 - ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
@@ -60,8 +61,8 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {  # added to FLAGS
 ISA_CPU_FLAGS: dict[str, frozenset[str]] = {  # what /proc/cpuinfo must list for a path
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
-    "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile",
-                      "amx_int8", "amx_bf16"}),
+    "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                      "amx_tile", "amx_int8", "amx_bf16"}),
 }
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
 TILE_ROWS = 16  # the AMX path reads quantized activations a whole tile of rows at a time

@@ -326,13 +326,16 @@ static inline __attribute__((always_inline)) void amx_rows(
     const int R, const int8_t *xq, const float *xd, const float *xs, int m0, int K, const uint8_t *pair, int wtype,
     int n0, int valid, float *y, long ldy, const float *bias, const float *res, long ldr) {
     const int nb = K / QK;
-    int32_t c0[16 * 16] __attribute__((aligned(64))), c1[16 * 16] __attribute__((aligned(64)));
+    /* sums of blocks b, b + 1 in c[b / 2 % 2]: a pair is scaled one iteration after its tiles are stored, so
+       the vector loads never wait for the tile stores just issued (the scaling stays in block order) */
+    int32_t c[2][2][16 * 16] __attribute__((aligned(64)));
     const int8_t *xa = xq + (long)m0 * K;
     __m512 acc[16];
     for (int n = 0; n < R; ++n) acc[n] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *bt0 = pair + (long)b * PAIR_BYTES, *bt1 = bt0 + PAIR_BYTES;
+        int32_t *c0 = c[b / 2 % 2][0], *c1 = c[b / 2 % 2][1];
         _tile_loadd(2, bt0, 64);
         _tile_loadd(1, xa + b * QK, K);
         _tile_zero(0);
@@ -343,10 +346,19 @@ static inline __attribute__((always_inline)) void amx_rows(
         _tile_dpbssd(3, 4, 5);
         _tile_stored(0, c0, 64);
         _tile_stored(3, c1, 64);
-        AMX_SCALE(c0, bt0, b);
-        AMX_SCALE(c1, bt1, b + 1);
+        if (b >= 2) {
+            const uint8_t *pt0 = bt0 - 2 * PAIR_BYTES, *pt1 = pt0 + PAIR_BYTES;
+            AMX_SCALE(c[b / 2 % 2 ^ 1][0], pt0, b - 2);
+            AMX_SCALE(c[b / 2 % 2 ^ 1][1], pt1, b - 1);
+        }
+    }
+    if (b >= 2) {
+        const uint8_t *pt0 = pair + (long)(b - 2) * PAIR_BYTES, *pt1 = pt0 + PAIR_BYTES;
+        AMX_SCALE(c[b / 2 % 2 ^ 1][0], pt0, b - 2);
+        AMX_SCALE(c[b / 2 % 2 ^ 1][1], pt1, b - 1);
     }
     if (b < nb) {
+        int32_t *c0 = c[0][0];
         const uint8_t *bt0 = pair + (long)b * PAIR_BYTES;
         _tile_loadd(2, bt0, 64);
         _tile_loadd(1, xa + b * QK, K);

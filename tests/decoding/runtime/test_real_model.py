@@ -18,10 +18,10 @@ from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.runtime import bundled, kernels
 from decoding.runtime.bundled_install import BundledAssets, install_bundled
 from decoding.runtime.models import LoadedModel, LoadOptions, load_model
-from tests.decoding.conftest import default_kv_name
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, TokenEvent
 from decoding.speculative.prompt import build_prompt
+from tests.decoding.conftest import default_kv_name
 
 pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
