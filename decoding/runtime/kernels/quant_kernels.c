@@ -429,11 +429,17 @@ void qmatmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
 #if AMX
     if (M >= AMX_MIN_ROWS) {
-        amx_configure(M < 16 ? M : 16);
+        /* a last tile of fewer than AMX_MIN_ROWS rows costs a whole tile's work: those rows go to the vector
+           kernel, on the task's weights just read (the same bits either way) */
+        const int rest = M > 16 && M % 16 < AMX_MIN_ROWS ? M % 16 : 0, tiled = M - rest, nb = K / QK;
+        amx_configure(tiled < 16 ? tiled : 16);
 #pragma omp for schedule(static)
         for (int t = 0; t < tasks; ++t) {
             const int g0 = t * GROUPS_PER_TASK, g1 = g0 + GROUPS_PER_TASK < groups ? g0 + GROUPS_PER_TASK : groups;
-            amx_groups(xq, xd, xs, M, K, w, wtype, ldg, N, g0, g1, y, ldy, bias, res, ldr);
+            amx_groups(xq, xd, xs, tiled, K, w, wtype, ldg, N, g0, g1, y, ldy, bias, res, ldr);
+            if (rest)
+                qgroups(xq + (long)tiled * K, xd + (long)tiled * nb, xs + (long)tiled * nb, rest, K, w, wtype, ldg, N,
+                        g0, g1, y + (long)tiled * ldy, ldy, bias, res ? res + (long)tiled * ldr : 0, ldr);
         }
         _tile_release();
         return;
