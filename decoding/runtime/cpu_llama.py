@@ -243,9 +243,13 @@ class CpuLlama:
         """The cache buffers' dtype: int8 keys / values are stored as uint8 rows holding their scales."""
         return torch.uint8 if self.kv_dtype == torch.int8 else self.kv_dtype
 
+    def _tile_keys(self) -> int:
+        """Keys per block the attention keeps laid out in the cache (0: this library and storage keep none)."""
+        return int(self.lib.rs_tile_keys()) if self.kv_storage == torch.bfloat16 and self.dims[3] % 32 == 0 else 0
+
     def _reserve(self, cache: SlotCache, rows: int) -> None:
         _, _, g, d, _ = self.dims
-        tile_keys = self.lib.rs_tile_keys() if self.kv_storage == torch.bfloat16 and d % 32 == 0 else 0
+        tile_keys = self._tile_keys()
         for layer in cache.slot_layers:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
             if tile_keys:  # the attention keeps the prefix's whole blocks laid out for the tiles
@@ -264,7 +268,7 @@ class CpuLlama:
         assert x.is_contiguous(), "rows are updated in place"
         xp, pp, cp, sp = _addr(x), _addr(pos), _addr(self.cos), _addr(self.sin)
         path_p, off_p = _addr(path), _addr(off)
-        tiled = self.kv_storage == torch.bfloat16 and bool(self.lib.rs_tile_keys())
+        tiled = bool(self._tile_keys())
         for layer, lw in zip(cache.slot_layers, self.layer_structs, strict=True):
             kbuf, vbuf = layer.buffers()
             tiles = layer.tiles if tiled else None

@@ -387,6 +387,22 @@ static inline __attribute__((always_inline)) void rows_blocks(
 }
 #endif
 
+static int longest_path(const int32_t *path_off, int n) {
+    int longest = 0;
+    for (int i = 0; i < n; ++i) {
+        const int len = path_off[i + 1] - path_off[i];
+        longest = len > longest ? len : longest;
+    }
+    return longest;
+}
+
+/* Whether query i's path continues the prefix row by row (a causal chunk: a prefill), so it is read in place. */
+static int continues_prefix(const int32_t *path, const int32_t *path_off, int i, int past) {
+    for (int u = 0; u < path_off[i + 1] - path_off[i]; ++u)
+        if (path[path_off[i] + u] != past + u) return 0;
+    return 1;
+}
+
 /* A row's output from its nb block partials (part b at pb + b * D, its max and sum at mlr[2b], mlr[2b + 1]), in
    block order: out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b) (elementwise, so computed for
    eight blocks at a time with the bits of one at a time). */
@@ -433,11 +449,7 @@ static inline __attribute__((always_inline)) void attention_part(
     const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
     long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale, float *out, long o_sn,
     long o_sh, float *work, const int kvm) {
-    int maxpath = 0;
-    for (int i = 0; i < n; ++i) {
-        int len = path_off[i + 1] - path_off[i];
-        maxpath = len > maxpath ? len : maxpath;
-    }
+    const int maxpath = longest_path(path_off, n);
     const int nbmax = (past + maxpath + KEY_BLOCK - 1) / KEY_BLOCK;
     const int group = H / G;
     const int dv = D / 8;
@@ -480,9 +492,7 @@ static inline __attribute__((always_inline)) void attention_part(
         const int g = task / n, i = task % n;
         const int plen = path_off[i + 1] - path_off[i];
         const int total = past + plen, nb = (total + KEY_BLOCK - 1) / KEY_BLOCK;
-        /* a path that continues the prefix row by row (a causal chunk: a prefill) is read in place */
-        int in_place = 1;
-        for (int u = 0; u < plen && in_place; ++u) in_place = path[path_off[i] + u] == past + u;
+        const int in_place = continues_prefix(path, path_off, i, past);
         for (int b = full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
             const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
             const char *kd = (const char *)k + esz * (g * kv_sh + (long)t0 * kv_sn);
@@ -825,11 +835,7 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
                                  const uint16_t *v, long kv_sh, long kv_sn, int G, int past, const int32_t *path,
                                  const int32_t *path_off, float scale, float *out, long o_sn, long o_sh, float *work,
                                  uint16_t *tiles, long tiles_sh, int valid) {
-    int maxpath = 0;
-    for (int i = 0; i < n; ++i) {
-        int len = path_off[i + 1] - path_off[i];
-        maxpath = len > maxpath ? len : maxpath;
-    }
+    const int maxpath = longest_path(path_off, n);
     const int nbmax = (past + maxpath + TKB - 1) / TKB;
     const int group = H / G, full = past / TKB, nc = D / 32;
     const long pstride = (long)nbmax * D;
@@ -889,8 +895,7 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
         const int g = task / n, i = task % n;
         const int plen = path_off[i + 1] - path_off[i];
         const int total = past + plen, nb = (total + TKB - 1) / TKB;
-        int in_place = 1;
-        for (int w = 0; w < plen && in_place; ++w) in_place = path[path_off[i] + w] == past + w;
+        const int in_place = continues_prefix(path, path_off, i, past);
         for (int h0 = g * group; h0 < (g + 1) * group; h0 += TQ) {
             const int R = (g + 1) * group - h0 < TQ ? (g + 1) * group - h0 : TQ;
             const float *qs[TQ];
