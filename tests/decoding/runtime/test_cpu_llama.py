@@ -310,6 +310,8 @@ def test_an_int8_kv_cache_stores_each_row_with_its_scales_and_stays_close() -> N
     assert not torch.equal(a, b)
     with pytest.raises(ModelLoadError, match="multiple of 32"):
         quantized_tiny_llama(4, kv_dtype=torch.int8)  # head size 16
+    with pytest.raises(ModelLoadError, match=r"float32, float16, bfloat16 or int8, not torch\.float64"):
+        quantized_tiny_llama(4, kv_dtype=torch.float64)
 
 
 @needs_kernels
