@@ -44,11 +44,6 @@ class SeededNoise:
         return torch.log(probs.double()) + noise
 
 
-def sample_coupled(probs: torch.Tensor, noise: SeededNoise, position: int) -> int:
-    """The coupled sample of p (``[vocab]``) at ``position``."""
-    return int(noise.scores(probs[None], [position])[0].argmax())
-
-
 def verify_coupled(tree: DraftTree, probs: torch.Tensor, noise: SeededNoise, first_position: int) -> Verdict:
     """Accept draft nodes equal to the coupled sample at their position; the bonus is the next one.
 

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -30,7 +30,7 @@ from decoding.errors import ContextTooLong
 from decoding.runtime import host
 from decoding.runtime.attention_cuda import describe_tree_mask
 from decoding.speculative.budget import BudgetPolicy, TreeSelector
-from decoding.speculative.coupled import SeededNoise, sample_coupled, verify_coupled
+from decoding.speculative.coupled import SeededNoise, verify_coupled
 from decoding.speculative.detokenize import AnswerText
 from decoding.speculative.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.speculative.generation import (
@@ -40,8 +40,10 @@ from decoding.speculative.generation import (
     Prompt,
     SamplingParams,
     TokenEvent,
+    TokenLogprob,
 )
 from decoding.speculative.prefill import PromptReader, default_prefill_chunk, segment_ends
+from decoding.speculative.shaping import LogitShaper, row_paths, token_logprobs
 from decoding.speculative.stats import GenerationStats
 from decoding.speculative.tree import DraftTree, merge_trees, tree_layout
 from decoding.speculative.verify import Verdict, greedy_path, target_probs, verify_sampling
@@ -62,6 +64,23 @@ class TargetModel(Protocol):
     def eos_token_ids(self) -> tuple[int, ...]: ...
     @property
     def max_context(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class RowShaping:
+    """What a verify forward's rows need beyond the logits: the request's logit shaping (None: none) applied with
+    each row's path after ``answer`` (the tokens emitted so far), and ``logprobs`` (None: off; else how many of
+    the most likely tokens to report with each emitted token's log-probability)."""
+
+    shaper: LogitShaper | None = None
+    answer: Sequence[int] = ()
+    logprobs: int | None = None
+
+
+class Judgement(NamedTuple):
+    verdict: Verdict
+    node_topk: torch.Tensor | None  # the target's top-k after every row, on the host (when asked for)
+    logprobs: list[TokenLogprob] | None  # one per emitted token (accepted + bonus), when asked for
 
 
 @dataclass(frozen=True)
@@ -209,14 +228,17 @@ class Engine:
         generator = _generator(sampling)
         noise = None if sampling.greedy or sampling.seed is None else SeededNoise(sampling.seed, self._vocab)
         answer = AnswerText(self.target.tokenizer, self.eos, max_new, config.stop)
-        root = self._pick(read.last, sampling, generator, noise)
+        shaper = LogitShaper(sampling, ids, self._vocab, self.device) if LogitShaper.needed(sampling) else None
+        first = self._judge(DraftTree(), read.last[None], sampling, generator, noise, 0, None,
+                            RowShaping(shaper, (), config.logprobs))
+        root = first.verdict.bonus
         run = _Run(config, sampling, generator, noise, cache, drafters, TreeSelector(self.policy), stats, max_new,
-                   root, output=answer.ids)
+                   root, output=answer.ids, shaper=shaper, logprobs=first.logprobs)
 
         text = answer.add([root])
         stats.ttft_s = t_first = time.perf_counter() - t0
         if text:
-            yield TokenEvent(text, answer.ids[:])
+            yield TokenEvent(text, answer.ids[:], run.new_logprobs())
         if not answer.done and drafters:
             info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, draft_ids=prompt.draft_ids,
                               draft_rows=prompt.draft_rows, target_cache=cache)
@@ -228,10 +250,10 @@ class Engine:
                 break
             text = answer.add(self._step(run))
             if text:
-                yield TokenEvent(text, answer.ids[:])
+                yield TokenEvent(text, answer.ids[:], run.new_logprobs())
         tail = answer.close()
         if tail:
-            yield TokenEvent(tail, answer.ids[:])
+            yield TokenEvent(tail, answer.ids[:], run.new_logprobs())
         for d in drafters:
             d.end(answer.ids)
         now = time.perf_counter()
@@ -239,7 +261,9 @@ class Engine:
         stats.total_s = now - t0
         stats.decode_s = now - t0 - t_first
         stats.finish_reason = answer.finish
-        yield DoneEvent(text=answer.text, token_ids=answer.ids, finish_reason=answer.finish, stats=stats)
+        logprobs = None if run.logprobs is None else run.logprobs[: len(answer.ids)]
+        yield DoneEvent(text=answer.text, token_ids=answer.ids, finish_reason=answer.finish, stats=stats,
+                        logprobs=logprobs)
 
     # ---- one decoding step: draft -> pick -> verify -> accept and commit ---------------------------------
 
@@ -248,8 +272,11 @@ class Engine:
         over root + that part, the accepted path's KV kept; returns the new tokens (accepted + bonus)."""
         tree = self._pick_tree(run, self._draft(run))
         base, t = run.cache.length, time.perf_counter()
-        verdict, node_topk = self.verify(run.root, tree, run.cache, run.sampling, run.generator, run.noise,
-                                         len(run.output), self.config.node_topk if run.drafters else None)
+        verdict, node_topk, logprobs = self.verify(
+            run.root, tree, run.cache, run.sampling, run.generator, run.noise, len(run.output),
+            self.config.node_topk if run.drafters else None, RowShaping(run.shaper, run.output, run.config.logprobs))
+        if run.logprobs is not None and logprobs is not None:
+            run.logprobs.extend(logprobs)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
         self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
@@ -317,49 +344,47 @@ class Engine:
         noise: SeededNoise | None = None,
         position: int = 0,
         topk: int | None = None,
-    ) -> tuple[Verdict, torch.Tensor | None]:
-        """One target forward over root + tree; returns the verdict and, given ``topk``, the target's top-k
-        after every row ``[n + 1, topk]`` (on the host)."""
+        rows: RowShaping | None = None,
+    ) -> Judgement:
+        """One target forward over root + tree; returns the verdict, given ``topk`` the target's top-k after
+        every row ``[n + 1, topk]`` (on the host), and the log-probabilities ``rows`` asks for."""
         base = cache.length
         layout = tree_layout(root, tree, base, self.device)
         mask = self._mask(layout.ancestor_mask, base) if len(tree) else None
         logits = self._forward(layout.input_ids, cache, layout.position_ids, mask)
-        return self._judge(tree, logits, sampling, generator, noise, position, topk)
+        return self._judge(tree, logits, sampling, generator, noise, position, topk, rows)
 
     def _judge(
         self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
-        noise: SeededNoise | None, position: int, topk: int | None,
-    ) -> tuple[Verdict, torch.Tensor | None]:
-        """The verdict on a verify forward's ``logits`` ``[n + 1, vocab]`` and the rows' top-k, with ONE
-        device-to-host transfer (``host.fetch``). What the host needs is computed where the logits are: greedy,
-        every row's argmax (the greedy token stays ``argmax``: its ties may break unlike ``topk``'s); sampling,
-        every row's p. Rejection sampling (with the request's CPU generator) and coupled sampling then run
-        on the host copy, so a CPU generator never meets a device tensor."""
+        noise: SeededNoise | None, position: int, topk: int | None, rows: RowShaping | None = None,
+    ) -> Judgement:
+        """The verdict on a verify forward's ``logits`` ``[n + 1, vocab]`` (the prefill's last row for the first
+        token: an empty tree), each row shaped with its own path first, and the rows' top-k, with ONE
+        device-to-host transfer (``host.fetch``; log-probabilities, when asked for, take a second). What the host
+        needs is computed where the logits are: greedy, every row's argmax (the greedy token stays ``argmax``: its
+        ties may break unlike ``topk``'s); sampling, every row's p. Rejection sampling (with the request's CPU
+        generator) and coupled sampling then run on the host copy, so a CPU generator never meets a device
+        tensor."""
+        rows = rows or RowShaping()
+        if rows.shaper is not None:
+            logits = rows.shaper.shape(logits, rows.answer, row_paths(tree))
         cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
+        node_topk: torch.Tensor | None
         if sampling.greedy:
             best, *got = host.fetch(logits.argmax(dim=-1), *cues)
-            return greedy_path(tree, best.tolist()), (got[0] if got else None)
-        probs, *got = host.fetch(target_probs(logits, sampling), *cues)
-        node_topk = got[0] if got else None
-        if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
-            return verify_coupled(tree, probs, noise, position), node_topk
-        return verify_sampling(tree, probs, generator, sampling.eta), node_topk
-
-    def _pick(
-        self,
-        logits: torch.Tensor,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        noise: SeededNoise | None = None,
-    ) -> int:
-        """The first output token (position 0), from the prefill's last logits (one transfer, as a step)."""
-        if sampling.greedy:
-            (best,) = host.fetch(logits.argmax())
-            return int(best)
-        (probs,) = host.fetch(target_probs(logits, sampling))
-        if noise is not None:
-            return sample_coupled(probs, noise, 0)
-        return int(torch.multinomial(probs, 1, generator=generator).item())
+            verdict, node_topk = greedy_path(tree, best.tolist()), (got[0] if got else None)
+        else:
+            probs, *got = host.fetch(target_probs(logits, sampling), *cues)
+            node_topk = got[0] if got else None
+            if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
+                verdict = verify_coupled(tree, probs, noise, position)
+            else:
+                verdict = verify_sampling(tree, probs, generator, sampling.eta)
+        if rows.logprobs is None:
+            return Judgement(verdict, node_topk, None)
+        path = [0, *(i + 1 for i in verdict.accepted_nodes)]  # row r predicts the token emitted after it
+        emitted = [*(tree.tokens[i] for i in verdict.accepted_nodes), verdict.bonus]
+        return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, rows.logprobs))
 
 
 @dataclass
@@ -377,6 +402,17 @@ class _Run:
     max_new: int
     root: int  # the last token, not yet in the cache: every step's forward starts with it
     output: list[int]  # the answer's tokens so far (``AnswerText.ids``, the same list)
+    shaper: LogitShaper | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per emitted token (may run past ``output``), when asked for
+    sent: int = 0  # logprobs already handed out in events
+
+    def new_logprobs(self) -> list[TokenLogprob]:
+        """The log-probabilities of the answer's tokens not yet in an event."""
+        if self.logprobs is None:
+            return []
+        out = self.logprobs[self.sent : len(self.output)]
+        self.sent = len(self.output)
+        return out
 
 
 def _generator(sampling: SamplingParams) -> torch.Generator | None:

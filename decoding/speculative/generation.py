@@ -10,7 +10,11 @@ from decoding.speculative.stats import GenerationStats
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. top_k 0 = off. A seed makes sampling reproducible.
+    """temperature 0 = greedy. top_k 0 = off. A seed makes sampling reproducible. ``min_p`` drops tokens less
+    likely than ``min_p`` times the most likely one (after temperature and top-k).
+
+    The penalties and ``logit_bias`` (token id, bias) shape the logits before everything else, greedy included
+    (``decoding.speculative.shaping``: their semantics, and how each verified row gets its own path's counts).
 
     ``eta`` > 0 turns on RAPID's knowledge transfer, which is NOT lossless: a sampled LM draft is tested
     against the target's distribution shifted towards the drafter's (``decoding.speculative.verify.transfer``), so the
@@ -21,6 +25,11 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     eta: float = 0.0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -33,6 +42,17 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     draft_budget: int | None = None  # most draft nodes per step; None = the engine's budget policy
+    logprobs: int | None = None  # None: off; k >= 0: each token's log-probability and the k most likely tokens'
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's shaped logits, and the ``top`` most likely tokens'
+    (token id, log-probability), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,10 +84,12 @@ class Prompt:
 
 @dataclass
 class TokenEvent:
-    """Newly decoded text (may be empty while a multi-byte character is incomplete)."""
+    """Newly decoded text (may be empty while a multi-byte character is incomplete). ``logprobs`` (when asked
+    for): the tokens added to ``token_ids`` since the previous event."""
 
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +110,7 @@ class DoneEvent:
     token_ids: list[int]
     finish_reason: str  # 'stop' (EOS or stop string), 'length', 'cancelled'
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token of ``token_ids`` when asked for
 
 
 GenerationEvent = TokenEvent | PrefillEvent | DoneEvent

@@ -57,15 +57,20 @@ def greedy_path(tree: DraftTree, target: Sequence[int]) -> Verdict:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Distribution p the target samples from: temperature, then top-k, then top-p (nucleus).
+    """Distribution p the target samples from: temperature, then top-k, then min-p, then top-p (nucleus).
 
-    ``logits``: ``[..., vocab]``; returns float32 probabilities of the same shape.
+    ``logits``: ``[..., vocab]`` (already shaped: ``decoding.speculative.shaping``); returns float32
+    probabilities of the same shape.
     """
     z = logits.float() / max(params.temperature, 1e-6)
     if params.top_k and params.top_k < z.shape[-1]:
         kth = torch.topk(z, params.top_k, dim=-1).values[..., -1:]
         z = z.masked_fill(z < kth, float("-inf"))
     probs = torch.softmax(z, dim=-1)
+    if params.min_p > 0.0:
+        floor = probs.amax(dim=-1, keepdim=True) * params.min_p
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token

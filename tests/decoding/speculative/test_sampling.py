@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from decoding.speculative.coupled import SeededNoise, sample_coupled
+from decoding.speculative.coupled import SeededNoise, verify_coupled
 from decoding.speculative.drafter import BaseDrafter
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
@@ -240,4 +240,4 @@ def test_a_top_p_that_rounds_to_zero_keeps_the_top_token() -> None:
     probs = target_probs(logits, SamplingParams(temperature=1.0, top_p=1e-46))
     assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
     noise = SeededNoise(3, 4)
-    assert sample_coupled(probs[0], noise, 0) == 1
+    assert verify_coupled(DraftTree(), probs, noise, 0).bonus == 1
