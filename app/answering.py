@@ -62,6 +62,7 @@ class Question:
     history: Sequence[tuple[str, str]] = ()
     system: str = SYSTEM_PROMPT
     session_id: str | None = None
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely tokens'
 
 
 @dataclass
@@ -169,7 +170,7 @@ def admit(
 
     async def prepare() -> Plan:
         prompt, sources = await asyncio.to_thread(build)
-        config = GenerationConfig(max_new_tokens=max_tokens, sampling=q.sampling, stop=q.stop)
+        config = GenerationConfig(max_new_tokens=max_tokens, sampling=q.sampling, stop=q.stop, logprobs=q.logprobs)
         return Plan(
             tenant=tenant, question=q, prompt=prompt, config=config, drafters=drafters, sources=sources,
             arrived=arrived,

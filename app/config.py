@@ -19,6 +19,15 @@ class RequestLimits:
 
 
 @dataclass(frozen=True)
+class PenaltyDefaults:
+    """The penalties a request gets when it gives none (``RAGSPEC_DEFAULT_*_PENALTY``)."""
+
+    frequency: float = 0.0
+    presence: float = 0.0
+    repetition: float = 1.0
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     session_ttl_s: int
     max_turns: int = 8  # turns of history fed back to the target
@@ -29,6 +38,7 @@ class ServiceConfig:
     limits: RequestLimits
     sessions: SessionConfig
     api_keys: tuple[str, ...]
+    penalties: PenaltyDefaults = PenaltyDefaults()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
@@ -42,4 +52,6 @@ class ServiceConfig:
             ),
             sessions=SessionConfig(session_ttl_s=settings.session_ttl_s),
             api_keys=tuple(settings.api_keys),
+            penalties=PenaltyDefaults(settings.default_frequency_penalty, settings.default_presence_penalty,
+                                      settings.default_repetition_penalty),
         )

@@ -95,8 +95,11 @@ def translate(exc: BaseException) -> ServiceError | None:
     return None
 
 
-def error_body(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
+def error_body(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """The error body; with ``param`` (the request field at fault) also OpenAI's ``type`` and ``param``."""
+    if param is None:
+        return {"error": {"code": code, "message": message}}
+    return {"error": {"code": code, "message": message, "type": "invalid_request_error", "param": param}}
 
 
 def _json(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -111,6 +114,11 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _unknown_fields(exc: RequestValidationError) -> list[str]:
+    return [".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            for err in exc.errors() if err.get("type") == "extra_forbidden"]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def service_error(_: Request, exc: Exception) -> JSONResponse:
         err = translate(exc)
@@ -121,6 +129,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        unknown = _unknown_fields(exc)
+        if unknown:  # a parameter we do not implement: refused by name, never ignored (as OpenAI does)
+            message = (f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
+                       "(the README's API section lists what ragspec supports)")
+            return JSONResponse(error_body("unsupported_parameter", message, unknown[0]), status_code=400)
         return _json(422, "invalid_request", _validation_message(exc))
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:

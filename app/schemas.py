@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
 AskMode = Literal["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined"]
@@ -62,10 +62,73 @@ class DocumentList(BaseModel):
     documents: list[DocumentOut]
 
 
+# ---- sampling controls and log-probabilities (both APIs) -------------------------------------------
+
+MAX_LOGIT_BIAS = 1024
+MAX_TOP_LOGPROBS = 20
+
+
+class LogitControls(BaseModel):
+    """The sampling and logit-shaping fields both APIs take: OpenAI's names and semantics, and vLLM's for
+    ``repetition_penalty``, ``top_k`` and ``min_p``. Each applies inside speculative decoding exactly as in
+    plain decoding (every verified draft row is shaped with its own path's counts)."""
+
+    top_k: int = Field(0, ge=-1, description="Sample among the k most likely tokens only; 0 or -1: off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Drop tokens less likely than min_p times the most "
+                         "likely one (after temperature and top_k); 0: off")
+    frequency_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="Subtracted from a token's logit once per time it occurs in the answer "
+        "so far (the prompt does not count); null: the server's default (RAGSPEC_DEFAULT_FREQUENCY_PENALTY)")
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="Subtracted from the logit of every token the answer already holds; "
+        "null: the server's default (RAGSPEC_DEFAULT_PRESENCE_PENALTY)")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=10.0, description="Multiplicative (HF / vLLM): the logit of a token present in the prompt "
+        "(the document included) or the answer is divided by it when positive, multiplied when negative; 1: off; "
+        "null: the server's default (RAGSPEC_DEFAULT_REPETITION_PENALTY)")
+    logit_bias: dict[str, float] | None = Field(
+        None, description=f"Token id (a string, as OpenAI's) -> bias in [-100, 100] added to its logit (at most "
+        f"{MAX_LOGIT_BIAS} entries); -100 bans a token, 100 forces it")
+    logprobs: bool | None = Field(None, description="Return each answer token's log-probability (of the logits "
+                                  "after logit_bias and the penalties, before temperature and truncation)")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: also the most likely tokens at each position")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_entries(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+        for key, value in bias.items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"keys are token ids (non-negative integers as strings), got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"token {key}: a bias must lie in [-100, 100], got {value}")
+        return bias
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> LogitControls:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+
+class TopLogprob(BaseModel):
+    token: str = Field(description="The token's text (a token that ends inside a UTF-8 character shows U+FFFD)")
+    logprob: float
+    bytes: list[int] = Field(description="The token's bytes (join a character split across tokens from these)")
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="The most likely tokens at this position, best first")
+
+
 # ---- ask ------------------------------------------------------------------------------------------
 
 
-class AskRequest(BaseModel):
+class AskRequest(LogitControls):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1)
     document_ids: list[str] = Field(
@@ -175,6 +238,7 @@ class AskResponse(BaseModel):
     sources: list[Source]
     usage: Usage
     stats: AskStats
+    logprobs: list[TokenLogprobOut] | None = Field(None, description="One per answer token, with `logprobs: true`")
 
 
 # ---- OpenAI-compatible ----------------------------------------------------------------------------
@@ -185,8 +249,16 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we ignore (n=1, user, ...)
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = Field(False, description="A last chunk (no choices) with the usage; the others' usage null")
+
+
+class ChatCompletionRequest(LogitControls):
+    """OpenAI's fields that ragspec implements, plus ``document_ids`` (and vLLM's ``repetition_penalty``,
+    ``top_k``, ``min_p``); any other field is refused with a 400 naming it, never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
@@ -197,7 +269,15 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1)
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256, description="An end user's id (OpenAI's): logged, nothing else")
     document_ids: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> ChatCompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
 
 
 class ChatChoiceMessage(BaseModel):
@@ -205,10 +285,15 @@ class ChatChoiceMessage(BaseModel):
     content: str
 
 
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatChoiceMessage
     finish_reason: str
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatUsage(BaseModel):

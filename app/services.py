@@ -6,6 +6,7 @@ Settings are read here and only here; every library object gets plain values or 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from app.kv_tuning import (
 from app.metrics import Metrics
 from app.prompts import PromptBuilder, document_texts
 from app.redis_link import RedisLink
+from app.sampling import LogprobText
 from app.scheduler import GenerationScheduler
 from app.sessions import SessionStore
 from app.settings import Settings
@@ -71,6 +73,15 @@ class Services:
     keys: KeyRing
     started_at: float
     recalibration: RecalibrationBackoff = field(default_factory=RecalibrationBackoff)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.target.model.config.vocab_size)
+
+    @functools.cached_property
+    def logprob_text(self) -> LogprobText:
+        """The target's log-probabilities in the APIs' shape (token texts cached)."""
+        return LogprobText(self.target.tokenizer)
 
     def warm_document(self, doc_id: str) -> None:
         """Queue the document's KV prefix computation, run only while no question waits."""

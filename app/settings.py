@@ -137,6 +137,16 @@ class Settings(BaseSettings):
     max_document_ids: int = Field(16, ge=1, description="Most documents per question")
     max_new_tokens: int = Field(1024, ge=1, description="Upper bound on max_tokens per answer")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
+    default_frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="frequency_penalty when the request gives none (OpenAI's: per occurrence "
+        "in the answer so far); turns a small model's loops down for every client"
+    )
+    default_presence_penalty: float = Field(0.0, ge=-2.0, le=2.0,
+                                            description="presence_penalty when the request gives none")
+    default_repetition_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, description="repetition_penalty when the request gives none (multiplicative; counts "
+        "the prompt, so the document's own words too)"
+    )
     queue_size: int = Field(8, ge=0, description="Waiting generations beyond the running one -> 429 above")
     sse_ping_s: float = Field(
         15.0, gt=0, le=300, description="Seconds between SSE keep-alive comments (`: ping`) on answer streams, "

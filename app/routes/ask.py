@@ -21,12 +21,13 @@ from app.deps import ServicesDep, TenantDep
 from app.errors import InvalidRequest, error_body, translate
 from app.metrics import ARRIVED
 from app.routes.documents import ERRORS
+from app.sampling import logprobs_asked, sampling_params
 from app.scheduler import Queued
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
 from app.sessions import Turn
 from app.sse import comment, frame, sse_response
-from decoding.speculative.generation import PrefillEvent, SamplingParams
+from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,12 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
         question=body.question,
         document_ids=body.document_ids or _conversation_documents(turns, body.session_id),
         max_tokens=body.max_tokens,
-        sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed, eta=body.eta),
+        sampling=sampling_params(body, services.config.penalties, services.vocab_size, temperature=body.temperature,
+                                 top_p=body.top_p, seed=body.seed, eta=body.eta),
         mode=body.mode,
         history=[(t.question, t.answer) for t in turns],
         session_id=session_id,
+        logprobs=logprobs_asked(body),
     )
     prepare = answering.admit(services, tenant, question, arrived)  # 4xx here, before any streaming
     if body.stream:
@@ -76,6 +79,7 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
         sources=plan.sources,
         usage=answering.usage_out(done.stats),
         stats=answering.stats_out(done.stats, plan.question.mode),
+        logprobs=None if done.logprobs is None else services.logprob_text(done.logprobs),
     )
 
 
@@ -94,13 +98,18 @@ async def _stream(
         plan = await prepare()
         yield frame([s.model_dump() for s in plan.sources], "sources")
         answering.start(services, plan)
+        asked, sent = plan.question.logprobs is not None, 0
         async for event in answering.events(plan):
             if isinstance(event, PrefillEvent | Queued):
                 yield frame(answering.progress_out(event), "progress")
             elif event.text:
-                yield frame({"text": event.text}, "token")
+                sent += len(event.logprobs)
+                lp = {"logprobs": _logprobs(services, event.logprobs)} if asked else {}
+                yield frame({"text": event.text, **lp}, "token")
         await answering.finish(services, plan)
         if plan.done is not None:
+            if plan.done.logprobs and sent < len(plan.done.logprobs):  # tokens whose text never showed (a stop)
+                yield frame({"text": "", "logprobs": _logprobs(services, plan.done.logprobs[sent:])}, "token")
             yield frame(answering.citations_of(plan).model_dump(), "citations")  # app/citations.py
             yield frame(answering.stats_out(plan.done.stats, plan.question.mode).model_dump(), "stats")
             usage = answering.usage_out(plan.done.stats).model_dump()
@@ -119,6 +128,10 @@ async def _stream(
         )
         yield frame({"code": code, "message": message}, "error")
         yield frame({"session_id": session_id}, "done")
+
+
+def _logprobs(services: Services, entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    return [e.model_dump() for e in services.logprob_text(entries)]
 
 
 def _conversation_documents(turns: Sequence[Turn], session_id: str | None) -> list[str]:

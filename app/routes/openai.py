@@ -28,6 +28,7 @@ from app.errors import InvalidRequest, translate
 from app.prompts import SYSTEM_PROMPT
 from app.routes.ask import arrival
 from app.routes.documents import ERRORS
+from app.sampling import logprobs_asked, sampling_params
 from app.scheduler import Queued
 from app.schemas import (
     ChatChoice,
@@ -36,12 +37,13 @@ from app.schemas import (
     ChatCompletionResponse,
     ChatMessage,
     ChatUsage,
+    ChoiceLogprobs,
     ModelCard,
     ModelList,
 )
 from app.services import Services
 from app.sse import comment, frame, sse_response
-from decoding.speculative.generation import PrefillEvent, SamplingParams
+from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -119,20 +121,25 @@ async def chat_completions(
     system, history, question = conversation(body.messages)
     if body.model and body.model != services.target.name:
         logger.debug("chat request names model %r; serving %s", body.model, services.target.name)
+    if body.user:
+        logger.info("chat request for end user %r", body.user)
     q = Question(
         question=question,
         document_ids=body.document_ids,
         max_tokens=body.max_completion_tokens or body.max_tokens,
-        sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed),
+        sampling=sampling_params(body, services.config.penalties, services.vocab_size, temperature=body.temperature,
+                                 top_p=body.top_p, seed=body.seed),
         stop=_stops(body.stop),
         history=history,
         system=system,
+        logprobs=logprobs_asked(body),
     )
     prepare = answering.admit(services, tenant, q, arrived)  # 4xx here, before any streaming
     completion_id = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     if body.stream:
-        stream = _stream(services, prepare, completion_id, created)
+        usage_chunk = body.stream_options is not None and body.stream_options.include_usage
+        stream = _stream(services, prepare, completion_id, created, usage_chunk)
         return sse_response(stream, services.settings.sse_ping_s)
     plan = await prepare()
     answering.start(services, plan)
@@ -146,66 +153,77 @@ async def chat_completions(
             ChatChoice(
                 message=ChatChoiceMessage(content=done.text),
                 finish_reason=FINISH_REASONS.get(done.finish_reason, "stop"),
+                logprobs=None if done.logprobs is None else ChoiceLogprobs(
+                    content=services.logprob_text(done.logprobs)),
             )
         ],
-        usage=ChatUsage(
-            prompt_tokens=stats.prompt_tokens,
-            completion_tokens=stats.completion_tokens,
-            total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        ),
+        usage=_usage(stats.prompt_tokens, stats.completion_tokens),
         sources=plan.sources,
         citations=answering.citations_of(plan).citations,
         stats=answering.stats_out(stats, plan.question.mode),
     )
 
 
-def _chunk(
-    completion_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        **extra,
-    }
+def _usage(prompt_tokens: int, completion_tokens: int) -> ChatUsage:
+    return ChatUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+
+
+class _Chunks:
+    """One stream's ``chat.completion.chunk`` objects. With ``include_usage`` (OpenAI's ``stream_options``) every
+    chunk has ``usage`` null and a last chunk without choices carries it; without, the finishing chunk does."""
+
+    def __init__(self, services: Services, completion_id: str, created: int, include_usage: bool) -> None:
+        self.base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                     "model": services.target.name}
+        self.include_usage = include_usage
+        self.logprob_text = services.logprob_text
+
+    def __call__(self, delta: dict[str, Any], finish: str | None = None,
+                 logprobs: list[TokenLogprob] | None = None, **extra: Any) -> dict[str, Any]:
+        lp = None if logprobs is None else {"content": [e.model_dump() for e in self.logprob_text(logprobs)]}
+        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        usage = {"usage": None} if self.include_usage else {}
+        return {**self.base, "choices": [choice], **usage, **extra}
+
+    def usage(self, usage: ChatUsage) -> dict[str, Any]:
+        return {**self.base, "choices": [], "usage": usage.model_dump()}
 
 
 async def _stream(
-    services: Services, prepare: Callable[[], Awaitable[Plan]], completion_id: str, created: int
+    services: Services, prepare: Callable[[], Awaitable[Plan]], completion_id: str, created: int,
+    include_usage: bool = False,
 ) -> AsyncIterator[ServerSentEvent]:
-    model = services.target.name
+    chunk = _Chunks(services, completion_id, created, include_usage)
     try:  # the role chunk first: the stream's first bytes, before retrieval and the queue
-        yield frame(_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None))
+        yield frame(chunk({"role": "assistant", "content": ""}))
         plan = await prepare()
         answering.start(services, plan)
+        asked, sent = plan.question.logprobs is not None, 0
         async for event in answering.events(plan):
             if isinstance(event, PrefillEvent | Queued):  # a comment: OpenAI clients skip it, proxies see bytes
                 yield comment(json.dumps(answering.progress_out(event), separators=(",", ":")))
             elif event.text:
-                yield frame(_chunk(completion_id, created, model, {"content": event.text}, None))
+                sent += len(event.logprobs)
+                yield frame(chunk({"content": event.text}, logprobs=event.logprobs if asked else None))
         await answering.finish(services, plan)
         if plan.done is not None:
             stats = plan.done.stats
-            usage = {
-                "prompt_tokens": stats.prompt_tokens,
-                "completion_tokens": stats.completion_tokens,
-                "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-            }
+            usage = _usage(stats.prompt_tokens, stats.completion_tokens)
+            rest = plan.done.logprobs[sent:] if plan.done.logprobs is not None else None  # tokens of no text
             yield frame(
-                _chunk(
-                    completion_id,
-                    created,
-                    model,
+                chunk(
                     {},
                     FINISH_REASONS.get(plan.done.finish_reason, "stop"),
-                    usage=usage,
+                    logprobs=rest or None,
+                    **({} if include_usage else {"usage": usage.model_dump()}),
                     sources=[s.model_dump() for s in plan.sources],
                     citations=[c.model_dump() for c in answering.citations_of(plan).citations],
                     stats=answering.stats_out(stats, plan.question.mode).model_dump(),
                 )
             )
+            if include_usage:
+                yield frame(chunk.usage(usage))
         else:
             yield frame({"error": {"code": "cancelled", "message": "the generation was cancelled"}})
     except Exception as exc:  # after the stream began: report in band, then end it properly

@@ -312,7 +312,14 @@ def test_bad_ask_requests(client: httpx.Client, doc: str) -> None:
     check({**ok, "top_p": 0}, 422)
     check({**ok, "mode": "fastest"}, 422)
     check({**ok, "session_id": "../../etc"}, 422)
-    check({**ok, "unknown_field": 1}, 422)
+    check({**ok, "unknown_field": 1}, 400, "unsupported_parameter")
+    check({**ok, "logprobs": False, "top_logprobs": 2}, 422)
+    check({**ok, "logit_bias": {"abc": 1}}, 422)
+    check({**ok, "logit_bias": {"5": 101}}, 422)
+    check({**ok, "logit_bias": {"49152": -5}}, 422, "invalid_request")  # past the bundled model's vocabulary
+    check({**ok, "frequency_penalty": 2.5}, 422)
+    check({**ok, "repetition_penalty": 0}, 422)
+    check({**ok, "top_logprobs": 21, "logprobs": True}, 422)
     check({**ok, "document_ids": ["nope"]}, 404, "document_not_found")
     check({**ok, "document_ids": [doc, "0123456789abcdef0123456789abcdef"]}, 404, "document_not_found")
     check({**ok, "stream": True, "document_ids": ["nope"]}, 404)  # refused before any streaming
@@ -328,6 +335,91 @@ def test_bad_chat_requests(client: httpx.Client) -> None:
     assert status({"messages": [{"role": "user", "content": "hi"}], "document_ids": ["missing"]}) == 404
     assert status({"messages": [{"role": "user", "content": "hi"}], "n": 2}) == 422
     assert status({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}) == 422
+    hi = [{"role": "user", "content": "hi"}]
+    assert status({"messages": hi, "stream_options": {"include_usage": True}}) == 422  # needs stream: true
+    assert status({"messages": hi, "stream": True, "stream_options": {"include_obfuscation": True}}) == 400
+
+
+def test_parameters_we_do_not_implement_are_refused_by_name(client: httpx.Client) -> None:
+    """A 400 naming the parameter (OpenAI's shape: type, param), never a silent ignore."""
+    hi = [{"role": "user", "content": "hi"}]
+    for name, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
+                        ("response_format", {"type": "json_object"}), ("best_of", 2)):
+        response = client.post("/v1/chat/completions", json={"messages": hi, name: value})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_parameter" and error["param"] == name and name in error["message"]
+        assert error["type"] == "invalid_request_error"
+    both = client.post("/v1/chat/completions", json={"messages": hi, "tools": [], "audio": {}}).json()["error"]
+    assert "tools" in both["message"] and "audio" in both["message"]
+    ok = client.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, "user": "u-1", "n": 1})
+    assert ok.status_code == 200, ok.text
+
+
+# ---- penalties, logit bias, log-probabilities ------------------------------------------------------
+
+
+SHAPED = {"frequency_penalty": 0.8, "presence_penalty": 0.3, "repetition_penalty": 1.15,
+          "logit_bias": {"314": 2.0, "253": -3.0}}
+
+
+def test_speculative_modes_answer_like_autoregressive_with_penalties(client: httpx.Client, doc: str) -> None:
+    """Penalties and a logit bias change the answer, and every mode still equals autoregressive decoding with the
+    same parameters, token for token; so do the log-probabilities."""
+    question = "Describe the Eiffel Tower and the Colosseum."
+    base = {"question": question, "document_ids": [doc], "max_tokens": 40, "logprobs": True, "top_logprobs": 2}
+    plain = ask(client, **base, mode="autoregressive").json()
+    shaped = {}
+    for mode in ("autoregressive", "auto", "racer", "rapid", "rapid_kv", "combined"):
+        response = ask(client, **base, **SHAPED, mode=mode)
+        assert response.status_code == 200, response.text
+        shaped[mode] = response.json()
+        assert shaped[mode]["usage"]["completion_tokens"] == len(shaped[mode]["logprobs"])
+    reference = shaped["autoregressive"]
+    assert reference["answer"] != plain["answer"]
+    for mode, body in shaped.items():
+        assert body["answer"] == reference["answer"], mode
+        assert body["logprobs"] == reference["logprobs"], mode
+    assert b"".join(bytes(t["bytes"]) for t in reference["logprobs"]).decode() == reference["answer"]
+    for token in reference["logprobs"]:  # greedy: the emitted token is the most likely one
+        assert len(token["top_logprobs"]) == 2 and token["top_logprobs"][0]["token"] == token["token"]
+        assert token["logprob"] == token["top_logprobs"][0]["logprob"] <= 0.0
+
+
+def test_ask_stream_carries_each_tokens_logprobs(client: httpx.Client, doc: str) -> None:
+    body = {"question": "Where is the Colosseum?", "document_ids": [doc], "max_tokens": 12, "logprobs": True}
+    whole = ask(client, **body).json()
+    _, events = sse_events(client, "/v1/ask", {**body, "stream": True})
+    streamed = [t for e in events if e.event == "token" for t in json.loads(e.data)["logprobs"]]
+    assert streamed == whole["logprobs"] and all(t["top_logprobs"] == [] for t in streamed)
+    assert ask(client, question="Where is the Colosseum?", document_ids=[doc], max_tokens=4).json()["logprobs"] is None
+
+
+def test_openai_client_round_trips_logprobs_penalties_and_usage(server: ThreadServer, doc: str) -> None:
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": "Describe the Eiffel Tower."}]
+    common: Any = {"model": "ragspec", "messages": messages, "max_tokens": 24, "temperature": 0,
+                   "extra_body": {"document_ids": [doc]}}
+    plain = client.chat.completions.create(**common)
+    completion = client.chat.completions.create(**common, frequency_penalty=1.5, logprobs=True, top_logprobs=3)
+    choice = completion.choices[0]
+    assert choice.message.content != plain.choices[0].message.content  # the penalty acted
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    tokens = choice.logprobs.content
+    assert completion.usage is not None and len(tokens) == completion.usage.completion_tokens
+    assert "".join(t.token for t in tokens) == choice.message.content
+    assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == t.logprob for t in tokens)
+    assert plain.choices[0].logprobs is None
+
+    stream = client.chat.completions.create(**common, frequency_penalty=1.5, logprobs=True, top_logprobs=3,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content or []]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in tokens]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
 
 
 def test_no_server_errors_so_far(client: httpx.Client) -> None:
