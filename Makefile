@@ -67,6 +67,7 @@ bench: models $(BENCH_STAMP)
 		llama_cpp_avx2
 	$(PY) -m bench.eta --json bench/results/eta.json
 	$(PY) -m bench.long_doc --json bench/results/long_doc.json
+	$(PY) -m bench.penalties --max-new-tokens 160 --json bench/results/penalties.json
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \

@@ -177,11 +177,11 @@ class _Chunks:
         self.base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                      "model": services.target.name}
         self.include_usage = include_usage
-        self.logprob_text = services.logprob_text
+        self.services = services
 
     def __call__(self, delta: dict[str, Any], finish: str | None = None,
                  logprobs: list[TokenLogprob] | None = None, **extra: Any) -> dict[str, Any]:
-        lp = None if logprobs is None else {"content": [e.model_dump() for e in self.logprob_text(logprobs)]}
+        lp = None if logprobs is None else {"content": [e.model_dump() for e in self.services.logprob_text(logprobs)]}
         choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         usage = {"usage": None} if self.include_usage else {}
         return {**self.base, "choices": [choice], **usage, **extra}
