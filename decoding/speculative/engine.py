@@ -367,7 +367,7 @@ class Engine:
         tensor."""
         rows = rows or RowShaping()
         if rows.shaper is not None:
-            logits = rows.shaper.shape(logits, rows.answer, row_paths(tree))
+            logits = rows.shaper.shape_(logits, rows.answer, row_paths(tree))
         cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
         node_topk: torch.Tensor | None
         if sampling.greedy:

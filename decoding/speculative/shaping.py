@@ -29,6 +29,8 @@ from decoding.runtime import host
 from decoding.speculative.generation import SamplingParams, TokenLogprob
 from decoding.speculative.tree import ROOT, DraftTree
 
+SORT_BELOW = 1024  # fewer always-shaped tokens than this: a step sorts them with its own instead of a vocabulary mask
+
 
 def row_paths(tree: DraftTree) -> list[list[int]]:
     """The tokens each verified row adds to the answer: row 0 (the root) none, row ``i + 1`` the tokens from the
@@ -46,16 +48,18 @@ class _Fixed:
     bias: torch.Tensor  # [vocab] float32, 0 where no bias
     biased: torch.Tensor  # [vocab] bool
     in_prompt: torch.Tensor  # [vocab] bool (the repetition penalty's prompt tokens; all False when it is off)
-    columns: torch.Tensor  # sorted token ids always touched (biased or in the prompt)
+    touched: torch.Tensor  # [vocab] bool: always shaped (biased or in the prompt)
+    columns: torch.Tensor  # the same as sorted token ids
 
 
 class LogitShaper:
-    """One generation's shaping: ``shape(logits, answer, paths)`` returns the rows' shaped logits (float32)."""
+    """One generation's shaping: ``shape_(logits, answer, paths)`` shapes each row with its own path."""
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab: int, device: torch.device) -> None:
         self.frequency = float(params.frequency_penalty)
         self.presence = float(params.presence_penalty)
         self.repetition = float(params.repetition_penalty)
+        self.biased = bool(params.logit_bias)
         bias = torch.zeros(vocab, dtype=torch.float32)
         biased = torch.zeros(vocab, dtype=torch.bool)
         for token, value in params.logit_bias:
@@ -63,8 +67,8 @@ class LogitShaper:
         in_prompt = torch.zeros(vocab, dtype=torch.bool)
         if self.repetition != 1.0 and len(prompt_ids):
             in_prompt[torch.as_tensor(list(prompt_ids), dtype=torch.long)] = True
-        columns = torch.nonzero(biased | in_prompt).flatten()
-        self._fixed = _Fixed(bias.to(device), biased.to(device), in_prompt.to(device), columns.to(device))
+        touched = biased | in_prompt
+        self._fixed = _Fixed(*(t.to(device) for t in (bias, biased, in_prompt, touched, torch.nonzero(touched)[:, 0])))
         self.device = device
 
     @staticmethod
@@ -72,15 +76,22 @@ class LogitShaper:
         return bool(params.logit_bias) or params.repetition_penalty != 1.0 or bool(
             params.frequency_penalty or params.presence_penalty)
 
-    def shape(self, logits: torch.Tensor, answer: Sequence[int], paths: Sequence[Sequence[int]]) -> torch.Tensor:
-        """``logits`` ``[rows, vocab]``; row r continues ``answer`` with ``paths[r]``. A new float32 tensor."""
-        out = logits.float().clone()
+    def shape_(self, logits: torch.Tensor, answer: Sequence[int], paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """``logits`` ``[rows, vocab]`` shaped, row r continuing ``answer`` with ``paths[r]``: in place when they
+        are float32 (the engine's logits of one forward, read by nothing else), else a float32 copy. Only the
+        columns of tokens that are biased, in the prompt or on some row's path are read and written."""
+        out = logits.float()
         fixed = self._fixed
         answer_t = torch.as_tensor(list(answer), dtype=torch.long)
         path_rows = torch.as_tensor([r for r, p in enumerate(paths) for _ in p], dtype=torch.long)
         path_tokens = torch.as_tensor([t for p in paths for t in p], dtype=torch.long)
         dynamic = torch.cat([answer_t, path_tokens]).to(self.device)
-        columns = torch.unique(torch.cat([fixed.columns, dynamic]))  # sorted
+        if len(fixed.columns) < SORT_BELOW:
+            columns = torch.unique(torch.cat([fixed.columns, dynamic]))  # sorted
+        else:  # a whole prompt's tokens: marking them in a vocabulary mask is cheaper than sorting them each step
+            touched = fixed.touched.clone()
+            touched[dynamic] = True
+            columns = torch.nonzero(touched).flatten()
         if not len(columns):
             return out
         counts = torch.zeros(len(paths), len(columns), dtype=torch.float32, device=self.device)
@@ -91,19 +102,27 @@ class LogitShaper:
             at = torch.searchsorted(columns, path_tokens.to(self.device))
             counts.index_put_((path_rows.to(self.device), at), torch.ones_like(at, dtype=torch.float32),
                               accumulate=True)
-        out[:, columns] = self._penalize(out[:, columns], columns, counts)
-        return out
+        return out.index_copy_(1, columns, self._penalize(out.index_select(1, columns), columns, counts))
 
     def _penalize(self, v: torch.Tensor, columns: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The shaped values of ``v`` (``[rows, len(columns)]``) given each cell's count on its row's path."""
+        """The shaped values of ``v`` (``[rows, len(columns)]``) given each cell's count on its row's path.
+
+        A cell the request does not touch gets ``+ 0`` or ``- 0``: its value, up to the sign of a zero (which no
+        argmax, softmax or log-probability sees), so masks are needed only by the repetition penalty."""
         fixed = self._fixed
-        v = torch.where(fixed.biased[columns], v + fixed.bias[columns], v)
-        seen = counts > 0
-        if self.repetition != 1.0:
-            hit = seen | fixed.in_prompt[columns]
-            v = torch.where(hit, torch.where(v > 0, v / self.repetition, v * self.repetition), v)
+        if self.biased:
+            v = v + fixed.bias.index_select(0, columns)
+        seen = counts.clamp(max=1.0)  # 1.0 where the row's path holds the token
+        if self.repetition != 1.0:  # every row holds the prompt's tokens: a mask only for the others' columns
+            r = self.repetition
+            rep = v.clamp(min=0) / r + v.clamp(max=0) * r
+            other = torch.nonzero(~fixed.in_prompt.index_select(0, columns))[:, 0]
+            if len(other):
+                held = seen.index_select(1, other) > 0
+                rep.index_copy_(1, other, torch.where(held, rep.index_select(1, other), v.index_select(1, other)))
+            v = rep
         if self.frequency or self.presence:
-            v = torch.where(seen, v - (counts * self.frequency + self.presence), v)
+            v = v - (counts * self.frequency + seen * self.presence)
         return v
 
 

@@ -105,9 +105,9 @@ def test_tree_rows_get_their_own_paths_counts() -> None:
     shaper = LogitShaper(SHAPINGS["all"], [1, 2, 3, 5], VOCAB, torch.device("cpu"))
     paths = row_paths(tree)
     assert paths == [[], [5], [5, 5], [5, 5, 7], [7], [5, 9]]
-    together = shaper.shape(logits, answer, paths)
+    together = shaper.shape_(logits.clone(), answer, paths)
     for r, path in enumerate(paths):
-        alone = shaper.shape(logits[r : r + 1], [*answer, *path], [[]])
+        alone = shaper.shape_(logits[r : r + 1].clone(), [*answer, *path], [[]])
         assert torch.equal(together[r], alone[0])
 
 
@@ -116,13 +116,13 @@ def test_the_penalties_literally() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 1.0, -2.0]])
     answer, prompt = [3, 3, 1], [4, 5]
     both = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
-    got = LogitShaper(both, prompt, 6, torch.device("cpu")).shape(logits, answer, [[]])
+    got = LogitShaper(both, prompt, 6, torch.device("cpu")).shape_(logits.clone(), answer, [[]])
     assert got.tolist() == [[2.0, -1.0 - 0.5 - 0.25, 0.5, 3.0 - 1.0 - 0.25, 1.0, -2.0]]
     rep = SamplingParams(repetition_penalty=2.0)
-    got = LogitShaper(rep, prompt, 6, torch.device("cpu")).shape(logits, answer, [[]])
+    got = LogitShaper(rep, prompt, 6, torch.device("cpu")).shape_(logits.clone(), answer, [[]])
     assert got.tolist() == [[2.0, -2.0, 0.5, 1.5, 0.5, -4.0]]
     bias = SamplingParams(logit_bias=((0, -3.0), (2, 1.0)), repetition_penalty=2.0)
-    got = LogitShaper(bias, [], 6, torch.device("cpu")).shape(logits, [0], [[2]])
+    got = LogitShaper(bias, [], 6, torch.device("cpu")).shape_(logits.clone(), [0], [[2]])
     assert got.tolist() == [[-2.0, -1.0, 0.75, 3.0, 1.0, -2.0]]  # biased first, then penalised
     assert not LogitShaper.needed(SamplingParams(temperature=0.5, top_k=3, min_p=0.1))
 
@@ -171,7 +171,7 @@ def test_logprobs_equal_a_plain_forwards_log_softmax(tiny: TinyTarget, request: 
         logits = tiny.model(torch.tensor([ids])).logits[0, len(PROMPT.ids) - 1 : -1]
     shaper = LogitShaper(params, PROMPT.ids, VOCAB, torch.device("cpu"))
     answer = done.token_ids
-    want = torch.stack([torch.log_softmax(shaper.shape(logits[t : t + 1], answer[:t], [[]])[0], dim=-1)
+    want = torch.stack([torch.log_softmax(shaper.shape_(logits[t : t + 1].clone(), answer[:t], [[]])[0], dim=-1)
                         for t in range(len(answer))])
     got = torch.tensor([lp.logprob for lp in done.logprobs or []])
     chosen = want.gather(1, torch.tensor(answer)[:, None])[:, 0]
@@ -204,8 +204,8 @@ def test_sampling_with_penalties_follows_the_shaped_distribution(seeded: bool) -
     shaper = LogitShaper(params, prompt.ids, vocab, torch.device("cpu"))
     with torch.inference_mode():
         first = target.model(torch.tensor([prompt.ids])).logits[0, -1:]
-        p1 = target_probs(shaper.shape(first, [], [[]]), params)[0]
-        p2 = [target_probs(shaper.shape(target.model(torch.tensor([[*prompt.ids, a]])).logits[0, -1:], [a], [[]]),
+        p1 = target_probs(shaper.shape_(first, [], [[]]), params)[0]
+        p2 = [target_probs(shaper.shape_(target.model(torch.tensor([[*prompt.ids, a]])).logits[0, -1:], [a], [[]]),
                            params)[0] for a in range(vocab)]
     exact = {(a, b): float(p1[a] * p2[a][b]) for a in range(vocab) for b in range(vocab)}
     engine = Engine(target)
