@@ -38,10 +38,11 @@ logger = logging.getLogger("bench.penalties")
 LOOP_NGRAM = 8
 SETTINGS: dict[str, SamplingParams] = {
     "none": SamplingParams(),
-    "frequency_0.3": SamplingParams(frequency_penalty=0.3),
-    "frequency_0.6": SamplingParams(frequency_penalty=0.6),
+    "frequency_0.5": SamplingParams(frequency_penalty=0.5),
     "frequency_1.0": SamplingParams(frequency_penalty=1.0),
-    "presence_0.6": SamplingParams(presence_penalty=0.6),
+    "frequency_1.5": SamplingParams(frequency_penalty=1.5),
+    "frequency_2.0": SamplingParams(frequency_penalty=2.0),
+    "presence_1.0": SamplingParams(presence_penalty=1.0),
     "repetition_1.15": SamplingParams(repetition_penalty=1.15),
 }
 

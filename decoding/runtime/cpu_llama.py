@@ -2,17 +2,19 @@
 
 gpt-fast style: the model is a list of layer weights and one short forward,
 
-    embed (dequantized rows) -> [rs_layer: norm, fused qkv, rope + KV store, attention, o, norm, fused
+    embed (dequantized rows) -> [rs_layer_batch: norm, fused qkv, rope + KV store, attention, o, norm, fused
     gate/up, silu * up, down] x layers -> rs_head: final norm + LM head
 
-where each ``rs_layer`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel
+where each ``rs_layer_batch`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel
 region: no per-op Python, no transformers module tree on the hot path. Weights stay in their GGUF block
 formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is quantized at load.
 
 It answers the same call as a transformers causal LM (``input_ids``, ``position_ids``, an additive tree mask,
 a ``SlotCache`` as ``past_key_values``, ``logits_to_keep``), so the engine drives it like any target. Every
 output element is computed by the same operations whatever the number of rows in the forward (see the C
-file), so a draft-tree node's logits equal its logits decoded alone, bit for bit, at any thread count.
+file), so a draft-tree node's logits equal its logits decoded alone, bit for bit, at any thread count. Several
+sequences, each on its own cache, run in one forward (``forward_batch``): the linear layers read each weight once
+for all their rows, attention runs per sequence on its cache, and every row is what it is alone.
 Supported: Llama-family decoders (Llama, Mistral without a sliding window, Qwen2 with its q/k/v biases),
 SiLU MLP, RMSNorm, rotary embeddings whose frequencies do not depend on the sequence length.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,6 +96,28 @@ def rotary_tables(config: PretrainedConfig, positions: int) -> tuple[torch.Tenso
     return (freqs.cos() * scaling).contiguous(), (freqs.sin() * scaling).contiguous()
 
 
+@dataclass(frozen=True)
+class BatchItem:
+    """One sequence's rows in a batched forward (``CpuLlama.forward_batch``): as the arguments of one call."""
+
+    input_ids: torch.Tensor  # [n] or [1, n]
+    cache: SlotCache
+    position_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None  # a tree's 0 / -inf visibility [1, 1, n, L + n]; None: causal
+    logits_to_keep: int = 0  # 0: every row's
+
+
+@dataclass
+class _Part:
+    """A sequence's rows of one kernel forward: positions, cache, first cache row and visibility."""
+
+    rows: int
+    pos: torch.Tensor
+    cache: SlotCache
+    start: int
+    vis: Any  # (past, path, path_off)
+
+
 # ---- ctypes mirrors of the C structs -------------------------------------------------------------------
 
 _p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
@@ -107,6 +133,13 @@ class _Layer(ctypes.Structure):
 
 class _Shape(ctypes.Structure):
     _fields_ = [("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f)]
+
+
+class _Sequence(ctypes.Structure):
+    _fields_ = [
+        ("rows", _i), ("pos", _p), ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("start", _l),
+        ("past", _i), ("path", _p), ("path_off", _p), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
+    ]  # fmt: skip
 
 
 class _Scratch(ctypes.Structure):
@@ -210,33 +243,64 @@ class CpuLlama:
         logits_to_keep: int = 0,
         **_: Any,
     ) -> SimpleNamespace:
-        ids = input_ids.reshape(-1)
-        n = ids.numel()
-        cache = past_key_values if past_key_values is not None else SlotCache(self.num_layers, n)  # one-off
-        start = cache.length
-        pos = (position_ids.reshape(-1) if position_ids is not None else torch.arange(start, start + n))
-        pos = pos.to(torch.int64).contiguous()
-        if int(pos.max()) >= self.max_positions:
-            raise ValueError(f"position {int(pos.max())} beyond the model's {self.max_positions}")
-        keep = n if not logits_to_keep else min(int(logits_to_keep), n)
-        if n == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.weights.embed.rows:
-            raise ValueError(f"token ids must be in [0, {self.weights.embed.rows}), got {n} ids")
+        cache = past_key_values if past_key_values is not None else SlotCache(self.num_layers, input_ids.numel())
+        ids, pos, keep = self._check(BatchItem(input_ids, cache, position_ids, attention_mask, logits_to_keep))
+        n, start = ids.numel(), cache.length
         x = kernels.dequant_rows(self.lib, self.weights.embed, ids)  # [n, E]
         self._reserve(cache, start + n)
         if attention_mask is not None:
-            if n > kernels.MAX_ROWS:
-                raise ValueError(f"a tree forward takes at most {kernels.MAX_ROWS} rows, got {n}")
-            vis = _visibility(attention_mask, n, start + n)
-            if vis is None:
-                raise ValueError("CpuLlama takes a causal forward or a 0 / -inf visibility mask, not a bias")
-            self._layers(x, pos, cache, start, vis)
+            self._layers(x, [_Part(n, pos, cache, start, self._tree_visibility(attention_mask, n, start))])
         else:
             for c0 in range(0, n, CHUNK_ROWS):
                 c1 = min(n, c0 + CHUNK_ROWS)
                 vis = _visibility(None, c1 - c0, start + c1)
-                assert vis is not None
-                self._layers(x[c0:c1], pos[c0:c1], cache, start + c0, vis)
+                self._layers(x[c0:c1], [_Part(c1 - c0, pos[c0:c1], cache, start + c0, vis)])
         return SimpleNamespace(logits=self._head(x, keep).unsqueeze(0))
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
+        """Several sequences, each on its own cache, in one forward per layer: the weights are read once for all
+        their rows. Returns each item's kept logits ``[keep, V]``, equal bit for bit to what the item's own call
+        returns (a causal item takes at most ``CHUNK_ROWS`` rows, a tree ``kernels.MAX_ROWS``)."""
+        if not items or len({id(item.cache) for item in items}) < len(items):
+            raise ValueError("forward_batch takes one or more items, each on a cache of its own")
+        checked = [self._check(item) for item in items]
+        parts, keeps = [], []
+        for item, (ids, pos, keep) in zip(items, checked, strict=True):
+            n, start = ids.numel(), item.cache.length
+            if item.attention_mask is None and n > CHUNK_ROWS:
+                raise ValueError(f"a causal batch item takes at most {CHUNK_ROWS} rows, got {n}")
+            vis = (self._tree_visibility(item.attention_mask, n, start) if item.attention_mask is not None
+                   else _visibility(None, n, start + n))
+            parts.append(_Part(n, pos, item.cache, start, vis))
+            keeps.append(keep)
+        x = kernels.dequant_rows(self.lib, self.weights.embed, torch.cat([ids for ids, _, _ in checked]))
+        for part in parts:
+            self._reserve(part.cache, part.start + part.rows)
+        self._layers(x, parts)
+        ends = torch.tensor([part.rows for part in parts]).cumsum(0).tolist()
+        kept = torch.cat([torch.arange(end - keep, end) for end, keep in zip(ends, keeps, strict=True)])
+        return list(self._head(x[kept].contiguous(), len(kept)).split(keeps))
+
+    def _check(self, item: BatchItem) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """An item's ids, positions (int64) and number of kept rows, or a ValueError."""
+        ids = item.input_ids.reshape(-1)
+        n, start = ids.numel(), item.cache.length
+        pos = (item.position_ids.reshape(-1) if item.position_ids is not None else torch.arange(start, start + n))
+        pos = pos.to(torch.int64).contiguous()
+        if n == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.weights.embed.rows:
+            raise ValueError(f"token ids must be in [0, {self.weights.embed.rows}), got {n} ids")
+        if int(pos.max()) >= self.max_positions:
+            raise ValueError(f"position {int(pos.max())} beyond the model's {self.max_positions}")
+        return ids, pos, n if not item.logits_to_keep else min(int(item.logits_to_keep), n)
+
+    @staticmethod
+    def _tree_visibility(mask: torch.Tensor, n: int, start: int) -> Any:
+        if n > kernels.MAX_ROWS:
+            raise ValueError(f"a tree forward takes at most {kernels.MAX_ROWS} rows, got {n}")
+        vis = _visibility(mask, n, start + n)
+        if vis is None:
+            raise ValueError("CpuLlama takes a causal forward or a 0 / -inf visibility mask, not a bias")
+        return vis
 
     @property
     def kv_storage(self) -> torch.dtype:
@@ -255,31 +319,36 @@ class CpuLlama:
             if tile_keys:  # the attention keeps the prefix's whole blocks laid out for the tiles
                 layer.reserve_tiles(g, self.lib.rs_tile_block_elems(d), tile_keys)
 
-    def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: SlotCache, start: int, vis: Any) -> None:
-        """Run rows ``x`` [m, E] (positions ``pos``) through every layer, storing their KV at ``start``.."""
-        past, path, off = vis
+    def _layers(self, x: torch.Tensor, parts: list[_Part]) -> None:
+        """Run rows ``x`` [m, E] through every layer: ``parts``, one after the other, are the rows of each sequence,
+        whose KV goes to its own cache from its ``start``."""
         m = x.shape[0]
         e, h, g, d, inter = self.dims
-        max_path = int((off[1:] - off[:-1]).max())
-        work = kernels.attention_work_floats(h, m, d, past + max_path)
+        work = max(kernels.attention_work_floats(h, p.rows, d, p.vis[0] + int((p.vis[2][1:] - p.vis[2][:-1]).max()))
+                   for p in parts)
         scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
         threads = torch.get_num_threads()
         mode = kernels.kv_mode(self.kv_storage)
         assert x.is_contiguous(), "rows are updated in place"
-        xp, pp, cp, sp = _addr(x), _addr(pos), _addr(self.cos), _addr(self.sin)
-        path_p, off_p = _addr(path), _addr(off)
         tiled = bool(self._tile_keys())
-        for layer, lw in zip(cache.slot_layers, self.layer_structs, strict=True):
-            kbuf, vbuf = layer.buffers()
-            tiles = layer.tiles if tiled else None
-            self.lib.rs_layer(
-                ctypes.byref(lw), ctypes.byref(self.shape), xp, m, pp, cp, sp,
-                _addr(kbuf), _addr(vbuf), kbuf.stride(1), kbuf.stride(2), start, mode,
-                past, path_p, off_p, ctypes.byref(scratch),
-                None if tiles is None else _addr(tiles), 0 if tiles is None else tiles.stride(0), _addr(layer.tiled),
-                threads,
+        seqs = (_Sequence * len(parts))()
+        for i, layer_weights in enumerate(self.layer_structs):
+            for seq, p in zip(seqs, parts, strict=True):
+                layer = p.cache.slot_layers[i]
+                kbuf, vbuf = layer.buffers()
+                tiles = layer.tiles if tiled else None
+                past, path, off = p.vis
+                seq.rows, seq.pos, seq.kbuf, seq.vbuf = p.rows, _addr(p.pos), _addr(kbuf), _addr(vbuf)
+                seq.kv_sh, seq.kv_sn, seq.start = kbuf.stride(1), kbuf.stride(2), p.start
+                seq.past, seq.path, seq.path_off = past, _addr(path), _addr(off)
+                seq.tiles, seq.tiles_sh = _addr(tiles), 0 if tiles is None else tiles.stride(0)
+                seq.tiled = _addr(layer.tiled)
+            self.lib.rs_layer_batch(
+                ctypes.byref(layer_weights), ctypes.byref(self.shape), _addr(x), len(parts), seqs, _addr(self.cos),
+                _addr(self.sin), mode, ctypes.byref(scratch), threads,
             )  # fmt: skip
-            layer.advance(m)
+            for p in parts:
+                p.cache.slot_layers[i].advance(p.rows)
 
     def _head(self, x: torch.Tensor, keep: int) -> torch.Tensor:
         """Final norm and LM head of the last ``keep`` rows: logits ``[keep, V]``."""

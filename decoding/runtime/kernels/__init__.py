@@ -298,12 +298,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_qlinear.restype = None
     lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
     lib.rs_dequant_rows.restype = None
-    lib.rs_layer.argtypes = [p, p, p, i, p, p, p, p, p, lg, lg, lg, i, i, p, p, p, p, lg, p, i]
+    lib.rs_layer_batch.argtypes = [p, p, p, i, p, p, p, i, p, i]
+    lib.rs_layer_batch.restype = None
     lib.rs_tile_keys.argtypes = []
     lib.rs_tile_keys.restype = i
     lib.rs_tile_block_elems.argtypes = [i]
     lib.rs_tile_block_elems.restype = lg
-    lib.rs_layer.restype = None
     lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
     lib.rs_head.restype = None
     lib.rs_isa.argtypes = []

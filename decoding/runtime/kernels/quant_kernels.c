@@ -612,26 +612,52 @@ typedef struct {
     int8_t *xq;
 } rs_scratch;
 
-/* x [M, E] <- layer(x); keys / values of the M rows written at cache rows start..start+M-1 (the visible
-   rows of query i are 0..past-1 then path[path_off[i]..path_off[i+1]), past = start for a tree pass). */
-void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, const int64_t *pos,
-              const float *cos_t, const float *sin_t, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long start,
-              int kv_mode, int past, const int32_t *path, const int32_t *path_off, const rs_scratch *T,
-              uint16_t *tiles, long tiles_sh, int32_t *tiled, int threads) {
+/* One sequence's rows of a forward: its positions and its cache. Keys / values of its rows are written at cache
+   rows start..start+rows-1; query i sees rows 0..past-1, then path[path_off[i]..path_off[i+1]) (past = start for a
+   tree pass). tiles / tiled (optional): the cache's blocks laid out for the bf16 tiles, and how many are valid. */
+typedef struct {
+    int rows;
+    const int64_t *pos;
+    void *kbuf, *vbuf;
+    long kv_sh, kv_sn, start;
+    int past;
+    const int32_t *path, *path_off;
+    uint16_t *tiles;
+    long tiles_sh;
+    int32_t *tiled;
+} rs_sequence;
+
+/* x [M, E] <- layer(x) for the rows of n sequences one after the other (M: their rows in all): the linear layers
+   run once over every row (a weight is read once for all of them), rope, the KV store and attention per sequence
+   on its own cache. A row's result does not depend on the rows beside it. */
+void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int n, const rs_sequence *seq,
+                    const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
-    if (tiled && *tiled > start / TILE_KEYS) /* rows from start on are rewritten: their blocks' tiles are stale */
-        *tiled = (int32_t)(start / TILE_KEYS);
-    const int valid = tiled ? *tiled : 0;
+    int M = 0, valid[n > 0 ? n : 1];
+    for (int i = 0; i < n; ++i) {
+        const rs_sequence *s = seq + i;
+        if (s->tiled && *s->tiled > s->start / TILE_KEYS) /* rows from start on are rewritten: stale tiles */
+            *s->tiled = (int32_t)(s->start / TILE_KEYS);
+        valid[i] = s->tiled ? *s->tiled : 0;
+        M += s->rows;
+    }
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         rmsnorm_part(x, E, M, E, L->attn_norm, S->eps, T->h, E);
         quantize_part(T->h, E, M, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
-        rope_store_part(T->qkv, M, H, G, D, pos, cos_t, sin_t, T->q, kbuf, vbuf, kv_sh, kv_sn, start, kv_mode);
+        for (int i = 0, r = 0; i < n; r += seq[i++].rows)
+            rope_store_part(T->qkv + (long)r * QKV, seq[i].rows, H, G, D, seq[i].pos, cos_t, sin_t,
+                            T->q + (long)r * H * D, seq[i].kbuf, seq[i].vbuf, seq[i].kv_sh, seq[i].kv_sn,
+                            seq[i].start, kv_mode);
 #pragma omp barrier
-        attention_kv_part(T->q, D, (long)H * D, H, M, D, kbuf, vbuf, kv_sh, kv_sn, G, past, path, path_off,
-                          S->scale, T->att, (long)H * D, D, T->work, kv_mode, tiles, tiles_sh, valid);
+        for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
+            const rs_sequence *s = seq + i;
+            attention_kv_part(T->q + (long)r * H * D, D, (long)H * D, H, s->rows, D, s->kbuf, s->vbuf, s->kv_sh,
+                              s->kv_sn, G, s->past, s->path, s->path_off, S->scale, T->att + (long)r * H * D,
+                              (long)H * D, D, T->work, kv_mode, s->tiles, s->tiles_sh, valid[i]);
+        }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
         rmsnorm_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E);
@@ -641,8 +667,11 @@ void rs_layer(const rs_layer_weights *L, const rs_shape *S, float *x, int M, con
         quantize_part(T->act, I, M, I, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
     }
-    if (tiles && tiled && kv_mode == 3 && D % 32 == 0 && rs_tile_keys() && past / TILE_KEYS > valid)
-        *tiled = past / TILE_KEYS; /* the attention laid out the prefix's whole blocks */
+    for (int i = 0; i < n; ++i) {
+        const rs_sequence *s = seq + i;
+        if (s->tiles && s->tiled && kv_mode == 3 && D % 32 == 0 && rs_tile_keys() && s->past / TILE_KEYS > valid[i])
+            *s->tiled = s->past / TILE_KEYS; /* the attention laid out the prefix's whole blocks */
+    }
 }
 
 /* Final norm + LM head over the last `keep` rows of x [M, E]: logits [keep, V]. */

@@ -5,7 +5,7 @@
 #include <immintrin.h>
 
 /* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
-   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's rs_layer). */
+   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's rs_layer_batch). */
 #define TILE_KEYS 128
 
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */

@@ -13,7 +13,7 @@ import torch
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
+from decoding.runtime.cpu_llama import BatchItem, CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import make_tiny_llama, needs_kernels, quantized_tiny_llama, write_gguf
@@ -240,6 +240,58 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
         again = model(layout.input_ids, layout.position_ids, _tree_mask(layout.ancestor_mask, base),
                       past_key_values=cache).logits[0]
         assert torch.equal(again, tree_logits)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torch.dtype, nthreads: int,
+                                                                   threads: None) -> None:
+    """Sequences on caches of their own (different prefixes and lengths; a decode row, a draft tree, a prefill
+    chunk, a fresh prompt) in one forward: each one's logits and cache rows are those of its own forward, bit for
+    bit, in any order."""
+    torch.set_num_threads(nthreads)
+    model = quantized_tiny_llama(9, kv_dtype=kv_dtype, head_dim=32)
+    g = _gen(10)
+    prefixes = [torch.randint(0, 97, (1, n), generator=g) for n in (300, 37, 140, 0)]
+    tree = DraftTree()
+    for i in range(16):
+        tree.add(ROOT if i < 3 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
+
+    def caches() -> list[SlotCache]:
+        out = []
+        for prefix in prefixes:
+            cache = SlotCache(model.num_layers, 16)
+            if prefix.shape[1]:
+                model(prefix, past_key_values=cache)
+            out.append(cache)
+        return out
+
+    def items(cs: list[SlotCache]) -> list[BatchItem]:
+        layout = tree_layout(11, tree, cs[1].length, torch.device("cpu"))
+        return [
+            BatchItem(torch.tensor([42]), cs[0]),  # one decoding step
+            BatchItem(layout.input_ids, cs[1], layout.position_ids, _tree_mask(layout.ancestor_mask, cs[1].length)),
+            BatchItem(torch.randint(0, 97, (60,), generator=_gen(11)), cs[2], logits_to_keep=1),  # a prefill chunk
+            BatchItem(torch.randint(0, 97, (25,), generator=_gen(12)), cs[3], logits_to_keep=3),  # a fresh prompt
+        ]
+
+    with torch.inference_mode():
+        alone_caches = caches()
+        alone = [model(it.input_ids.reshape(1, -1), it.position_ids, it.attention_mask, past_key_values=it.cache,
+                       logits_to_keep=it.logits_to_keep).logits[0] for it in items(alone_caches)]
+        for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+            batch_caches = caches()
+            batch = items(batch_caches)
+            got = model.forward_batch([batch[i] for i in order])
+            for i, logits in zip(order, got, strict=True):
+                assert torch.equal(logits, alone[i]), (order, i)
+                for a, b in zip(alone_caches[i].slot_layers, batch_caches[i].slot_layers, strict=True):
+                    assert a.length == b.length and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        with pytest.raises(ValueError, match="cache of its own"):
+            model.forward_batch([BatchItem(torch.tensor([1]), alone_caches[0])] * 2)
+        with pytest.raises(ValueError, match="at most"):
+            model.forward_batch([BatchItem(torch.zeros(200, dtype=torch.long), SlotCache(model.num_layers, 8))])
 
 
 @needs_kernels
