@@ -138,8 +138,9 @@ class Settings(BaseSettings):
     max_new_tokens: int = Field(1024, ge=1, description="Upper bound on max_tokens per answer")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     default_frequency_penalty: float = Field(
-        0.0, ge=-2.0, le=2.0, description="frequency_penalty when the request gives none (OpenAI's: per occurrence "
-        "in the answer so far); turns a small model's loops down for every client"
+        1.0, ge=-2.0, le=2.0, description="frequency_penalty when the request gives none (OpenAI's: per occurrence "
+        "in the answer so far; 0: off). 1.0 measured best for the bundled model on the QA set (bench.penalties): "
+        "answers holding the gold passage 21% -> 32%, looping answers 93% -> 32%"
     )
     default_presence_penalty: float = Field(0.0, ge=-2.0, le=2.0,
                                             description="presence_penalty when the request gives none")

@@ -368,7 +368,7 @@ def test_speculative_modes_answer_like_autoregressive_with_penalties(client: htt
     same parameters, token for token; so do the log-probabilities."""
     question = "Describe the Eiffel Tower and the Colosseum."
     base = {"question": question, "document_ids": [doc], "max_tokens": 40, "logprobs": True, "top_logprobs": 2}
-    plain = ask(client, **base, mode="autoregressive").json()
+    plain = ask(client, **base, mode="autoregressive", frequency_penalty=0).json()
     shaped = {}
     for mode in ("autoregressive", "auto", "racer", "rapid", "rapid_kv", "combined"):
         response = ask(client, **base, **SHAPED, mode=mode)
@@ -386,6 +386,14 @@ def test_speculative_modes_answer_like_autoregressive_with_penalties(client: htt
         assert token["logprob"] == token["top_logprobs"][0]["logprob"] <= 0.0
 
 
+def test_the_server_default_penalty_applies_to_requests_that_give_none(client: httpx.Client, doc: str) -> None:
+    """RAGSPEC_DEFAULT_FREQUENCY_PENALTY (1.0 by default: bench.penalties) stands in for a penalty left out."""
+    base = {"question": "Describe the Eiffel Tower and the Colosseum.", "document_ids": [doc], "max_tokens": 48}
+    default, explicit = ask(client, **base).json(), ask(client, **base, frequency_penalty=1.0).json()
+    off = ask(client, **base, frequency_penalty=0).json()
+    assert default["answer"] == explicit["answer"] != off["answer"]
+
+
 def test_ask_stream_carries_each_tokens_logprobs(client: httpx.Client, doc: str) -> None:
     body = {"question": "Where is the Colosseum?", "document_ids": [doc], "max_tokens": 12, "logprobs": True}
     whole = ask(client, **body).json()
@@ -400,7 +408,7 @@ def test_openai_client_round_trips_logprobs_penalties_and_usage(server: ThreadSe
     messages: Any = [{"role": "user", "content": "Describe the Eiffel Tower."}]
     common: Any = {"model": "ragspec", "messages": messages, "max_tokens": 24, "temperature": 0,
                    "extra_body": {"document_ids": [doc]}}
-    plain = client.chat.completions.create(**common)
+    plain = client.chat.completions.create(**common, frequency_penalty=0)
     completion = client.chat.completions.create(**common, frequency_penalty=1.5, logprobs=True, top_logprobs=3)
     choice = completion.choices[0]
     assert choice.message.content != plain.choices[0].message.content  # the penalty acted
