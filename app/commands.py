@@ -189,16 +189,19 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     from app import answering
     from app.answering import Question
     from app.errors import translate
+    from app.sampling import sampling_params
+    from app.schemas import LogitControls
     from app.services import load_services
-    from decoding.speculative.generation import SamplingParams, TokenEvent
+    from decoding.speculative.generation import TokenEvent
 
     services = load_services(settings.model_copy(update={"calibrate": False}))
     tenant = _tenant(args.api_key)
-    question = Question(
+    question = Question(  # greedy with the server's default penalties, as an API request that sets none
         question=args.question,
         document_ids=args.doc,
         max_tokens=args.max_tokens,
-        sampling=SamplingParams(),
+        sampling=sampling_params(LogitControls.model_validate({}), services.config.penalties, services.vocab_size,
+                                 temperature=0.0, top_p=1.0, seed=None),
         mode=args.mode,
     )
 
