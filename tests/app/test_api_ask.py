@@ -386,6 +386,16 @@ def test_speculative_modes_answer_like_autoregressive_with_penalties(client: htt
         assert token["logprob"] == token["top_logprobs"][0]["logprob"] <= 0.0
 
 
+def test_seeded_sampling_with_penalties_is_the_same_in_every_mode(client: httpx.Client, doc: str) -> None:
+    base = {"question": "Tell me about the Colosseum.", "document_ids": [doc], "max_tokens": 32, "temperature": 0.9,
+            "seed": 5, "top_k": 40, "min_p": 0.02, "frequency_penalty": 0.7, "presence_penalty": 0.2,
+            "logit_bias": {"314": 1.5}}
+    answers = {mode: ask(client, **base, mode=mode).json()["answer"]
+               for mode in ("autoregressive", "auto", "racer", "rapid_kv", "combined")}
+    assert len(set(answers.values())) == 1, answers
+    assert answers["auto"] != ask(client, **{**base, "frequency_penalty": 0}, mode="auto").json()["answer"]
+
+
 def test_the_server_default_penalty_applies_to_requests_that_give_none(client: httpx.Client, doc: str) -> None:
     """RAGSPEC_DEFAULT_FREQUENCY_PENALTY (1.0 by default: bench.penalties) stands in for a penalty left out."""
     base = {"question": "Describe the Eiffel Tower and the Colosseum.", "document_ids": [doc], "max_tokens": 48}
