@@ -332,21 +332,21 @@ class CpuLlama:
         assert x.is_contiguous(), "rows are updated in place"
         tiled = bool(self._tile_keys())
         seqs = (_Sequence * len(parts))()
+        for seq, p in zip(seqs, parts, strict=True):  # what every layer shares
+            past, path, off = p.vis
+            seq.rows, seq.pos, seq.start, seq.past, seq.path, seq.path_off = (
+                p.rows, _addr(p.pos), p.start, past, _addr(path), _addr(off))
+        xp, cp, sp, shape, sc = _addr(x), _addr(self.cos), _addr(self.sin), ctypes.byref(self.shape), ctypes.byref(
+            scratch)
         for i, layer_weights in enumerate(self.layer_structs):
             for seq, p in zip(seqs, parts, strict=True):
                 layer = p.cache.slot_layers[i]
                 kbuf, vbuf = layer.buffers()
-                tiles = layer.tiles if tiled else None
-                past, path, off = p.vis
-                seq.rows, seq.pos, seq.kbuf, seq.vbuf = p.rows, _addr(p.pos), _addr(kbuf), _addr(vbuf)
-                seq.kv_sh, seq.kv_sn, seq.start = kbuf.stride(1), kbuf.stride(2), p.start
-                seq.past, seq.path, seq.path_off = past, _addr(path), _addr(off)
-                seq.tiles, seq.tiles_sh = _addr(tiles), 0 if tiles is None else tiles.stride(0)
-                seq.tiled = _addr(layer.tiled)
-            self.lib.rs_layer_batch(
-                ctypes.byref(layer_weights), ctypes.byref(self.shape), _addr(x), len(parts), seqs, _addr(self.cos),
-                _addr(self.sin), mode, ctypes.byref(scratch), threads,
-            )  # fmt: skip
+                seq.kbuf, seq.vbuf, seq.tiled = kbuf.data_ptr(), vbuf.data_ptr(), layer.tiled.data_ptr()
+                seq.kv_sh, seq.kv_sn = kbuf.stride(1), kbuf.stride(2)
+                if tiled and layer.tiles is not None:
+                    seq.tiles, seq.tiles_sh = layer.tiles.data_ptr(), layer.tiles.stride(0)
+            self.lib.rs_layer_batch(ctypes.byref(layer_weights), shape, xp, len(parts), seqs, cp, sp, mode, sc, threads)
             for p in parts:
                 p.cache.slot_layers[i].advance(p.rows)
 

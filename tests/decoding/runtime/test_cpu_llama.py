@@ -244,14 +244,15 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
 
 @needs_kernels
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
-@pytest.mark.parametrize("nthreads", [1, 2])
-def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torch.dtype, nthreads: int,
+@pytest.mark.parametrize("isa", [isa for isa in kernels.ISAS if isa in kernels.available_isas()])
+def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torch.dtype, isa: str,
                                                                    threads: None) -> None:
     """Sequences on caches of their own (different prefixes and lengths; a decode row, a draft tree, a prefill
-    chunk, a fresh prompt) in one forward: each one's logits and cache rows are those of its own forward, bit for
-    bit, in any order."""
-    torch.set_num_threads(nthreads)
+    chunk, a fresh prompt) in one forward, on every ISA path this CPU has (2 threads sharing each sequence's
+    work): each one's logits and cache rows are those of its own forward, bit for bit, in any order."""
+    torch.set_num_threads(2)
     model = quantized_tiny_llama(9, kv_dtype=kv_dtype, head_dim=32)
+    model.lib = kernels.library(isa)  # type: ignore[assignment]
     g = _gen(10)
     prefixes = [torch.randint(0, 97, (1, n), generator=g) for n in (300, 37, 140, 0)]
     tree = DraftTree()
