@@ -259,6 +259,7 @@
   }
 
   async function refreshDocuments() {
+    const asked = performance.now();
     try {
       const body = await api('GET', 'v1/documents');
       const fresh = new Map();
@@ -269,8 +270,10 @@
         }
       }
       for (const [id, doc] of state.docs) {
-        if (doc.local) {
-          fresh.set(id, doc); // uploads still in flight or failed before reaching the server
+        // uploads still in flight or failed before reaching the server, and uploads the server accepted after
+        // this list was asked for (a list answered late must not drop them)
+        if (doc.local || (!fresh.has(id) && doc.uploadedAt > asked)) {
+          fresh.set(id, doc);
         }
       }
       state.docs = fresh;
@@ -299,8 +302,24 @@
     }
   }
 
+  /** A document the server has just accepted (202): listed, ticked once ready, followed until indexed. */
+  function addUploaded(body, fallbackTitle) {
+    const doc = normalizeDoc(body);
+    if (!doc.title || doc.title === doc.id) {
+      doc.title = fallbackTitle;
+    }
+    doc.uploadedAt = performance.now();
+    state.autoSelect.add(doc.id);
+    upsertDoc(doc);
+    renderDocs();
+    schedulePoll();
+  }
+
   function upsertDoc(doc) {
     const previous = state.docs.get(doc.id);
+    if (previous && previous.uploadedAt && !doc.uploadedAt) {
+      doc.uploadedAt = previous.uploadedAt; // a later read of the document keeps when the server accepted it
+    }
     state.docs.set(doc.id, doc);
     if (doc.status === 'ready' && state.autoSelect.has(doc.id)) {
       state.autoSelect.delete(doc.id);
@@ -536,14 +555,7 @@
       }
       state.docs.delete(localId);
       if (xhr.status >= 200 && xhr.status < 300 && body) {
-        const doc = normalizeDoc(body);
-        if (!doc.title || doc.title === doc.id) {
-          doc.title = file.name;
-        }
-        state.autoSelect.add(doc.id);
-        upsertDoc(doc);
-        renderDocs();
-        schedulePoll();
+        addUploaded(body, file.name);
       } else {
         const err = errorFromBody(xhr.status, body, xhr.statusText);
         state.docs.set(localId, { ...placeholder, status: 'failed', message: `Upload failed: ${err.message}` });
@@ -578,14 +590,7 @@
     button.disabled = true;
     try {
       const body = await api('POST', 'v1/documents', typedTitle ? { text, title: typedTitle } : { text });
-      const doc = normalizeDoc(body);
-      if (!doc.title || doc.title === doc.id) {
-        doc.title = title;
-      }
-      state.autoSelect.add(doc.id);
-      upsertDoc(doc);
-      renderDocs();
-      schedulePoll();
+      addUploaded(body, title);
       $('paste-text').value = '';
       $('paste-title').value = '';
     } catch (err) {

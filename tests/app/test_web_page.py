@@ -338,3 +338,47 @@ def test_conversation_survives_a_reload_continues_and_is_deleted(server: ThreadS
     open_page(page, server.url + "/")
     assert page.js("document.querySelectorAll('#turns li.turn').length") == 0
     assert page.exceptions() == []
+
+
+HOLD_THE_FIRST_LIST = """(() => {
+  const real = window.fetch.bind(window);
+  let held = false;
+  window.fetch = async (input, init) => {
+    const response = await real(input, init);
+    const href = String(input && input.url ? input.url : input);
+    if (!held && href.endsWith('v1/documents') && !(init && init.method && init.method !== 'GET')) {
+      held = true;  // the page's first document list: answered only once the test lets it through
+      while (!window.__releaseList) await new Promise((r) => setTimeout(r, 20));
+    }
+    return response;
+  };
+})();"""
+
+
+@pytest.mark.browser
+def test_an_upload_survives_a_document_list_answered_after_it(
+    server: ThreadServer, browser: Browser, tmp_path: Path
+) -> None:
+    """The page's document list, asked before an upload and answered after the server accepted it, must not drop
+    the new document (it did, and then nothing polled it: the list stayed empty)."""
+    page = browser.page
+    script = page.call("Page.addScriptToEvaluateOnNewDocument", source=HOLD_THE_FIRST_LIST)["identifier"]
+    try:
+        page.call("Page.navigate", url=server.url + "/")
+        page.wait_for("document.documentElement.dataset.ready === '1'", "the page script starting")
+        doc_path = tmp_path / "late-list.txt"
+        doc_path.write_text("Owls hunt at night and sleep by day.", encoding="utf-8")
+        root = page.call("DOM.getDocument")["root"]["nodeId"]
+        input_node = page.call("DOM.querySelector", nodeId=root, selector="#file-input")["nodeId"]
+        page.call("DOM.setFileInputFiles", files=[str(doc_path)], nodeId=input_node)
+        item = "[...document.querySelectorAll('#doc-list li.doc')].find((li) => li.textContent.includes('late-list'))"
+        doc_id = page.wait_for(f"{item} && !{item}.dataset.id.startsWith('upload-') && {item}.dataset.id",
+                               "the server accepting the upload")
+        assert doc_id not in {"", None}
+        page.js("window.__releaseList = true")  # the list asked before the upload arrives now, without it
+        done = f"{item} && ['ready', 'failed'].includes({item}.dataset.status) && {item}.dataset.status"
+        status = page.wait_for(done, "the upload staying listed until indexed")
+        assert status == "ready" and doc_id in _listed_ids(server)
+    finally:
+        page.call("Page.removeScriptToEvaluateOnNewDocument", identifier=script)
+        page.call("Page.navigate", url=server.url + "/")
