@@ -139,8 +139,7 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     default_frequency_penalty: float = Field(
         1.0, ge=-2.0, le=2.0, description="frequency_penalty when the request gives none (OpenAI's: per occurrence "
-        "in the answer so far; 0: off). 1.0 measured best for the bundled model on the QA set (bench.penalties): "
-        "answers holding the gold passage 21% -> 32%, looping answers 93% -> 32%"
+        "in the answer so far; 0: off); 1.0 measured best for the bundled model on the QA set (bench.penalties)"
     )
     default_presence_penalty: float = Field(0.0, ge=-2.0, le=2.0,
                                             description="presence_penalty when the request gives none")
