@@ -132,6 +132,8 @@ def admit(
     services.prompts.fit([], q.question, q.history, max_tokens, None, system=q.system)
     drafters = services.drafters.for_mode(q.mode, tenant, q.sampling)
     _counted(services, services.scheduler.ensure_room)  # a full queue refuses before any work
+    # a cache for the answer alone must fit the working pool (the prompt's rows are counted once it is built)
+    services.scheduler.check_fits(services.engine.kv_bytes(max_tokens))
     records = [services.store.get(doc_id, tenant) for doc_id in dict.fromkeys(q.document_ids)]  # unknown: 404
     # one order for a set of documents, whatever order they are named in (upload order): the same prompt, so
     # the same cached prefix KV, and no second copy of it on disk for every permutation
@@ -192,7 +194,8 @@ def start(services: Services, p: Plan) -> JobHandle:
             yield event
         services.recalibrate_if_due()  # queued behind waiting questions: runs between requests
 
-    p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key))
+    kv_bytes = engine.kv_bytes(engine.cache_rows(len(p.prompt.ids), p.config))
+    p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key, kv_bytes=kv_bytes))
     return p.handle
 
 

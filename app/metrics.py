@@ -83,6 +83,9 @@ class Metrics:
         )
         self.prompt_tokens = Counter("ragspec_prompt_tokens", "Prompt tokens", [TENANT_LABEL], registry=r)
         self.rejected = Counter("ragspec_overloaded", "Requests refused with 429 (queue full)", registry=r)
+        self.queue_wait = Histogram(
+            "ragspec_queue_wait_seconds", "Time a generation waited for a slot", buckets=LATENCY_BUCKETS, registry=r
+        )
 
     def observe_generation(self, mode: str, stats: GenerationStats, tenant: str) -> None:
         self.generations.labels(tenant, mode, stats.finish_reason or "unknown").inc()
@@ -165,6 +168,18 @@ class LiveCollector(Collector):
         yield GaugeMetricFamily(
             "ragspec_generation_running", "1 while a generation runs", 1 if live["generation_running"] else 0
         )
+        yield GaugeMetricFamily(
+            "ragspec_generations_running", "Generations running at once", live.get("generations_running", 0)
+        )
+        batch = live.get("batch")
+        if batch is not None:  # the engine's batched forwards (decoding.speculative.batching.BatchStats)
+            yield CounterMetricFamily("ragspec_batch_forwards", "Target forwards run", batch.forwards)
+            yield CounterMetricFamily("ragspec_batch_sequences", "Sequences in those forwards (batch sizes summed)",
+                                      batch.sequences)
+            yield CounterMetricFamily("ragspec_batch_rows", "Rows in those forwards", batch.rows)
+            yield CounterMetricFamily("ragspec_batch_prefill_rows", "Prompt rows among them", batch.prefill_rows)
+            yield GaugeMetricFamily("ragspec_batch_size", "Sequences in the last forward", batch.last_sequences)
+            yield GaugeMetricFamily("ragspec_batch_last_rows", "Rows in the last forward", batch.last_rows)
         yield GaugeMetricFamily(
             "ragspec_kv_cache_bytes", "Bytes held by the document KV cache", live["kv_cache_bytes"]
         )

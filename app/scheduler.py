@@ -1,16 +1,20 @@
-"""One generation at a time per engine, behind a bounded queue, bridged from a worker thread to asyncio.
+"""Generations on the engine, ``slots`` at once, behind a bounded queue, bridged from worker threads to asyncio.
 
-The engine's ``generate`` is a synchronous generator; the worker thread iterates it and hands every event
-to the request's event loop (``call_soon_threadsafe`` into an ``asyncio.Queue``). Past ``queue_size``
-waiting generations, ``submit`` raises ``Overloaded`` (429 with Retry-After). A request that goes away
-sets its cancel event: a waiting job leaves the queue at once, a running one stops within one decode step.
-A job that has to wait gets a ``Queued`` event first and another each time its place in the queue changes,
-so a stream can tell its client where it stands before the first token, with an estimate of the wait
-(``app.queue_wait``) once a generation has been timed: only foreground generations that ran to their end
-are timed (not warm-ups or calibrations, nor jobs cut short or failed), on the injectable ``clock``.
+The engine's ``generate`` is a synchronous generator; a worker thread iterates it and hands every event to the
+request's event loop (``call_soon_threadsafe`` into an ``asyncio.Queue``). Up to ``slots`` generations run at
+once, each in its own worker: on the CPU runtime their forwards share one batched forward
+(``decoding.speculative.batching``). A generation starts when a slot is free and its KV (``kv_bytes``) fits the
+working pool (``pool_bytes``) beside the running ones; in arrival order, so a large request is not overtaken
+for ever. One that could never fit the pool is refused at once (``Overloaded`` would only make it retry).
+Past ``queue_size`` waiting generations, ``submit`` raises ``Overloaded`` (429 with Retry-After). A request
+that goes away sets its cancel event: a waiting job leaves the queue at once, a running one stops within one
+decode step. A job that has to wait gets a ``Queued`` event first and another each time its place in the queue
+changes, so a stream can tell its client where it stands before the first token, with an estimate of the wait
+(``app.queue_wait``) once a generation has been timed: only foreground generations that ran to their end are
+timed (not warm-ups or calibrations, nor jobs cut short or failed), on the injectable ``clock``.
 
-Background jobs (warming a document's KV prefix) run only when no generation waits, never count against
-the queue, and a running one is asked to stop when a generation for another prefix arrives.
+Background jobs (warming a document's KV prefix, calibrating) run alone: only when no generation runs or waits,
+never count against the queue, and a running one is asked to stop when a generation for another prefix arrives.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import Overloaded
+from app.errors import Overloaded, PayloadTooLarge
 from app.queue_wait import wait_estimate_s
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,9 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     queue: asyncio.Queue[Any] | None = None
     finished: bool = False
+    kv_bytes: int = 0  # the working memory it holds while it runs
+    submitted_at: float = 0.0
+    started_at: float = 0.0
 
     def push(self, item: Any) -> None:
         if self.loop is None or self.queue is None:
@@ -100,21 +107,29 @@ class JobHandle:
 
 
 class GenerationScheduler:
-    def __init__(self, queue_size: int, name: str = "generation",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, queue_size: int, name: str = "generation", clock: Callable[[], float] = time.monotonic,
+                 slots: int = 1, pool_bytes: int | None = None,
+                 on_start: Callable[[float], None] | None = None) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
         self.queue_size = queue_size
+        self.slots = slots
+        self.pool_bytes = pool_bytes
+        self._on_start = on_start  # told each generation's wait in the queue (seconds) as it starts
         self._clock = clock
-        self._started_at = 0.0  # when the running job started, on ``clock``
         self._waiting: deque[Job] = deque()
         self._background: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: list[Job] = []  # foreground generations, oldest first
+        self._running_background: Job | None = None
         self._cond = threading.Condition()
         self._stopping = False
         self._durations: deque[float] = deque(maxlen=32)
         self.completed = 0
         self.rejected = 0
-        self._thread = threading.Thread(target=self._work, name=f"ragspec-{name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._work, name=f"ragspec-{name}-{i}", daemon=True)
+                         for i in range(slots)]
+        for thread in self._threads:
+            thread.start()
 
     # --- observation -------------------------------------------------------------------------------
     @property
@@ -125,27 +140,43 @@ class GenerationScheduler:
     @property
     def running(self) -> bool:
         with self._cond:
-            return self._running is not None and not self._running.background
+            return bool(self._running)
+
+    @property
+    def running_count(self) -> int:
+        with self._cond:
+            return len(self._running)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return all(t.is_alive() for t in self._threads) and not self._stopping
 
     # --- submission --------------------------------------------------------------------------------
-    def submit(self, run: RunFn, key: str | None = None) -> JobHandle:
-        """Queue a generation (call from the event loop). Raises ``Overloaded`` when the queue is full."""
+    def submit(self, run: RunFn, key: str | None = None, kv_bytes: int = 0) -> JobHandle:
+        """Queue a generation holding ``kv_bytes`` of working memory while it runs (call from the event loop).
+        Raises ``Overloaded`` when the queue is full, ``PayloadTooLarge`` when it could never fit the pool."""
         loop = asyncio.get_running_loop()
-        job = Job(run=run, key=key, background=False, loop=loop, queue=asyncio.Queue())
+        self.check_fits(kv_bytes)
+        job = Job(run=run, key=key, background=False, loop=loop, queue=asyncio.Queue(), kv_bytes=kv_bytes,
+                  submitted_at=self._clock())
         with self._cond:
             self._refuse_if_full_locked()
-            running = self._running
-            if self._waiting or (running is not None and not running.background):  # it has to wait
-                job.push(self._queued_locked(len(self._waiting) + 1, self._running_elapsed_locked()))
             self._waiting.append(job)
-            if running is not None and running.background and running.key != key:
-                running.cancel.set()  # a warm-up never holds up a question on another document
+            if not self._startable_locked(job, ignore_background=True):  # it has to wait (a warm-up gives way)
+                job.push(self._queued_locked(len(self._waiting), self._running_elapsed_locked()))
+            background = self._running_background
+            if background is not None and background.key != key:
+                background.cancel.set()  # a warm-up never holds up a question on another document
             self._cond.notify_all()
         return JobHandle(job, self)
+
+    def check_fits(self, kv_bytes: int) -> None:
+        """Raise ``PayloadTooLarge`` if a generation holding ``kv_bytes`` could never run in the pool."""
+        if self.pool_bytes is not None and kv_bytes > self.pool_bytes:
+            raise PayloadTooLarge(
+                f"this request needs {kv_bytes / 2**20:.0f} MiB of KV cache, more than the working pool's "
+                f"{self.pool_bytes / 2**20:.0f} MiB (RAGSPEC_KV_POOL_MB): ask for fewer tokens or a shorter context"
+            )
 
     def ensure_room(self) -> None:
         """Raise ``Overloaded`` now if ``submit`` would refuse (a cheap check before preparing a request)."""
@@ -155,8 +186,8 @@ class GenerationScheduler:
     def _refuse_if_full_locked(self) -> None:
         if self._stopping:
             raise Overloaded("the service is shutting down", retry_after_s=5)
-        busy = self._running is not None and not self._running.background
-        if len(self._waiting) + (1 if busy else 0) >= self.queue_size + 1:
+        free = max(self.slots - len(self._running), 0)
+        if len(self._waiting) >= self.queue_size + free:
             self.rejected += 1
             raise Overloaded(
                 f"{len(self._waiting)} generations wait (queue size {self.queue_size}); retry later",
@@ -172,9 +203,8 @@ class GenerationScheduler:
         with self._cond:
             if self._stopping:
                 return False
-            if any(j.key == key for j in self._background) or (
-                self._running is not None and self._running.background and self._running.key == key
-            ):
+            running = self._running_background
+            if any(j.key == key for j in self._background) or (running is not None and running.key == key):
                 return False
             self._background.append(Job(run=run, key=key, background=True, loop=None))
             self._cond.notify_all()
@@ -192,14 +222,14 @@ class GenerationScheduler:
 
     # --- worker ------------------------------------------------------------------------------------
     def _running_elapsed_locked(self) -> float | None:
-        """How long the running generation has run; ``None`` when none runs (or only a background job)."""
-        running = self._running
-        if running is None or running.background:
+        """How long the oldest running generation has run; ``None`` when none runs (or only a background job)."""
+        if not self._running:
             return None
-        return max(self._clock() - self._started_at, 0.0)
+        return max(self._clock() - self._running[0].started_at, 0.0)
 
     def _queued_locked(self, position: int, running_elapsed_s: float | None) -> Queued:
-        eta = wait_estimate_s(self._durations, position, running_elapsed_s)
+        # ``slots`` generations leave the queue per typical duration
+        eta = wait_estimate_s(self._durations, math.ceil(position / self.slots), running_elapsed_s)
         return Queued(position, None if eta is None else round(eta, 1))
 
     def _announce_locked(self, start: int, running_elapsed_s: float | None) -> None:
@@ -207,14 +237,35 @@ class GenerationScheduler:
         for place in range(start, len(self._waiting)):
             self._waiting[place].push(self._queued_locked(place + 1, running_elapsed_s))
 
+    def _startable_locked(self, job: Job, ignore_background: bool = False) -> bool:
+        """Whether ``job`` may start now: the head of the queue, a free slot, no background job, room in the pool
+        (a job alone always starts: ``submit`` refused what could never fit)."""
+        if self._waiting[0] is not job or len(self._running) >= self.slots:
+            return False
+        if self._running_background is not None and not ignore_background:
+            return False
+        used = sum(j.kv_bytes for j in self._running)
+        return self.pool_bytes is None or not self._running or used + job.kv_bytes <= self.pool_bytes
+
     def _next_locked(self) -> Job | None:
-        """Take the next job and mark it running (started now); the waiting jobs hear their new places."""
-        job = self._waiting.popleft() if self._waiting else self._background.popleft() if self._background else None
-        if job is not None:
-            self._running, self._started_at = job, self._clock()
-            if not job.background:
-                self._announce_locked(0, 0.0)
-        return job
+        """Take the next job that may start and mark it running (started now); the waiting jobs hear their new
+        places. Background jobs only when nothing runs or waits."""
+        if self._waiting:
+            job = self._waiting[0]
+            if not self._startable_locked(job):
+                return None
+            self._waiting.popleft()
+            job.started_at = self._clock()
+            self._running.append(job)
+            if self._on_start is not None:
+                self._on_start(job.started_at - job.submitted_at)
+            self._announce_locked(0, self._running_elapsed_locked())
+            return job
+        if self._background and not self._running and self._running_background is None:
+            job = self._background.popleft()
+            self._running_background = job
+            return job
+        return None
 
     def _work(self) -> None:
         while True:
@@ -239,10 +290,12 @@ class GenerationScheduler:
             failure = _Failure(exc)
         finally:
             with self._cond:  # free the slot before the caller learns the job ended (or failed)
-                self._running = None
-                if not job.background:
+                if job.background:
+                    self._running_background = None
+                else:
+                    self._running.remove(job)
                     if failure is None and not job.cancel.is_set():  # a whole generation: it times the next
-                        self._durations.append(self._clock() - self._started_at)
+                        self._durations.append(self._clock() - job.started_at)
                     self.completed += 1
                 self._cond.notify_all()
             job.finished = True
@@ -259,7 +312,8 @@ class GenerationScheduler:
                 job.push(_End())
             self._waiting.clear()
             self._background.clear()
-            if self._running is not None:
-                self._running.cancel.set()
+            for job in [*self._running, *filter(None, [self._running_background])]:
+                job.cancel.set()
             self._cond.notify_all()
-        self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)

@@ -10,7 +10,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from app.indexing import IndexingConfig, IndexingJobs
 from app.kv_tags import PrefixRegistry
 from app.kv_tuning import (
     RecalibrationBackoff,
+    available_ram_bytes,
     check_window_fits,
     kv_budgets,
     schedule_recalibration,
@@ -45,6 +46,7 @@ from decoding.runtime.models import (
     with_context_window,
 )
 from decoding.speculative.engine import Engine, EngineConfig
+from decoding.speculative.generation import GenerationConfig
 from retrieval.embedding import Embedder, load_embedder
 from retrieval.retriever import Retriever
 from retrieval.store import DocumentStore
@@ -127,6 +129,8 @@ class Services:
         return {
             "queue_waiting": self.scheduler.waiting,
             "generation_running": self.scheduler.running,
+            "generations_running": self.scheduler.running_count,
+            "batch": self.engine.batcher.stats if self.engine.batcher is not None else None,
             "kv_cache_bytes": cache.bytes_used if cache is not None else 0,
             "kv_disk_bytes": cache.disk_bytes if cache is not None else 0,
             "kv_host_bytes": cache.host_bytes if cache is not None else 0,
@@ -266,6 +270,17 @@ def open_prefixes(settings: Settings, store: DocumentStore, prefix_cache: Prefix
     return prefixes
 
 
+def open_scheduler(settings: Settings, engine: Engine,
+                   on_start: Callable[[float], None] | None = None) -> GenerationScheduler:
+    """``max_batch`` generations at once where the engine batches forwards (one elsewhere), within the KV pool."""
+    slots = settings.max_batch if engine.batcher is not None else 1
+    pool = settings.kv_pool_bytes
+    if pool == "auto":
+        window = engine.kv_bytes(engine.cache_rows(engine.max_context, GenerationConfig(max_new_tokens=1)))
+        pool = max(int(0.25 * available_ram_bytes()), window)
+    return GenerationScheduler(settings.queue_size, slots=slots, pool_bytes=int(pool), on_start=on_start)
+
+
 def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
     """Load models, open the store (recovering from a crash) and start the worker threads."""
     t0 = time.perf_counter()
@@ -280,9 +295,10 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         target,
         prefix_cache,
         config=EngineConfig(max_budget=settings.draft_budget_max, prompt_topk=drafters.prompt_topk,
-                            prefill_chunk=settings.prefill_chunk),
+                            prefill_chunk=settings.prefill_chunk, prefill_rows=settings.prefill_rows_per_step),
     )
-    scheduler = GenerationScheduler(settings.queue_size)
+    metrics = metrics or Metrics()
+    scheduler = open_scheduler(settings, engine, metrics.queue_wait.observe)
     redis = RedisLink(settings.redis_url)
     indexing = IndexingJobs(
         store,
@@ -308,7 +324,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         redis=redis,
         sessions=SessionStore(redis, config.sessions.session_ttl_s, config.sessions.max_turns,
                               keep_sources=settings.session_sources),
-        metrics=metrics or Metrics(),
+        metrics=metrics,
         keys=KeyRing(config.api_keys),
         started_at=time.time(),
     )

@@ -147,7 +147,20 @@ class Settings(BaseSettings):
         1.0, gt=0.0, le=10.0, description="repetition_penalty when the request gives none (multiplicative; counts "
         "the prompt, so the document's own words too)"
     )
-    queue_size: int = Field(8, ge=0, description="Waiting generations beyond the running one -> 429 above")
+    queue_size: int = Field(32, ge=0, description="Waiting generations beyond the running ones -> 429 above")
+    max_batch: int = Field(
+        8, ge=1, le=64, description="Most generations that run at once: on the quantized CPU runtime their forwards "
+        "share one batched forward, each answer as it is alone; the torch runtime runs one at a time"
+    )
+    kv_pool_bytes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="Working memory the running generations' KV caches may hold together; a generation "
+        "waits until its cache fits beside the others', one that can never fit is refused (413); auto: 25% of the "
+        "RAM available at start-up, at least one generation at the full window"
+    )
+    prefill_rows_per_step: int = Field(
+        64, ge=1, le=128, description="Prompt rows a new generation adds to each batched forward while others "
+        "decode (alone it reads 128 a forward): fewer keeps the others' tokens flowing, more starts it sooner"
+    )
     sse_ping_s: float = Field(
         15.0, gt=0, le=300, description="Seconds between SSE keep-alive comments (`: ping`) on answer streams, "
         "from the moment a request is accepted: a proxy's read timeout never sees a silent stream"

@@ -6,6 +6,7 @@ hang (a per-client deadline) and no answer may be lost or cut. The result goes t
 code is non-zero when any client hung, failed or lost text.
 
     python -m bench.load --json bench/results/load.json            # starts its own server (bundled models)
+    python -m bench.load --max-batch 1 --queue-size 8 ...          # the server as it was: one generation at a time
     python -m bench.load --url http://127.0.0.1:8000 --doc ID      # against a running server
 """
 
@@ -179,7 +180,7 @@ def _sample(metrics: str, name: str) -> float | None:
 
 
 @contextmanager
-def local_server(data_dir: Path, queue_size: int) -> Iterator[str]:
+def local_server(data_dir: Path, overrides: dict[str, Any]) -> Iterator[str]:
     """The service with the bundled models on a free loopback port, in a thread of this process."""
     import uvicorn
 
@@ -189,7 +190,7 @@ def local_server(data_dir: Path, queue_size: int) -> Iterator[str]:
 
     models_dir = Settings().models_dir  # type: ignore[call-arg]  # RAGSPEC_DATA_DIR or ./data
     settings = Settings(  # type: ignore[call-arg]
-        data_dir=data_dir, target_model=str(bundled_gguf_dir(models_dir)), queue_size=queue_size, calibrate=False
+        data_dir=data_dir, target_model=str(bundled_gguf_dir(models_dir)), calibrate=False, **overrides
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", default=None, help="document id to ask over (default: upload a small one)")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--queue-size", type=int, default=8, help="queue size of the server this script starts")
+    parser.add_argument("--queue-size", type=int, default=None,
+                        help="queue size of the server this script starts (default: the setting's default)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="generations at once on the server this script starts (default: the setting's default)")
     parser.add_argument("--deadline-s", type=float, default=900.0, help="a client still open after this hung")
     parser.add_argument("--json", type=Path, default=Path("bench/results/load.json"))
     args = parser.parse_args(argv)
@@ -225,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         server_settings: dict[str, Any] | None = None
         if url is None:
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragspec-load-")))
-            url = stack.enter_context(local_server(data_dir, args.queue_size))
-            server_settings = {"queue_size": args.queue_size, "target_model": "bundled SmolLM2-135M"}
+            overrides = {k: v for k, v in (("queue_size", args.queue_size), ("max_batch", args.max_batch))
+                         if v is not None}
+            url = stack.enter_context(local_server(data_dir, overrides))
+            server_settings = {"target_model": "bundled SmolLM2-135M", "overrides": overrides}
         report = asyncio.run(run_load(url, args.doc, args.clients, args.max_tokens, args.deadline_s))
     report.update(
         machine=machine(), server=server_settings or {"url": url}, created=time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -243,8 +243,15 @@ class CpuLlama:
         logits_to_keep: int = 0,
         **_: Any,
     ) -> SimpleNamespace:
+        return kernels.run_on_kernel_thread(self._call, input_ids, position_ids, attention_mask, past_key_values,
+                                            logits_to_keep)
+
+    def _call(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+        past_key_values: SlotCache | None, logits_to_keep: int,
+    ) -> SimpleNamespace:
         cache = past_key_values if past_key_values is not None else SlotCache(self.num_layers, input_ids.numel())
-        ids, pos, keep = self._check(BatchItem(input_ids, cache, position_ids, attention_mask, logits_to_keep))
+        ids, pos, keep = self.check(BatchItem(input_ids, cache, position_ids, attention_mask, logits_to_keep))
         n, start = ids.numel(), cache.length
         x = kernels.dequant_rows(self.lib, self.weights.embed, ids)  # [n, E]
         self._reserve(cache, start + n)
@@ -261,9 +268,12 @@ class CpuLlama:
         """Several sequences, each on its own cache, in one forward per layer: the weights are read once for all
         their rows. Returns each item's kept logits ``[keep, V]``, equal bit for bit to what the item's own call
         returns (a causal item takes at most ``CHUNK_ROWS`` rows, a tree ``kernels.MAX_ROWS``)."""
+        return kernels.run_on_kernel_thread(self._forward_batch, items)
+
+    def _forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
         if not items or len({id(item.cache) for item in items}) < len(items):
             raise ValueError("forward_batch takes one or more items, each on a cache of its own")
-        checked = [self._check(item) for item in items]
+        checked = [self.check(item) for item in items]
         parts, keeps = [], []
         for item, (ids, pos, keep) in zip(items, checked, strict=True):
             n, start = ids.numel(), item.cache.length
@@ -281,7 +291,7 @@ class CpuLlama:
         kept = torch.cat([torch.arange(end - keep, end) for end, keep in zip(ends, keeps, strict=True)])
         return list(self._head(x[kept].contiguous(), len(kept)).split(keeps))
 
-    def _check(self, item: BatchItem) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def check(self, item: BatchItem) -> tuple[torch.Tensor, torch.Tensor, int]:
         """An item's ids, positions (int64) and number of kept rows, or a ValueError."""
         ids = item.input_ids.reshape(-1)
         n, start = ids.numel(), item.cache.length
@@ -306,6 +316,12 @@ class CpuLlama:
     def kv_storage(self) -> torch.dtype:
         """The cache buffers' dtype: int8 keys / values are stored as uint8 rows holding their scales."""
         return torch.uint8 if self.kv_dtype == torch.int8 else self.kv_dtype
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take in a cache, over every layer (tiled copies included)."""
+        _, _, g, d, _ = self.dims
+        row = kernels.kv_row_width(self.kv_storage, d) * self.kv_storage.itemsize
+        return self.num_layers * 2 * g * row * (2 if self._tile_keys() else 1)
 
     def _tile_keys(self) -> int:
         """Keys per block the attention keeps laid out in the cache (0: this library and storage keep none)."""

@@ -16,6 +16,7 @@ The engine never branches on who drafted: it merges whatever trees the drafters 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +30,8 @@ from decoding.cache.slot import SlotCache
 from decoding.errors import ContextTooLong
 from decoding.runtime import host
 from decoding.runtime.attention_cuda import describe_tree_mask
+from decoding.runtime.cpu_llama import CHUNK_ROWS, BatchItem
+from decoding.speculative.batching import ForwardBatcher
 from decoding.speculative.budget import BudgetPolicy, TreeSelector
 from decoding.speculative.coupled import SeededNoise, verify_coupled
 from decoding.speculative.detokenize import AnswerText
@@ -91,14 +94,20 @@ class EngineConfig:
     node_topk: int = 8  # target top-k recorded for every verified node (drafters' logit cues)
     prompt_topk: int = 0  # >0: also record the target's top-k at every prompt position (RACER)
     max_budget: int = 64  # most draft nodes per step
+    # a prompt's rows per batched forward while other generations decode beside it (alone: CHUNK_ROWS)
+    prefill_rows: int = 64
 
     def __post_init__(self) -> None:
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.prefill_rows < 1:
+            raise ValueError(f"prefill_rows must be >= 1, got {self.prefill_rows}")
 
 
 class Engine:
-    """Runs one generation at a time (callers serialise access; the app queues requests)."""
+    """Runs generations. On a target with ``forward_batch`` (the CPU runtime) generations in several threads at
+    once share each forward (``decoding.speculative.batching``), each answer as it would be alone; on other
+    targets (torch) callers run one generation at a time."""
 
     def __init__(
         self,
@@ -119,6 +128,9 @@ class Engine:
         # prefix KV computed by another runtime (fp32 torch, fp16-KV quantized...) is never reused
         cache_model = f"{target.name}|{getattr(target, 'runtime', 'torch')}"
         chunk = self.config.prefill_chunk
+        forward_batch = getattr(self.model, "forward_batch", None)
+        self.batcher = (ForwardBatcher(forward_batch, CHUNK_ROWS, self.config.prefill_rows)
+                        if forward_batch is not None else None)
         self.reader = PromptReader(self._forward, prefix_cache, cache_model, self.device,
                                    default_prefill_chunk(self.device) if chunk is None else chunk,
                                    self.config.prompt_topk, self._vocab)
@@ -131,6 +143,21 @@ class Engine:
     def device(self) -> torch.device:
         return torch.device(self.target.device)
 
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes a generation's KV cache of ``tokens`` rows takes (what admission counts against the pool)."""
+        per_token = getattr(self.model, "kv_bytes_per_token", None)
+        if per_token is not None:
+            return int(per_token()) * tokens
+        cfg = self.model.config
+        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        return self.num_layers * 2 * heads * head_dim * self._float_dtype.itemsize * tokens
+
+    def cache_rows(self, prompt_tokens: int, config: GenerationConfig) -> int:
+        """The rows a generation's cache holds at most: its prompt, the answer and one step's draft tree."""
+        spare = (config.draft_budget if config.draft_budget is not None else self.policy.max_budget) + 2
+        return min(prompt_tokens + config.max_new_tokens, self.max_context) + spare
+
     # ---- forwards ---------------------------------------------------------------------------------
 
     def _forward(
@@ -141,6 +168,10 @@ class Engine:
         mask: torch.Tensor | None = None,  # [1, 1, n, L + n] additive
         all_logits: bool = True,
     ) -> torch.Tensor:
+        if self.batcher is not None:
+            item = BatchItem(input_ids, cache, position_ids, mask, 0 if all_logits else 1)
+            self.model.check(item)  # a bad item fails its own request, not the batch it would join
+            return self.batcher.forward(item)
         start = cache.length
         n = input_ids.shape[1]
         cache_position = torch.arange(start, start + n, device=self.device)
@@ -198,8 +229,16 @@ class Engine:
         if room < 1:
             raise ContextTooLong(len(ids) + 1, self.max_context)
         max_new = max(1, min(config.max_new_tokens, room))
-        with torch.inference_mode():
-            yield from self._generate(prompt, config, max_new, list(drafters), cancel)
+        with torch.inference_mode(), self._joined():
+            for event in self._generate(prompt, config, max_new, list(drafters), cancel):
+                with self._away():  # a slow reader never holds up the generations beside this one
+                    yield event
+
+    def _joined(self) -> contextlib.AbstractContextManager[None]:
+        return self.batcher.joined() if self.batcher is not None else contextlib.nullcontext()
+
+    def _away(self) -> contextlib.AbstractContextManager[None]:
+        return self.batcher.away() if self.batcher is not None else contextlib.nullcontext()
 
     def _generate(
         self,
@@ -212,8 +251,7 @@ class Engine:
         t0 = time.perf_counter()
         sampling = config.sampling
         stats = GenerationStats(prompt_tokens=len(prompt.ids), context_truncated=prompt.context_truncated)
-        spare = (config.draft_budget if config.draft_budget is not None else self.policy.max_budget) + 2
-        cache = SlotCache(self.num_layers, len(prompt.ids) + max_new + spare)
+        cache = SlotCache(self.num_layers, self.cache_rows(len(prompt.ids), config))
 
         ids = prompt.ids
         prefix_len = len(prompt.prefix_ids) if prompt.suffix_ids else len(ids) - 1  # the last token runs
@@ -278,7 +316,8 @@ class Engine:
         if run.logprobs is not None and logprobs is not None:
             run.logprobs.extend(logprobs)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
-        self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
+        if self.batcher is None or self.batcher.last_batch_size() == 1:  # a batch's time is not this tree's cost
+            self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
         self._observe(run, tree, verdict, node_topk, accepted)
         run.root = verdict.bonus

@@ -1,4 +1,4 @@
-"""One generation at a time: with ``queue_size=0`` a second question while one runs is a 429 with
+"""One generation at a time (``max_batch=1``): with ``queue_size=0`` a second question while one runs is a 429 with
 Retry-After; a streaming client that disconnects cancels its generation and frees the slot."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ LONG_QUESTION = "Write the numbers from 1 to 200, one per line."
 
 @pytest.fixture(scope="module")
 def server_settings() -> dict[str, Any]:
-    return {"queue_size": 0, "max_new_tokens": 256}
+    return {"queue_size": 0, "max_batch": 1, "max_new_tokens": 256}
 
 
 def test_full_queue_is_429_and_a_disconnect_frees_the_slot(server: ThreadServer) -> None:

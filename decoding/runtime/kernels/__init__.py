@@ -34,12 +34,15 @@ import hashlib
 import logging
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -47,6 +50,7 @@ from decoding.errors import DecodingError
 from decoding.runtime.quant import QuantMatrix
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
@@ -184,9 +188,121 @@ def _flags(isa: str) -> tuple[str, ...]:
     return (*FLAGS, *ISA_FLAGS[isa])
 
 
-def _library_path(compiler: str, isa: str) -> Path:
+def _link(openmp: Path | None) -> tuple[str, ...]:
+    """After the sources: the private OpenMP runtime ``openmp`` when there is one (then the compiler's own
+    ``-lgomp`` goes unused and is left out)."""
+    return ("-Wl,--as-needed", str(openmp), f"-Wl,-rpath,{openmp.parent}") if openmp is not None else ()
+
+
+PRIVATE_OPENMP = "librsmp.so.1"  # as long as "libgomp.so.1": the copy's name is patched in place
+
+
+def private_openmp(compiler: str) -> Path | None:
+    """A copy of the compiler's OpenMP runtime under another name, for the kernels alone (None: none found).
+
+    libgomp throttles every team's spin-waiting as soon as the process holds more OpenMP threads than CPUs,
+    counting the idle pools of every thread that ever ran a parallel region: one torch op in another thread
+    (an embedder, a request's sampling) then makes each of the kernels' ~100 barriers a forward a futex sleep,
+    and a forward 2-3x slower. With a runtime of their own (and one thread calling them, ``run_on_kernel_thread``)
+    the kernels' team stays the only one it counts."""
+    try:
+        found = subprocess.run([compiler, "-print-file-name=libgomp.so"], capture_output=True, text=True,
+                               timeout=60).stdout.strip()
+        source = Path(os.path.realpath(found))
+        data = source.read_bytes() if found and source.is_file() else b""
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not data.startswith(b"\x7fELF"):
+        return None
+    out = cache_dir() / f"openmp-{hashlib.sha256(data).hexdigest()[:16]}" / PRIVATE_OPENMP
+    if out.is_file():
+        return out
+    patched = _rename_soname(data, b"libgomp.so.1", PRIVATE_OPENMP.encode())
+    if patched is None:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(patched)
+    os.replace(tmp, out)
+    return out
+
+
+def _rename_soname(data: bytes, old: bytes, new: bytes) -> bytes | None:
+    """An ELF64 shared library with its name ``old`` replaced by ``new`` (same length) in its dynamic string table
+    (its SONAME and version base); None if it is not one or does not hold that name."""
+    import struct
+
+    if len(old) != len(new) or data[:5] != b"\x7fELF\x02":
+        return None
+    out = bytearray(data)
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    entsize, count, names = struct.unpack_from("<HHH", data, 0x3A)
+
+    def section(i: int) -> tuple[int, int, int]:
+        name, _, _, _, offset, size = struct.unpack_from("<IIQQQQ", data, shoff + i * entsize)
+        return name, offset, size
+
+    strtab = section(names)[1]
+    for i in range(count):
+        name, offset, size = section(i)
+        if data[strtab + name : data.index(b"\0", strtab + name)] == b".dynstr":
+            table = data[offset : offset + size]
+            if old + b"\0" not in table:
+                return None
+            out[offset : offset + size] = table.replace(old + b"\0", new + b"\0")
+            return bytes(out)
+    return None
+
+
+class _KernelThread:
+    """One thread that runs every forward of the quantized runtime (``run_on_kernel_thread``): OpenMP keeps a
+    pool of workers per thread that starts parallel regions, and more pools than CPUs throttle them all."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="ragspec-kernels", daemon=True)
+                self._thread.start()
+        done = threading.Event()
+        box: list[Any] = []
+        self._jobs.put((fn, args, torch.is_inference_mode_enabled(), torch.get_num_threads(), box, done))
+        done.wait()
+        if box[0]:
+            raise box[1]
+        return box[1]  # type: ignore[no-any-return]
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, inference, threads, box, done = self._jobs.get()
+            try:
+                if torch.get_num_threads() != threads:  # the caller's thread count (OpenMP's is per thread)
+                    torch.set_num_threads(threads)
+                with torch.inference_mode(inference):
+                    box[:] = [False, fn(*args)]
+            except BaseException as exc:  # handed to the caller
+                box[:] = [True, exc]
+            done.set()
+
+
+_kernel_thread = _KernelThread()
+
+
+def run_on_kernel_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` on the kernels' one thread (directly when called there); its result or its exception."""
+    return _kernel_thread.run(fn, *args)
+
+
+def _library_path(compiler: str, isa: str, openmp: Path | None = None) -> Path:
     h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
-    h.update(" ".join((compiler, *_flags(isa), platform.machine())).encode())
+    h.update(" ".join((compiler, *_flags(isa), *_link(openmp), platform.machine())).encode())
     return cache_dir() / f"libragspec_cpu-{isa}-{h.hexdigest()[:16]}.so"
 
 
@@ -215,14 +331,15 @@ def build(force: bool = False, isa: str | None = None) -> Path:
     compiler = _config.compiler or shutil.which("cc") or shutil.which("gcc") or ""
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
-    out = _library_path(compiler, isa)
+    openmp = private_openmp(compiler)
+    out = _library_path(compiler, isa, openmp)
     if out.is_file() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *_flags(isa), *(str(src) for src in SOURCES), "-o", tmp]
+        cmd = [compiler, *_flags(isa), *(str(src) for src in SOURCES), *_link(openmp), "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the CPU kernels failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
@@ -236,7 +353,9 @@ def build(force: bool = False, isa: str | None = None) -> Path:
 
 def _open(isa: str) -> ctypes.CDLL:
     """Build (if needed) and load the library of path ``isa``, checked to be that path and ready to run."""
-    lib = ctypes.CDLL(str(build(isa=isa)))
+    path = build(isa=isa)
+    # its own OpenMP runtime (``private_openmp``): looked up before the one torch loaded globally
+    lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
     _declare(lib)
     built = lib.rs_isa().decode()
     if built != isa:  # the compiler ignored the path's flags: never run another path quietly

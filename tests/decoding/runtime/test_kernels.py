@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -285,4 +286,53 @@ def _check_cached_atomic_build(tmp_path: Path) -> None:
     assert first.parent == tmp_path and first.is_file()
     stamp = first.stat().st_mtime_ns
     assert kernels.build() == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp files left behind
+    private = kernels.private_openmp(kernels.config().compiler or "gcc")
+    expected = [first.name] if private is None else sorted([first.name, private.parent.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected  # no temp files left behind
+    if private is not None:
+        assert [p.name for p in private.parent.iterdir()] == [kernels.PRIVATE_OPENMP]
+
+
+@needs_kernels
+def test_the_kernels_run_on_their_own_openmp_runtime_and_thread() -> None:
+    """The loaded kernels use the private copy of libgomp (not the one torch loaded), and every call handed to the
+    kernel thread runs on that one thread, with the caller's inference mode and thread count, and raises there."""
+    assert kernels.load() is not None
+    if kernels.private_openmp(kernels.config().compiler or "gcc") is not None:
+        maps = Path("/proc/self/maps").read_text()
+        assert kernels.PRIVATE_OPENMP in maps
+    seen: list[tuple[int, bool, int]] = []
+
+    def where() -> None:
+        seen.append((threading.get_ident(), torch.is_inference_mode_enabled(), torch.get_num_threads()))
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            kernels.run_on_kernel_thread(where)
+        worker = threading.Thread(target=kernels.run_on_kernel_thread, args=(where,))
+        worker.start()
+        worker.join(10)
+    finally:
+        torch.set_num_threads(before)
+    assert len({ident for ident, _, _ in seen}) == 1 and seen[0][0] != threading.get_ident()
+    assert [(inference, threads) for _, inference, threads in seen] == [(True, 1), (False, 1)]
+
+    def fail() -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        kernels.run_on_kernel_thread(fail)
+
+
+def test_a_renamed_runtime_keeps_its_bytes_but_its_name() -> None:
+    lib = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+    if not lib.is_file():
+        pytest.skip("no system libgomp here")
+    data = lib.read_bytes()
+    renamed = kernels._rename_soname(data, b"libgomp.so.1", kernels.PRIVATE_OPENMP.encode())
+    assert renamed is not None and len(renamed) == len(data)
+    assert b"libgomp.so.1\0" not in renamed and kernels.PRIVATE_OPENMP.encode() + b"\0" in renamed
+    assert kernels._rename_soname(b"not an elf", b"libgomp.so.1", b"librsmp.so.1") is None
+    assert kernels._rename_soname(data, b"libgomp.so.1", b"short") is None
