@@ -162,7 +162,7 @@ class GenerationScheduler:
         with self._cond:
             self._refuse_if_full_locked()
             self._waiting.append(job)
-            if not self._startable_locked(job, ignore_background=True):  # it has to wait (a warm-up gives way)
+            if not self._starts_now_locked(job):  # it has to wait
                 job.push(self._queued_locked(len(self._waiting), self._running_elapsed_locked()))
             background = self._running_background
             if background is not None and background.key != key:
@@ -175,7 +175,7 @@ class GenerationScheduler:
         if self.pool_bytes is not None and kv_bytes > self.pool_bytes:
             raise PayloadTooLarge(
                 f"this request needs {kv_bytes / 2**20:.0f} MiB of KV cache, more than the working pool's "
-                f"{self.pool_bytes / 2**20:.0f} MiB (RAGSPEC_KV_POOL_MB): ask for fewer tokens or a shorter context"
+                f"{self.pool_bytes / 2**20:.0f} MiB (RAGSPEC_KV_POOL_BYTES): ask for fewer tokens or a shorter context"
             )
 
     def ensure_room(self) -> None:
@@ -235,17 +235,33 @@ class GenerationScheduler:
     def _announce_locked(self, start: int, running_elapsed_s: float | None) -> None:
         """Tell the waiting jobs from index ``start`` on their new places (one ahead of them left)."""
         for place in range(start, len(self._waiting)):
-            self._waiting[place].push(self._queued_locked(place + 1, running_elapsed_s))
+            job = self._waiting[place]
+            if not self._starts_now_locked(job):  # one about to be taken by a free worker hears nothing
+                job.push(self._queued_locked(place + 1, running_elapsed_s))
 
-    def _startable_locked(self, job: Job, ignore_background: bool = False) -> bool:
-        """Whether ``job`` may start now: the head of the queue, a free slot, no background job, room in the pool
-        (a job alone always starts: ``submit`` refused what could never fit)."""
-        if self._waiting[0] is not job or len(self._running) >= self.slots:
+    def _fits_locked(self, job: Job, running: int, used: int) -> bool:
+        """Whether ``job`` may start beside ``running`` generations holding ``used`` bytes: a free slot and room in
+        the pool (a job alone always starts: ``submit`` refused what could never fit)."""
+        if running >= self.slots:
             return False
-        if self._running_background is not None and not ignore_background:
+        return self.pool_bytes is None or not running or used + job.kv_bytes <= self.pool_bytes
+
+    def _startable_locked(self, job: Job) -> bool:
+        """Whether ``job``, the head of the queue, may start now (and no background job runs)."""
+        if self._waiting[0] is not job or self._running_background is not None:
             return False
-        used = sum(j.kv_bytes for j in self._running)
-        return self.pool_bytes is None or not self._running or used + job.kv_bytes <= self.pool_bytes
+        return self._fits_locked(job, len(self._running), sum(j.kv_bytes for j in self._running))
+
+    def _starts_now_locked(self, job: Job) -> bool:
+        """Whether ``job`` starts as soon as the workers take the queue in order (a warm-up gives way at once)."""
+        running, used = len(self._running), sum(j.kv_bytes for j in self._running)
+        for ahead in self._waiting:
+            if not self._fits_locked(ahead, running, used):
+                return False
+            if ahead is job:
+                return True
+            running, used = running + 1, used + ahead.kv_bytes
+        return False
 
     def _next_locked(self) -> Job | None:
         """Take the next job that may start and mark it running (started now); the waiting jobs hear their new

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ class BatchStats:
     prefill_rows: int = 0
     last_sequences: int = 0
     last_rows: int = 0
+    last_s: float = 0.0  # wall time of the last batched forward
 
 
 class ForwardBatcher:
@@ -144,6 +146,7 @@ class ForwardBatcher:
         items = [self._slice(call, len(calls)) for call in calls]
         self._cond.release()
         error: BaseException | None = None
+        t0 = time.perf_counter()
         try:
             logits = self._run_batch([item for item, _ in items])
         except BaseException as exc:  # every call of the batch fails with it; the batcher keeps serving
@@ -151,7 +154,7 @@ class ForwardBatcher:
         finally:
             self._cond.acquire()
         try:
-            self._record(calls, items)
+            self._record(calls, items, time.perf_counter() - t0)
             for i, (call, (_, kept_rows)) in enumerate(zip(calls, items, strict=True)):
                 call.batch_size = len(calls)
                 if error is not None:
@@ -182,7 +185,7 @@ class ForwardBatcher:
         kept = max(0, b - (call.rows - call.keep))  # rows of this slice among the last ``keep``
         return BatchItem(ids, item.cache, pos, None, kept or 1), kept
 
-    def _record(self, calls: list[_Call], items: list[tuple[BatchItem, int]]) -> None:
+    def _record(self, calls: list[_Call], items: list[tuple[BatchItem, int]], seconds: float) -> None:
         s = self.stats
         rows = [int(item.input_ids.numel()) for item, _ in items]
         s.forwards += 1
@@ -190,4 +193,4 @@ class ForwardBatcher:
         s.rows += sum(rows)
         s.prefill_rows += sum(r for (item, _), r in zip(items, rows, strict=True)
                               if item.attention_mask is None and r > 1)
-        s.last_sequences, s.last_rows = len(calls), sum(rows)
+        s.last_sequences, s.last_rows, s.last_s = len(calls), sum(rows), seconds

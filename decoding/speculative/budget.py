@@ -219,9 +219,15 @@ class TreeSelector:
             p.append(base * self.probability(key))
         return p
 
-    def select(self, tree: DraftTree, context: int | None = None) -> DraftTree:
+    def select(self, tree: DraftTree, context: int | None = None, batch: int = 1,
+               batch_s: float | None = None) -> DraftTree:
         """The most likely nodes (ancestors included) whose number maximises expected tokens per second on a
-        ``context``-token cache."""
+        ``context``-token cache.
+
+        Beside ``batch - 1`` other sequences whose shared forward takes ``batch_s`` seconds, a node's row delays
+        all of them: the number maximises the batch's tokens per second, (batch - 1 + expected tokens of this
+        tree) / (batch_s + cost(n) - cost(0)), so speculation shrinks as the batch grows. Alone (batch 1) that is
+        expected tokens / cost(n)."""
         self.step += 1
         if not len(tree):
             return tree
@@ -229,11 +235,13 @@ class TreeSelector:
         order = sorted(range(len(tree)), key=lambda i: (-p[i], i))  # a parent never ranks below its child
         order = order[: self.policy.max_budget]
         cost = self.policy.costs(len(order), context)
-        best_n, best_rate = 0, 1.0 / cost[0]
+        others = max(batch - 1, 0)
+        extra = max(batch_s - cost[0], 0.0) if others and batch_s is not None else 0.0  # the others' rows
+        best_n, best_rate = 0, (others + 1.0) / (cost[0] + extra)
         gain = 1.0
         for n, i in enumerate(order, start=1):
             gain += p[i]
-            rate = gain / cost[n]
+            rate = (others + gain) / (cost[n] + extra)
             if rate > best_rate:
                 best_n, best_rate = n, rate
         if best_n == 0 and self.step % self.policy.explore_every == 0:

@@ -344,9 +344,15 @@ class Engine:
         return merge_trees(trees, budget)
 
     def _pick_tree(self, run: _Run, tree: DraftTree) -> DraftTree:
-        """The part of the drafted tree worth verifying at this cache length (maybe nothing); all of it when
-        the request fixed the budget."""
-        return tree if run.config.draft_budget is not None else run.selector.select(tree, run.cache.length)
+        """The part of the drafted tree worth verifying at this cache length (maybe nothing), for the batch this
+        step's forward will likely join (the generations present now, at the last batched forward's time); all
+        of it when the request fixed the budget."""
+        if run.config.draft_budget is not None:
+            return tree
+        batch, batch_s = 1, None
+        if self.batcher is not None and self.batcher.present > 1:
+            batch, batch_s = self.batcher.present, self.batcher.stats.last_s
+        return run.selector.select(tree, run.cache.length, batch, batch_s)
 
     def _observe(
         self, run: _Run, tree: DraftTree, verdict: Verdict, node_topk: torch.Tensor | None, accepted: list[int]

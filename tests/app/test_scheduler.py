@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.errors import Overloaded
+from app.errors import Overloaded, PayloadTooLarge
 from app.scheduler import GenerationScheduler, Queued
 
 
@@ -192,6 +192,42 @@ def test_background_job_runs_when_idle_and_yields_to_generations() -> None:
             # a generation for another prefix asks the warm-up to stop and is not refused
             assert await collect(sched.submit(instant("answer"), key="doc-b")) == ["answer"]
             assert warm_cancelled.is_set() and ran == ["warm"]
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+
+
+def test_slots_run_jobs_at_once_within_the_memory_pool() -> None:
+    """Two slots and a pool of 10 bytes: two jobs of 4 run together; a job of 8 waits at the head of the queue
+    for a slot, then for room in the pool, and the small job behind it does not overtake it; a job of 11 could
+    never fit: refused at once (413); the start hook hears every wait."""
+
+    async def main() -> None:
+        waits: list[float] = []
+        sched = GenerationScheduler(queue_size=4, slots=2, pool_bytes=10, on_start=waits.append)
+        try:
+            gates = [threading.Event() for _ in range(4)]
+            starts = [threading.Event() for _ in range(4)]
+            a = sched.submit(gated(gates[0], starts[0], steps=1), kv_bytes=4)
+            b = sched.submit(gated(gates[1], starts[1], steps=1), kv_bytes=4)
+            assert await asyncio.to_thread(starts[0].wait, 5) and await asyncio.to_thread(starts[1].wait, 5)
+            assert sched.running_count == 2
+            big = sched.submit(gated(gates[2], starts[2], steps=1), kv_bytes=8)  # no slot now
+            small = sched.submit(instant("small"), kv_bytes=1)  # fits, but never overtakes the head
+            with pytest.raises(PayloadTooLarge) as info:
+                sched.submit(instant("never"), kv_bytes=11)
+            assert info.value.status == 413
+            gates[0].set()
+            assert await collect(a) == ["e0"]
+            assert not starts[2].is_set() and sched.waiting == 2  # a slot is free, the pool is not: 4 + 8 > 10
+            gates[1].set()
+            assert await collect(b) == ["e0"]
+            assert await asyncio.to_thread(starts[2].wait, 5)  # alone now: it starts
+            assert await collect(small) == [Queued(2), "small"]  # then it fits beside the big one: no wait left
+            gates[2].set()
+            assert await collect(big) == [Queued(1), "e0"]
+            assert len(waits) == 4 and sched.completed == 4
         finally:
             sched.stop()
 

@@ -34,6 +34,12 @@ class Services:  # only what the stream functions touch on the failure path
 
 
 class FailingEngine:
+    def kv_bytes(self, tokens: int) -> int:  # what admission counts: nothing here
+        return 0
+
+    def cache_rows(self, prompt_tokens: int, config: GenerationConfig) -> int:
+        return prompt_tokens + config.max_new_tokens
+
     def generate(self, prompt: Prompt, config: GenerationConfig, drafters: object, cancel: threading.Event):  # type: ignore[no-untyped-def]
         return failing_job(cancel)
 

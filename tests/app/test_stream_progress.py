@@ -32,7 +32,7 @@ HOLD_S = 0.5  # how long the engine stays held once a test has seen its request 
 
 @pytest.fixture(scope="module")
 def server_settings() -> dict[str, Any]:
-    return {"sse_ping_s": PING_S}
+    return {"sse_ping_s": PING_S, "max_batch": 1}  # one generation at a time: a held engine makes others wait
 
 
 def services_of(server: ThreadServer) -> Services:

@@ -189,9 +189,9 @@ def _flags(isa: str) -> tuple[str, ...]:
 
 
 def _link(openmp: Path | None) -> tuple[str, ...]:
-    """After the sources: the private OpenMP runtime ``openmp`` when there is one (then the compiler's own
-    ``-lgomp`` goes unused and is left out)."""
-    return ("-Wl,--as-needed", str(openmp), f"-Wl,-rpath,{openmp.parent}") if openmp is not None else ()
+    """After the sources: the private OpenMP runtime ``openmp`` (in the library's own folder's ``openmp/``, found
+    through ``$ORIGIN`` wherever the cache moves) when there is one; then the compiler's ``-lgomp`` goes unused."""
+    return ("-Wl,--as-needed", str(openmp), "-Wl,-rpath,$ORIGIN/openmp") if openmp is not None else ()
 
 
 PRIVATE_OPENMP = "librsmp.so.1"  # as long as "libgomp.so.1": the copy's name is patched in place
@@ -214,12 +214,12 @@ def private_openmp(compiler: str) -> Path | None:
         return None
     if not data.startswith(b"\x7fELF"):
         return None
-    out = cache_dir() / f"openmp-{hashlib.sha256(data).hexdigest()[:16]}" / PRIVATE_OPENMP
-    if out.is_file():
-        return out
     patched = _rename_soname(data, b"libgomp.so.1", PRIVATE_OPENMP.encode())
     if patched is None:
         return None
+    out = cache_dir() / "openmp" / PRIVATE_OPENMP
+    if out.is_file() and out.read_bytes() == patched:
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent)
     with os.fdopen(fd, "wb") as f:
@@ -300,9 +300,9 @@ def run_on_kernel_thread(fn: Callable[..., _T], *args: Any) -> _T:
     return _kernel_thread.run(fn, *args)
 
 
-def _library_path(compiler: str, isa: str, openmp: Path | None = None) -> Path:
+def _library_path(compiler: str, isa: str) -> Path:
     h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
-    h.update(" ".join((compiler, *_flags(isa), *_link(openmp), platform.machine())).encode())
+    h.update(" ".join((compiler, *_flags(isa), *_link(Path(PRIVATE_OPENMP)), platform.machine())).encode())
     return cache_dir() / f"libragspec_cpu-{isa}-{h.hexdigest()[:16]}.so"
 
 
@@ -331,10 +331,10 @@ def build(force: bool = False, isa: str | None = None) -> Path:
     compiler = _config.compiler or shutil.which("cc") or shutil.which("gcc") or ""
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
-    openmp = private_openmp(compiler)
-    out = _library_path(compiler, isa, openmp)
+    out = _library_path(compiler, isa)
     if out.is_file() and not force:
         return out
+    openmp = private_openmp(compiler)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)

@@ -59,6 +59,20 @@ def test_gpu_costs_verify_much_more() -> None:
     assert len(sel.select(chain(64, "good"))) >= 16
 
 
+def test_in_a_batch_speculation_shrinks_as_the_batch_grows() -> None:
+    """Beside others, a node's row delays every sequence of the batch: fewer nodes pay, down to none, and a batch
+    of one (or no batch time) chooses what a generation alone chooses."""
+    sel = TreeSelector(policy(CPU))
+    teach(sel, "good", 0.8)
+    alone = len(sel.select(chain(64, "good")))
+    assert len(sel.select(chain(64, "good"), batch=1, batch_s=9.0)) == alone
+    # b sequences' rows in one forward cost what b - 1 extra rows cost beside one
+    kept = [len(sel.select(chain(64, "good"), batch=b, batch_s=sel.policy.cost(b - 1))) for b in (2, 4, 8, 16)]
+    assert alone >= kept[0] and kept == sorted(kept, reverse=True) and kept[-1] < alone, (alone, kept)
+    teach(sel, "sure", 1.0)
+    assert len(sel.select(chain(8, "sure"), batch=16, batch_s=sel.policy.cost(15))) > 0  # certain tokens still pay
+
+
 def test_tree_keeps_likely_nodes_with_their_ancestors() -> None:
     sel = TreeSelector(policy(CPU))
     teach(sel, "good", 0.9)
