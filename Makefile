@@ -68,6 +68,8 @@ bench: models $(BENCH_STAMP)
 	$(PY) -m bench.eta --json bench/results/eta.json
 	$(PY) -m bench.long_doc --json bench/results/long_doc.json
 	$(PY) -m bench.penalties --max-new-tokens 160 --json bench/results/penalties.json
+	$(PY) -m bench.concurrency --json bench/results/concurrency.json
+	$(PY) -m bench.load --json bench/results/load.json
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \

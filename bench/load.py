@@ -1,7 +1,8 @@
 """Bounded loopback load test: N concurrent streaming clients against one server.
 
 Every client must either complete its stream (sources, tokens, stats, done; text equal to the answer the
-same question gets alone, since decoding is greedy) or be refused at once with 429 + Retry-After. None may
+same question gets alone, since decoding is greedy) or be refused at once: 429 + Retry-After, or, when the queue
+filled after its stream began, an in-band ``overloaded`` error before any token. None may
 hang (a per-client deadline) and no answer may be lost or cut. The result goes to a JSON file; the exit
 code is non-zero when any client hung, failed or lost text.
 
@@ -102,7 +103,10 @@ async def one_client(
     result.tokens = len(text)
     if result.outcome == "pending":
         shape_ok = result.events[:1] == ["sources"] and result.events[-2:] == ["stats", "done"]
-        if not shape_ok or "error" in result.events:
+        overloaded = result.detail and json.loads(result.detail).get("code") == "overloaded"
+        if result.events == ["sources", "error", "done"] and overloaded:  # the queue filled after its stream began
+            result.outcome = "refused"
+        elif not shape_ok or "error" in result.events:
             result.outcome = "failed"
         elif "".join(text) != reference[question]:
             result.outcome, result.detail = "lost", f"got {''.join(text)!r}, alone {reference[question]!r}"
