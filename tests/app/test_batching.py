@@ -15,6 +15,8 @@ from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, metric, upload_t
 
 pytestmark = pytest.mark.real_model
 
+OVER_WINDOW = "\n\n".join(f"Section {i}. {LANDMARKS}" for i in range(12))  # longer than the test servers' 1024 window
+
 
 @pytest.fixture(scope="module")
 def server_settings() -> dict[str, Any]:
@@ -40,7 +42,8 @@ def test_concurrent_questions_get_their_solo_answers(server: ThreadServer) -> No
     with server.client() as client:
         landmarks = upload_text(client, LANDMARKS)
         lighthouse = upload_text(client, LIGHTHOUSE)
-        assert wait_indexed(client, landmarks)["status"] == wait_indexed(client, lighthouse)["status"] == "ready"
+        long_doc = upload_text(client, OVER_WINDOW)
+        assert all(wait_indexed(client, d)["status"] == "ready" for d in (landmarks, lighthouse, long_doc))
         bodies = [
             {"question": "When was the Eiffel Tower completed?", "document_ids": [landmarks], "mode": "autoregressive"},
             {"question": "Who began the Colosseum?", "document_ids": [landmarks], "mode": "auto"},
@@ -49,6 +52,7 @@ def test_concurrent_questions_get_their_solo_answers(server: ThreadServer) -> No
             {"messages": [{"role": "user", "content": "Say hello."}]},  # chat, no document prefix at all
             {"question": "Where is Big Ben?", "document_ids": [landmarks], "mode": "autoregressive",
              "temperature": 0.8, "seed": 11},
+            {"question": "How tall is the Eiffel Tower?", "document_ids": [long_doc], "mode": "auto"},  # over-window
         ]
         for body in bodies:
             body["max_tokens"] = 24
@@ -79,8 +83,7 @@ def test_concurrent_questions_get_their_solo_answers(server: ThreadServer) -> No
 
 def test_a_request_that_could_never_fit_the_pool_is_refused(server: ThreadServer) -> None:
     with server.client() as client:
-        long_text = "\n\n".join(f"Section {i}. {LANDMARKS}" for i in range(12))  # longer than the 1024 window
-        doc = upload_text(client, long_text)
+        doc = upload_text(client, OVER_WINDOW)
         assert wait_indexed(client, doc)["status"] == "ready"
         services = services_of(server)
         pool = services.scheduler.pool_bytes
