@@ -178,6 +178,8 @@ class LiveCollector(Collector):
                                       batch.sequences)
             yield CounterMetricFamily("ragspec_batch_rows", "Rows in those forwards", batch.rows)
             yield CounterMetricFamily("ragspec_batch_prefill_rows", "Prompt rows among them", batch.prefill_rows)
+            yield CounterMetricFamily("ragspec_batch_forward_seconds", "Wall time in those forwards (the rest of the "
+                                      "time the engine is busy is the sequences' host work)", batch.seconds)
             yield GaugeMetricFamily("ragspec_batch_size", "Sequences in the last forward", batch.last_sequences)
             yield GaugeMetricFamily("ragspec_batch_last_rows", "Rows in the last forward", batch.last_rows)
         yield GaugeMetricFamily(

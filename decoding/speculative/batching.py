@@ -55,6 +55,7 @@ class BatchStats:
     last_sequences: int = 0
     last_rows: int = 0
     last_s: float = 0.0  # wall time of the last batched forward
+    seconds: float = 0.0  # wall time of all of them
 
 
 class ForwardBatcher:
@@ -194,3 +195,4 @@ class ForwardBatcher:
         s.prefill_rows += sum(r for (item, _), r in zip(items, rows, strict=True)
                               if item.attention_mask is None and r > 1)
         s.last_sequences, s.last_rows, s.last_s = len(calls), sum(rows), seconds
+        s.seconds += seconds
