@@ -83,6 +83,7 @@
   /** Show a kept conversation and make it the current one (follow-ups continue it). */
   async function resume(sessionId, fromList) {
     const { api, state, buildTurn, renderSources, finishTurn, renderSessionLine } = page;
+    const before = { sessionId: state.sessionId, turnSeq: state.turnSeq };
     let body;
     try {
       body = await api('GET', `v1/sessions/${encodeURIComponent(sessionId)}`);
@@ -98,6 +99,10 @@
       } else {
         setHistoryStatus(`Could not open the conversation: ${err.message}`, true);
       }
+      return false;
+    }
+    if (!fromList && (state.sessionId !== before.sessionId || state.turnSeq !== before.turnSeq)) {
+      // the page's own resume after a reload, answered after the user started a new conversation or asked: theirs
       return false;
     }
     if (state.controller) {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -379,6 +380,64 @@ def test_an_upload_survives_a_document_list_answered_after_it(
         done = f"{item} && ['ready', 'failed'].includes({item}.dataset.status) && {item}.dataset.status"
         status = page.wait_for(done, "the upload staying listed until indexed")
         assert status == "ready" and doc_id in _listed_ids(server)
+    finally:
+        page.call("Page.removeScriptToEvaluateOnNewDocument", identifier=script)
+        page.call("Page.navigate", url=server.url + "/")
+
+
+HOLD_THE_RESUME = """(() => {
+  const real = window.fetch.bind(window);
+  let held = false;
+  window.fetch = async (input, init) => {
+    const response = await real(input, init);
+    const href = String(input && input.url ? input.url : input);
+    if (!held && /v1\\/sessions\\/[^/?]+$/.test(href) && !(init && init.method && init.method !== 'GET')) {
+      held = true;  // the page's resume of the remembered conversation: answered once the test lets it through
+      while (!window.__releaseResume) await new Promise((r) => setTimeout(r, 20));
+      window.__resumeAnswered = true;
+    }
+    return response;
+  };
+})();"""
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_a_new_conversation_survives_a_resume_answered_after_it(server: ThreadServer, browser: Browser) -> None:
+    """After a reload the page resumes the remembered conversation; answered only after the user started a new
+    one and asked, that resume must not replace it (it did, and aborted the new answer: a page test hung)."""
+    from tests.app.live import upload_text, wait_indexed
+
+    with server.client() as client:
+        doc_id = upload_text(client, DOCUMENT, title="Varnholm resumed")
+        assert wait_indexed(client, doc_id)["status"] == "ready"
+    page = browser.page
+    item = f"document.querySelector('#doc-list li.doc[data-id=\"{doc_id}\"]')"
+
+    def tick() -> None:
+        page.wait_for(f"!!{item}", "the document being listed")
+        page.js(f"if (!{item}.querySelector('.doc-check').checked) {item}.querySelector('.doc-check').click(); true")
+
+    open_page(page, server.url + "/")
+    tick()
+    page.js("document.getElementById('new-conversation').click()")
+    _ask(page, "Who built the lighthouse of Varnholm?", 1)
+    old_session = page.js("RagspecPage.state.sessionId")
+    script = page.call("Page.addScriptToEvaluateOnNewDocument", source=HOLD_THE_RESUME)["identifier"]
+    try:
+        page.call("Page.navigate", url=server.url + "/")
+        page.wait_for("document.documentElement.dataset.ready === '1'", "the page script starting")
+        tick()
+        page.js("document.getElementById('new-conversation').click()")
+        _ask(page, "When was it automated?", 1)
+        page.js("window.__releaseResume = true")
+        page.wait_for("window.__resumeAnswered === true", "the held resume being answered")
+        time.sleep(1.0)  # let the page handle the late answer (nothing to poll for when it rightly does nothing)
+        assert page.js("document.querySelectorAll('#turns li.turn').length") == 1
+        assert page.js("document.querySelector('#turns .question-bubble').textContent").endswith(
+            "When was it automated?")
+        assert page.js("RagspecPage.state.sessionId") != old_session
+        assert page.js("document.querySelector('#turns li.turn').dataset.state") == "done"
     finally:
         page.call("Page.removeScriptToEvaluateOnNewDocument", identifier=script)
         page.call("Page.navigate", url=server.url + "/")
