@@ -246,12 +246,6 @@ class GenerationScheduler:
             return False
         return self.pool_bytes is None or not running or used + job.kv_bytes <= self.pool_bytes
 
-    def _startable_locked(self, job: Job) -> bool:
-        """Whether ``job``, the head of the queue, may start now (and no background job runs)."""
-        if self._waiting[0] is not job or self._running_background is not None:
-            return False
-        return self._fits_locked(job, len(self._running), sum(j.kv_bytes for j in self._running))
-
     def _starts_now_locked(self, job: Job) -> bool:
         """Whether ``job`` starts as soon as the workers take the queue in order (a warm-up gives way at once)."""
         running, used = len(self._running), sum(j.kv_bytes for j in self._running)
@@ -268,7 +262,7 @@ class GenerationScheduler:
         places. Background jobs only when nothing runs or waits."""
         if self._waiting:
             job = self._waiting[0]
-            if not self._startable_locked(job):
+            if self._running_background is not None or not self._starts_now_locked(job):
                 return None
             self._waiting.popleft()
             job.started_at = self._clock()

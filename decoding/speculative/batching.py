@@ -156,12 +156,12 @@ class ForwardBatcher:
             self._cond.acquire()
         try:
             self._record(calls, items, time.perf_counter() - t0)
-            for i, (call, (_, kept_rows)) in enumerate(zip(calls, items, strict=True)):
+            for i, (call, (item, kept_rows)) in enumerate(zip(calls, items, strict=True)):
                 call.batch_size = len(calls)
                 if error is not None:
                     call.error = error
                 else:
-                    call.done_rows += int(items[i][0].input_ids.numel())
+                    call.done_rows += int(item.input_ids.numel())
                     if kept_rows:
                         call.kept.append(logits[i][-kept_rows:])
                 if error is not None or call.done_rows == call.rows:

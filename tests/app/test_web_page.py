@@ -341,19 +341,26 @@ def test_conversation_survives_a_reload_continues_and_is_deleted(server: ThreadS
     assert page.exceptions() == []
 
 
-HOLD_THE_FIRST_LIST = """(() => {
+def hold_first_get(url_pattern: str) -> str:
+    """A script for ``Page.addScriptToEvaluateOnNewDocument``: the page's first GET whose URL matches the JS regex
+    ``url_pattern`` is answered only once the test sets ``window.__release`` (then ``window.__answered`` is set)."""
+    return """(() => {
   const real = window.fetch.bind(window);
   let held = false;
   window.fetch = async (input, init) => {
     const response = await real(input, init);
     const href = String(input && input.url ? input.url : input);
-    if (!held && href.endsWith('v1/documents') && !(init && init.method && init.method !== 'GET')) {
-      held = true;  // the page's first document list: answered only once the test lets it through
-      while (!window.__releaseList) await new Promise((r) => setTimeout(r, 20));
+    if (!held && PATTERN.test(href) && !(init && init.method && init.method !== 'GET')) {
+      held = true;
+      while (!window.__release) await new Promise((r) => setTimeout(r, 20));
+      window.__answered = true;
     }
     return response;
   };
-})();"""
+})();""".replace("PATTERN", url_pattern)
+
+
+HOLD_THE_FIRST_LIST = hold_first_get(r"/v1\/documents$/")  # the page's first document list
 
 
 @pytest.mark.browser
@@ -376,7 +383,7 @@ def test_an_upload_survives_a_document_list_answered_after_it(
         doc_id = page.wait_for(f"{item} && !{item}.dataset.id.startsWith('upload-') && {item}.dataset.id",
                                "the server accepting the upload")
         assert doc_id not in {"", None}
-        page.js("window.__releaseList = true")  # the list asked before the upload arrives now, without it
+        page.js("window.__release = true")  # the list asked before the upload arrives now, without it
         done = f"{item} && ['ready', 'failed'].includes({item}.dataset.status) && {item}.dataset.status"
         status = page.wait_for(done, "the upload staying listed until indexed")
         assert status == "ready" and doc_id in _listed_ids(server)
@@ -385,20 +392,7 @@ def test_an_upload_survives_a_document_list_answered_after_it(
         page.call("Page.navigate", url=server.url + "/")
 
 
-HOLD_THE_RESUME = """(() => {
-  const real = window.fetch.bind(window);
-  let held = false;
-  window.fetch = async (input, init) => {
-    const response = await real(input, init);
-    const href = String(input && input.url ? input.url : input);
-    if (!held && /v1\\/sessions\\/[^/?]+$/.test(href) && !(init && init.method && init.method !== 'GET')) {
-      held = true;  // the page's resume of the remembered conversation: answered once the test lets it through
-      while (!window.__releaseResume) await new Promise((r) => setTimeout(r, 20));
-      window.__resumeAnswered = true;
-    }
-    return response;
-  };
-})();"""
+HOLD_THE_RESUME = hold_first_get(r"/v1\/sessions\/[^/?]+$/")  # the page's resume of the remembered conversation
 
 
 @pytest.mark.browser
@@ -430,8 +424,8 @@ def test_a_new_conversation_survives_a_resume_answered_after_it(server: ThreadSe
         tick()
         page.js("document.getElementById('new-conversation').click()")
         _ask(page, "When was it automated?", 1)
-        page.js("window.__releaseResume = true")
-        page.wait_for("window.__resumeAnswered === true", "the held resume being answered")
+        page.js("window.__release = true")
+        page.wait_for("window.__answered === true", "the held resume being answered")
         time.sleep(1.0)  # let the page handle the late answer (nothing to poll for when it rightly does nothing)
         assert page.js("document.querySelectorAll('#turns li.turn').length") == 1
         assert page.js("document.querySelector('#turns .question-bubble').textContent").endswith(

@@ -36,6 +36,7 @@ import os
 import platform
 import queue
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -202,17 +203,15 @@ def private_openmp(compiler: str) -> Path | None:
 
     libgomp throttles every team's spin-waiting as soon as the process holds more OpenMP threads than CPUs,
     counting the idle pools of every thread that ever ran a parallel region: one torch op in another thread
-    (an embedder, a request's sampling) then makes each of the kernels' ~100 barriers a forward a futex sleep,
-    and a forward 2-3x slower. With a runtime of their own (and one thread calling them, ``run_on_kernel_thread``)
-    the kernels' team stays the only one it counts."""
+    (an embedder, a request's sampling) then makes each of the kernels' barriers a futex sleep and wake (the
+    measurement: docs/benchmarks.md, "Many people at once"). With a runtime of their own (and one thread calling
+    them, ``run_on_kernel_thread``) the kernels' team stays the only one it counts."""
     try:
         found = subprocess.run([compiler, "-print-file-name=libgomp.so"], capture_output=True, text=True,
                                timeout=60).stdout.strip()
         source = Path(os.path.realpath(found))
         data = source.read_bytes() if found and source.is_file() else b""
     except (OSError, subprocess.SubprocessError):
-        return None
-    if not data.startswith(b"\x7fELF"):
         return None
     patched = _rename_soname(data, b"libgomp.so.1", PRIVATE_OPENMP.encode())
     if patched is None:
@@ -231,8 +230,6 @@ def private_openmp(compiler: str) -> Path | None:
 def _rename_soname(data: bytes, old: bytes, new: bytes) -> bytes | None:
     """An ELF64 shared library with its name ``old`` replaced by ``new`` (same length) in its dynamic string table
     (its SONAME and version base); None if it is not one or does not hold that name."""
-    import struct
-
     if len(old) != len(new) or data[:5] != b"\x7fELF\x02":
         return None
     out = bytearray(data)
