@@ -197,7 +197,7 @@ class Settings(BaseSettings):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
 
-    @field_validator("kv_cache_bytes", "kv_host_bytes", mode="before")
+    @field_validator("kv_cache_bytes", "kv_host_bytes", "kv_pool_bytes", mode="before")
     @classmethod
     def _bytes_or_auto(cls, value: object) -> object:
         """An integer byte count or ``auto`` (any case), in one line rather than the union's two errors."""

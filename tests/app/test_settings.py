@@ -63,7 +63,7 @@ def test_kv_byte_settings_take_a_byte_count_or_auto_with_a_one_line_error(monkey
     import pytest
     from pydantic import ValidationError
 
-    for name in ("kv_cache_bytes", "kv_host_bytes"):
+    for name in ("kv_cache_bytes", "kv_host_bytes", "kv_pool_bytes"):
         env = f"RAGSPEC_{name.upper()}"
         for text, value in (("AUTO", "auto"), (" Auto ", "auto"), ("8589934592", 8 << 30), ("0", 0)):
             monkeypatch.setenv(env, text)
@@ -126,3 +126,19 @@ def test_prefill_chunk_refuses_zero_and_non_numbers(monkeypatch: pytest.MonkeyPa
             Settings()  # type: ignore[call-arg]
     monkeypatch.setenv("RAGSPEC_PREFILL_CHUNK", "1024")
     assert Settings().prefill_chunk == 1024  # type: ignore[call-arg]
+
+
+def test_batching_settings_refuse_what_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAGSPEC_MAX_BATCH and RAGSPEC_PREFILL_ROWS_PER_STEP: no generation at once, or no prompt rows per forward
+    (or more than a causal batch item takes), is refused when the settings are read."""
+    from pydantic import ValidationError
+
+    for env, values in (("RAGSPEC_MAX_BATCH", ("0", "-1", "65", "many")),
+                        ("RAGSPEC_PREFILL_ROWS_PER_STEP", ("0", "129", "some"))):
+        for value in values:
+            monkeypatch.setenv(env, value)
+            with pytest.raises(ValidationError, match=env.removeprefix("RAGSPEC_").lower()):
+                Settings()  # type: ignore[call-arg]
+        monkeypatch.delenv(env)
+    monkeypatch.setenv("RAGSPEC_MAX_BATCH", "1")
+    assert Settings().max_batch == 1  # type: ignore[call-arg]
