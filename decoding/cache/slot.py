@@ -4,11 +4,15 @@
 the current length (gpt-fast style). A verify pass appends the root and all tree nodes; ``compact`` then
 moves only the accepted rows down next to the committed prefix and sets the length, so rejected nodes
 are dropped without re-prefill and without copying the cache. Cached prompt prefixes (``PrefixCache``, in
-``decoding.cache.prefix`` and importable from here too) are loaded into it row for row.
+``decoding.cache.prefix`` and importable from here too) are loaded into it row for row, or, for a runtime that
+reads a prefix in place (the quantized CPU runtime), their leading whole blocks are shared: every generation on
+one document then reads the same prefix tensors (``SharedPrefix``), and a batched forward reads them once.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +30,12 @@ class SlotLayer(CacheLayerMixin):
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
-        self.capacity = capacity
+        self.capacity = capacity  # rows the buffers hold: cache rows split..split+capacity-1
         self.length = 0
+        # rows 0..split-1: a prefix read in place from ``shared`` (keys, values ``[1, heads, split, head_dim]``, never
+        # written), not from the buffers
+        self.split = 0
+        self.shared: tuple[torch.Tensor, torch.Tensor] | None = None
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
         # A runtime's own layout of whole blocks of ``tile_keys`` rows (the CPU kernels' attention on the tiles):
@@ -44,7 +52,9 @@ class SlotLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def _ensure(self, needed: int) -> None:
+        """Room for cache rows up to ``needed``."""
         assert self._kbuf is not None and self._vbuf is not None
+        needed -= self.split
         if needed <= self.capacity:
             return
         new_cap = max(needed, self.capacity * 2)
@@ -63,7 +73,9 @@ class SlotLayer(CacheLayerMixin):
 
     def reserve_tiles(self, heads: int, block_elems: int, tile_keys: int) -> torch.Tensor:
         """The tiled blocks' buffer ``[heads, blocks, block_elems]`` covering the capacity (after ``reserve``);
-        made anew (nothing tiled) when it grows."""
+        made anew (nothing tiled) when it grows. Not for a layer sharing a prefix."""
+        if self.split:
+            raise ValueError("a layer reading a shared prefix keeps no tiled blocks")
         blocks = -(-self.capacity // tile_keys)
         if self.tiles is None or self.tiles.shape[1] < blocks or self.tile_keys != tile_keys:
             self.tiles = torch.empty(heads, blocks, block_elems, dtype=torch.int16)
@@ -77,7 +89,8 @@ class SlotLayer(CacheLayerMixin):
             self.tiled[0] = row // self.tile_keys
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``)."""
+        """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``): cache row j at
+        buffer row j - split."""
         assert self._kbuf is not None and self._vbuf is not None
         return self._kbuf, self._vbuf
 
@@ -86,6 +99,30 @@ class SlotLayer(CacheLayerMixin):
         self._rewritten(self.length)
         self.length += n
 
+    def share(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Make ``[1, h, n, d]`` rows 0..n-1, read in place (never copied, never written); an empty layer only."""
+        if self.length or self.split:
+            raise ValueError("a shared prefix goes first into an empty cache layer")
+        if keys.shape != values.shape or keys.stride() != values.stride() or keys.stride(-1) != 1:
+            raise ValueError("a shared prefix's keys and values are alike, rows contiguous")
+        n = keys.shape[2]
+        self.shared, self.split, self.length = (keys, values), n, n
+        if not self.is_initialized:  # the buffers hold only the rows after it
+            self.capacity = max(1, self.capacity - n)
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of cache rows start..end-1 ``[1, h, end - start, d]``, wherever they lie."""
+        assert self._kbuf is not None and self._vbuf is not None
+        parts = []
+        if start < self.split:
+            assert self.shared is not None
+            parts.append((self.shared[0][:, :, start : min(end, self.split)],
+                          self.shared[1][:, :, start : min(end, self.split)]))
+        if end > self.split:
+            lo, hi = max(start, self.split) - self.split, end - self.split
+            parts.append((self._kbuf[:, :, lo:hi], self._vbuf[:, :, lo:hi]))
+        return torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2)
+
     def load(self, keys: torch.Tensor, values: torch.Tensor, at: int = 0) -> None:
         """Copy cached rows ``[1, h, n, d]`` into rows at..at+n-1; they become the last live rows."""
         if not self.is_initialized:
@@ -93,16 +130,24 @@ class SlotLayer(CacheLayerMixin):
         n = keys.shape[2]
         self._ensure(at + n)
         assert self._kbuf is not None and self._vbuf is not None
+        self._writable(at)
         self._rewritten(at)
-        self._kbuf[:, :, at : at + n].copy_(keys)
-        self._vbuf[:, :, at : at + n].copy_(values)
+        b = at - self.split
+        self._kbuf[:, :, b : b + n].copy_(keys)
+        self._vbuf[:, :, b : b + n].copy_(values)
         self.length = at + n
+
+    def _writable(self, row: int) -> None:
+        if row < self.split:
+            raise ValueError(f"cache row {row} lies in the shared prefix (rows below {self.split}): read only")
 
     # ``keys`` / ``values`` (what transformers reads) are views made when read: a step of the quantized runtime
     # never reads them, and two views per layer per step are a measurable share of its Python time.
     @property  # type: ignore[override]
     def keys(self) -> torch.Tensor | None:
-        return None if self._kbuf is None else self._kbuf[:, :, : self.length]
+        if self._kbuf is None:
+            return None
+        return self.rows(0, self.length)[0] if self.split else self._kbuf[:, :, : self.length]
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
@@ -110,7 +155,9 @@ class SlotLayer(CacheLayerMixin):
 
     @property  # type: ignore[override]
     def values(self) -> torch.Tensor | None:
-        return None if self._vbuf is None else self._vbuf[:, :, : self.length]
+        if self._vbuf is None:
+            return None
+        return self.rows(0, self.length)[1] if self.split else self._vbuf[:, :, : self.length]
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:
@@ -125,8 +172,9 @@ class SlotLayer(CacheLayerMixin):
         self._ensure(self.length + n)
         assert self._kbuf is not None and self._vbuf is not None
         self._rewritten(self.length)
-        self._kbuf[:, :, self.length : self.length + n].copy_(key_states)
-        self._vbuf[:, :, self.length : self.length + n].copy_(value_states)
+        b = self.length - self.split
+        self._kbuf[:, :, b : b + n].copy_(key_states)
+        self._vbuf[:, :, b : b + n].copy_(value_states)
         self.length += n
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
@@ -134,16 +182,20 @@ class SlotLayer(CacheLayerMixin):
     def compact(self, base: int, rows: torch.Tensor) -> None:
         """Keep rows ``base + rows[j]`` at ``base + j``; length becomes ``base + len(rows)``."""
         assert self._kbuf is not None and self._vbuf is not None
-        src = rows + base
+        self._writable(base)
+        b = base - self.split
+        src = rows + b
         k = self._kbuf.index_select(2, src)  # [1, h, m, d]: only the accepted rows
         v = self._vbuf.index_select(2, src)
         m = rows.numel()
         self._rewritten(base)
-        self._kbuf[:, :, base : base + m].copy_(k)
-        self._vbuf[:, :, base : base + m].copy_(v)
+        self._kbuf[:, :, b : b + m].copy_(k)
+        self._vbuf[:, :, b : b + m].copy_(v)
         self.length = base + m
 
     def truncate(self, length: int) -> None:
+        if length < self.length:
+            self._writable(length)
         self.length = min(self.length, length)
         self._rewritten(self.length)
 
@@ -162,6 +214,7 @@ class SlotCache(Cache):
 
     def __init__(self, num_layers: int, capacity: int) -> None:
         super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
+        self.shared_prefix: SharedPrefix | None = None
 
     @property
     def slot_layers(self) -> list[SlotLayer]:
@@ -171,12 +224,21 @@ class SlotCache(Cache):
     def length(self) -> int:
         return self.slot_layers[0].length
 
-    def load_prefix(self, entries: Sequence[PrefixEntry]) -> None:
-        """Rows 0.. from cached segments, one after the other (a prefix cache match)."""
+    def load_prefix(self, entries: Sequence[PrefixEntry], share_block: int = 0) -> None:
+        """Rows 0.. from cached segments, one after the other (a prefix cache match). ``share_block`` > 0 (a runtime
+        that reads a prefix in place, in blocks of that many rows): their leading whole blocks are shared (read from
+        ``SharedPrefix.of(entries)``, as every cache loading the same entries does), only the rest is copied."""
+        shared = sum(e.length for e in entries) // share_block * share_block if share_block else 0
+        if shared:
+            prefix = self.shared_prefix = SharedPrefix.of(entries)  # held while this cache lives
+            for layer, k, v in zip(self.slot_layers, prefix.keys, prefix.values, strict=True):
+                layer.share(k[:, :, :shared], v[:, :, :shared])
         at = 0
         for entry in entries:
-            for layer, k, v in zip(self.slot_layers, entry.keys, entry.values, strict=True):
-                layer.load(k, v, at)
+            lo = max(0, shared - at)
+            if lo < entry.length:
+                for layer, k, v in zip(self.slot_layers, entry.keys, entry.values, strict=True):
+                    layer.load(k[:, :, lo:], v[:, :, lo:], at + lo)
             at += entry.length
 
     def compact(self, base: int, rows: Sequence[int]) -> None:
@@ -196,9 +258,35 @@ class SlotCache(Cache):
 
     def snapshot(self, start: int, end: int, topk: torch.Tensor | None = None) -> PrefixEntry:
         """An immutable copy of rows start..end-1 (a prefix cache segment)."""
-        keys = tuple(layer.keys[:, :, start:end].clone() for layer in self.slot_layers)  # type: ignore[index]
-        values = tuple(layer.values[:, :, start:end].clone() for layer in self.slot_layers)  # type: ignore[index]
-        return PrefixEntry(keys=keys, values=values, topk=topk)
+        rows = [layer.rows(start, end) for layer in self.slot_layers]
+        return PrefixEntry(keys=tuple(k for k, _ in rows), values=tuple(v for _, v in rows), topk=topk)
+
+
+class SharedPrefix:
+    """The keys and values of a run of prefix cache entries as one tensor per layer, for caches that read it in
+    place: an entry's own tensors, or (several entries) their concatenation, made once while any cache holds it,
+    so that every generation on one document reads the same rows. Entries are immutable, so evicting them from
+    the prefix cache never changes it; it lives as long as a cache refers to it."""
+
+    _live: weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix] = weakref.WeakValueDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, entries: Sequence[PrefixEntry]) -> None:
+        self.entries = tuple(entries)  # held: the key's ids stay theirs while this lives
+        if len(entries) == 1:
+            self.keys, self.values = entries[0].keys, entries[0].values
+        else:
+            self.keys = tuple(torch.cat(ks, 2) for ks in zip(*(e.keys for e in entries), strict=True))
+            self.values = tuple(torch.cat(vs, 2) for vs in zip(*(e.values for e in entries), strict=True))
+
+    @classmethod
+    def of(cls, entries: Sequence[PrefixEntry]) -> SharedPrefix:
+        key = tuple(id(e) for e in entries)
+        with cls._lock:
+            prefix = cls._live.get(key)
+            if prefix is None:
+                prefix = cls._live[key] = cls(entries)
+            return prefix
 
 
 def fill_random(

@@ -139,6 +139,7 @@ class _Sequence(ctypes.Structure):
     _fields_ = [
         ("rows", _i), ("pos", _p), ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("start", _l),
         ("past", _i), ("path", _p), ("path_off", _p), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
+        ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l),
     ]  # fmt: skip
 
 
@@ -323,6 +324,13 @@ class CpuLlama:
         row = kernels.kv_row_width(self.kv_storage, d) * self.kv_storage.itemsize
         return self.num_layers * 2 * g * row * (2 if self._tile_keys() else 1)
 
+    @property
+    def share_block(self) -> int:
+        """Rows per block a cache's shared prefix comes in (``SlotCache.load_prefix``): whole blocks of the attention
+        are read in place, by every sequence of a batch at once; 0: this runtime copies prefixes (the tiles' path
+        keeps each cache's own tiled layout)."""
+        return 0 if self._tile_keys() else int(self.lib.rs_key_block())
+
     def _tile_keys(self) -> int:
         """Keys per block the attention keeps laid out in the cache (0: this library and storage keep none)."""
         return int(self.lib.rs_tile_keys()) if self.kv_storage == torch.bfloat16 and self.dims[3] % 32 == 0 else 0
@@ -340,7 +348,7 @@ class CpuLlama:
         whose KV goes to its own cache from its ``start``."""
         m = x.shape[0]
         e, h, g, d, inter = self.dims
-        work = max(kernels.attention_work_floats(h, p.rows, d, p.vis[0] + int((p.vis[2][1:] - p.vis[2][:-1]).max()))
+        work = sum(kernels.attention_work_floats(h, p.rows, d, p.vis[0] + int((p.vis[2][1:] - p.vis[2][:-1]).max()))
                    for p in parts)
         scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
         threads = torch.get_num_threads()
@@ -360,6 +368,9 @@ class CpuLlama:
                 kbuf, vbuf = layer.buffers()
                 seq.kbuf, seq.vbuf, seq.tiled = kbuf.data_ptr(), vbuf.data_ptr(), layer.tiled.data_ptr()
                 seq.kv_sh, seq.kv_sn = kbuf.stride(1), kbuf.stride(2)
+                if layer.shared is not None:
+                    k0, v0 = layer.shared
+                    seq.k0, seq.v0, seq.sh0, seq.split = k0.data_ptr(), v0.data_ptr(), k0.stride(1), layer.split
                 if tiled and layer.tiles is not None:
                     seq.tiles, seq.tiles_sh = layer.tiles.data_ptr(), layer.tiles.stride(0)
             self.lib.rs_layer_batch(ctypes.byref(layer_weights), shape, xp, len(parts), seqs, cp, sp, mode, sc, threads)

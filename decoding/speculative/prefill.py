@@ -73,7 +73,8 @@ class PromptReader:
 
     ``cache_model`` names the model and its runtime in every cache key: KV computed by another runtime is
     never reused. ``prompt_topk`` > 0 also records the target's top-k at every prompt row (RACER's cues),
-    in chunks of at most ``topk_chunk(prefill_chunk, vocab)`` rows.
+    in chunks of at most ``topk_chunk(prefill_chunk, vocab)`` rows. ``share_block`` > 0 (a target that reads a
+    prefix in place): a cached prefix's whole blocks of that many rows are shared, not copied.
     """
 
     def __init__(
@@ -85,8 +86,10 @@ class PromptReader:
         prefill_chunk: int = 256,
         prompt_topk: int = 0,
         vocab: int = 0,
+        share_block: int = 0,
     ) -> None:
         self.forward = forward
+        self.share_block = share_block
         self.prefix_cache = prefix_cache
         self.cache_model = cache_model
         self.device = device
@@ -112,7 +115,7 @@ class PromptReader:
         """
         keys, entries = self._cached_run(prefix_key, ids, ends)
         reused = ends[len(entries) - 1] if entries else 0
-        cache.load_prefix(entries)
+        cache.load_prefix(entries, self.share_block)
         yield PrefillEvent(done=reused, total=len(ids), reused=reused)
         pieces = _missing(ends, keys, len(entries))
         covered = ends[-1] if ends else 0

@@ -428,92 +428,165 @@ static void combine_blocks(const float *pb, const float *mlr, int nb, int D, flo
     for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
 }
 
-/* Attention of n new tokens (H query heads, G key/value heads, head dim D), flash-decoding style.
- *   q[h, i, d] at q + h*q_sh + i*q_sn;  k/v[g, j, d] at element g*kv_sh + j*kv_sn;  out[i, h, d] at out + i*o_sn + h*o_sh
- *   query i sees cache rows 0..past-1, then rows path[path_off[i] .. path_off[i+1]) (ascending positions):
- *   its visible keys in logical order, split into blocks of KEY_BLOCK logical positions.
- *   work: H * n * nb * (D + 2) floats (nb = blocks of the longest row), shared by the threads.
- * Two phases over all heads at once:
- *   1. the prefix blocks every row sees in full, by (key head, block): the block's keys / values are read from
- *      the cache once for every query row of the key head (all H/G heads x n rows, ROW_TILE at a time); per
- *      row a partial (block max, sum of exp, weighted values);
- *   2. by (key head, query): the blocks that reach into the query's own path (gathered by logical position,
- *      once for the key head's H/G query heads), then each row's partials combined in block order:
+/* Attention of the new tokens of ns sequences in one forward (H query heads, G key/value heads, head dim D),
+ * flash-decoding style. Each sequence (att_seq, simd.h) has its queries, visibility and cache rows; a query's
+ * visible keys, in logical order (prefix, then path), are split into blocks of KEY_BLOCK logical positions.
+ *   work: sum over s of H * n * nb * (D + 2) floats (nb = blocks of its longest row), shared by the threads.
+ * Two phases over all heads and sequences at once:
+ *   1. the prefix blocks every row of a sequence sees in full, by (key head, block): the block's keys / values
+ *      are read once for every query row of the key head (all H/G heads x rows, ROW_TILE at a time), and a
+ *      shared prefix's block once for the rows of every sequence reading it (cascade attention: the document's
+ *      KV read once per forward, not once per sequence); per row a partial (block max, sum of exp, weighted values);
+ *   2. by (sequence, key head, query): the blocks that reach into the query's own path (gathered by logical
+ *      position, once for the key head's H/G query heads), then each row's partials combined in block order:
  *      out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b).
- * Every row's result is a function of its visible keys alone (not of n, the tree, the task split or the
- * thread), so a tree node's attention equals its attention decoded alone, bit for bit.
+ * Every row's result is a function of its visible keys alone (not of n, the tree, the other sequences, where a
+ * block is stored, the task split or the thread), so a tree node's attention equals its attention decoded alone,
+ * and a sequence's equals its attention in a forward of its own, bit for bit.
  * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
-#define MAX_GROUP 64 /* query heads per key head */
+#define MAX_GROUP 64 /* query rows per call of rows_blocks */
+
+typedef struct {
+    int nbmax, full, shared, lead; /* blocks: of the longest row, seen whole, read from the shared prefix */
+    long pstride;                  /* partials of row r = h * n + i: parts + r * pstride + b * D */
+    float *parts, *ml;             /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
+} att_meta;
+
+/* Element offset of cache row j's key / value for key head g, and the buffer it lies in. */
+static inline const char *kv_row(const att_seq *s, const void *own, const void *pre, int g, long j, long kv_sn,
+                                 long esz) {
+    return j < s->split ? (const char *)pre + esz * (g * s->sh0 + j * kv_sn)
+                        : (const char *)own + esz * (g * s->kv_sh + (j - s->split) * kv_sn);
+}
+
+/* Phase 1's tasks come in segments: the blocks of one shared prefix (for the rows of every sequence reading it), or
+   one sequence's own blocks seen whole. Segment t: sequence seg_s[t], blocks [seg_b0[t], seg_b1[t]). */
+static inline void att_segments(const att_seq *s, const att_meta *m, int ns, int *seg_s, int *seg_b0, int *seg_b1,
+                                int *seg_shared, int *count) {
+    int c = 0;
+    for (int i = 0; i < ns; ++i) {
+        if (m[i].lead != i || !s[i].split) continue;
+        int b1 = 0;
+        for (int j = i; j < ns; ++j)
+            if (m[j].lead == i && m[j].shared > b1) b1 = m[j].shared;
+        if (b1) seg_s[c] = i, seg_b0[c] = 0, seg_b1[c] = b1, seg_shared[c++] = 1;
+    }
+    for (int i = 0; i < ns; ++i)
+        if (m[i].full > m[i].shared) seg_s[c] = i, seg_b0[c] = m[i].shared, seg_b1[c] = m[i].full, seg_shared[c++] = 0;
+    *count = c;
+}
 
 static inline __attribute__((always_inline)) void attention_part(
-    const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v, long kv_sh,
-    long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off, float scale, float *out, long o_sn,
+    const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn, float scale, long o_sn,
     long o_sh, float *work, const int kvm) {
-    const int maxpath = longest_path(path_off, n);
-    const int nbmax = (past + maxpath + KEY_BLOCK - 1) / KEY_BLOCK;
     const int group = H / G;
     const int dv = D / 8;
-    const int full = past / KEY_BLOCK; /* prefix blocks every row sees whole */
-    const long pstride = (long)nbmax * D;  /* partials of row r = h * n + i: work + r * pstride + b * D */
-    float *parts = work;
-    float *ml = work + (long)H * n * pstride; /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
     const long esz = kvm == 2 ? 1 : kvm == 0 ? 4 : 2;
     const long row_len = kvm == 2 ? D + D / 8 : D; /* elements a cached row takes */
     const int lines = (int)((KEY_BLOCK * row_len * esz + 63) / 64);
-#pragma omp for schedule(static)
-    for (int task = 0; task < G * full; ++task) {
-        const int g = task / full, b = task % full;
-        const long off = g * kv_sh + (long)b * KEY_BLOCK * kv_sn;
-        const char *kb = (const char *)k + esz * off, *vb = (const char *)v + esz * off;
-        const char *pf_k = 0, *pf_v = 0;
-        if (kv_sn == row_len && task + 1 < G * full) { /* contiguous blocks: prefetch the next task's */
-            const long noff = (task + 1) / full * kv_sh + (long)((task + 1) % full) * KEY_BLOCK * kv_sn;
-            pf_k = (const char *)k + esz * noff, pf_v = (const char *)v + esz * noff;
-        }
-        for (int r0 = 0; r0 < group * n; r0 += MAX_GROUP) {
-            const int R = group * n - r0 < MAX_GROUP ? group * n - r0 : MAX_GROUP;
-            const float *qs[MAX_GROUP];
-            float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
-            for (int t = 0; t < R; ++t) {
-                const int h = g * group + (r0 + t) / n, i = (r0 + t) % n;
-                const long r = (long)h * n + i;
-                qs[t] = q + h * q_sh + i * q_sn;
-                ps[t] = parts + r * pstride + (long)b * D;
-                ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
+    att_meta meta[ns];
+    int phase2[ns + 1];
+    float *w = work;
+    phase2[0] = 0;
+    for (int i = 0; i < ns; ++i) {
+        const att_seq *s = seqs + i;
+        att_meta *m = meta + i;
+        m->nbmax = (s->past + longest_path(s->path_off, s->n) + KEY_BLOCK - 1) / KEY_BLOCK;
+        m->full = s->past / KEY_BLOCK;
+        m->shared = s->split / KEY_BLOCK < m->full ? s->split / KEY_BLOCK : m->full;
+        m->lead = i;
+        for (int j = 0; j < i && s->split; ++j)
+            if (seqs[j].split == s->split && seqs[j].k0 == s->k0 && seqs[j].v0 == s->v0 && seqs[j].sh0 == s->sh0) {
+                m->lead = meta[j].lead;
+                break;
             }
-            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm, r0 ? 0 : pf_k,
-                        r0 ? 0 : pf_v, lines);
+        m->pstride = (long)m->nbmax * D;
+        m->parts = w;
+        m->ml = w + (long)H * s->n * m->pstride;
+        w = m->ml + 2L * H * s->n * m->nbmax;
+        phase2[i + 1] = phase2[i] + G * s->n;
+    }
+    int seg_s[2 * ns], seg_b0[2 * ns], seg_b1[2 * ns], seg_shared[2 * ns], nseg, tasks = 0;
+    att_segments(seqs, meta, ns, seg_s, seg_b0, seg_b1, seg_shared, &nseg);
+    int seg_first[2 * ns + 1];
+    for (int t = 0; t < nseg; ++t) seg_first[t] = tasks, tasks += G * (seg_b1[t] - seg_b0[t]);
+    seg_first[nseg] = tasks;
+#pragma omp for schedule(static)
+    for (int task = 0; task < tasks; ++task) {
+        int t = 0;
+        while (seg_first[t + 1] <= task) ++t;
+        const int nb = seg_b1[t] - seg_b0[t], g = (task - seg_first[t]) / nb, b = seg_b0[t] + (task - seg_first[t]) % nb;
+        const att_seq *s0 = seqs + seg_s[t];
+        const char *kb = kv_row(s0, s0->k, s0->k0, g, (long)b * KEY_BLOCK, kv_sn, esz);
+        const char *vb = kv_row(s0, s0->v, s0->v0, g, (long)b * KEY_BLOCK, kv_sn, esz);
+        const char *pf_k = 0, *pf_v = 0;
+        if (kv_sn == row_len && task + 1 < tasks) { /* contiguous blocks: prefetch the next task's */
+            const int u = seg_first[t + 1] == task + 1 ? t + 1 : t, nu = seg_b1[u] - seg_b0[u];
+            const int gu = (task + 1 - seg_first[u]) / nu, bu = seg_b0[u] + (task + 1 - seg_first[u]) % nu;
+            const att_seq *su = seqs + seg_s[u];
+            pf_k = kv_row(su, su->k, su->k0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
+            pf_v = kv_row(su, su->v, su->v0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
         }
+        const float *qs[MAX_GROUP];
+        float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
+        int R = 0, calls = 0;
+        for (int j = seg_s[t]; j < (seg_shared[t] ? ns : seg_s[t] + 1); ++j) {
+            if (seg_shared[t] && (meta[j].lead != seg_s[t] || b >= meta[j].shared)) continue;
+            const att_seq *s = seqs + j;
+            const att_meta *m = meta + j;
+            for (int h = g * group; h < (g + 1) * group; ++h)
+                for (int i = 0; i < s->n; ++i) {
+                    const long r = (long)h * s->n + i;
+                    qs[R] = s->q + h * q_sh + i * q_sn;
+                    ps[R] = m->parts + r * m->pstride + (long)b * D;
+                    ms[R] = m->ml + 2 * (r * m->nbmax + b), ls[R] = ms[R] + 1;
+                    if (++R == MAX_GROUP) {
+                        rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm,
+                                    calls ? 0 : pf_k, calls ? 0 : pf_v, lines);
+                        R = 0, ++calls;
+                    }
+                }
+        }
+        if (R)
+            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm, calls ? 0 : pf_k,
+                        calls ? 0 : pf_v, lines);
     }
     float kbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
     float vbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < G * n; ++task) {
-        const int g = task / n, i = task % n;
+    for (int task = 0; task < phase2[ns]; ++task) {
+        int si = 0;
+        while (phase2[si + 1] <= task) ++si;
+        const att_seq *s = seqs + si;
+        const att_meta *m = meta + si;
+        const int g = (task - phase2[si]) / s->n, i = (task - phase2[si]) % s->n;
+        const int past = s->past;
+        const int32_t *path = s->path, *path_off = s->path_off;
         const int plen = path_off[i + 1] - path_off[i];
         const int total = past + plen, nb = (total + KEY_BLOCK - 1) / KEY_BLOCK;
         const int in_place = continues_prefix(path, path_off, i, past);
-        for (int b = full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
+        for (int b = m->full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
             const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
-            const char *kd = (const char *)k + esz * (g * kv_sh + (long)t0 * kv_sn);
-            const char *vd = (const char *)v + esz * (g * kv_sh + (long)t0 * kv_sn);
             for (int t = 0; t < cnt && !in_place; ++t) {
                 const long row = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
-                const long src = g * kv_sh + row * kv_sn;
+                const char *kr = kv_row(s, s->k, s->k0, g, row, kv_sn, esz);
+                const char *vr = kv_row(s, s->v, s->v0, g, row, kv_sn, esz);
                 for (int c = 0; c < dv; ++c) {
-                    _mm256_storeu_ps(kbuf + (long)t * D + 8 * c, LOADKV(k, src, c, dv));
-                    _mm256_storeu_ps(vbuf + (long)t * D + 8 * c, LOADKV(v, src, c, dv));
+                    _mm256_storeu_ps(kbuf + (long)t * D + 8 * c, LOADKV(kr, 0, c, dv));
+                    _mm256_storeu_ps(vbuf + (long)t * D + 8 * c, LOADKV(vr, 0, c, dv));
                 }
             }
+            const char *kd = in_place ? kv_row(s, s->k, s->k0, g, t0, kv_sn, esz) : 0;
+            const char *vd = in_place ? kv_row(s, s->v, s->v0, g, t0, kv_sn, esz) : 0;
             for (int h0 = g * group; h0 < (g + 1) * group; h0 += MAX_GROUP) {
                 const int R = (g + 1) * group - h0 < MAX_GROUP ? (g + 1) * group - h0 : MAX_GROUP;
                 const float *qs[MAX_GROUP];
                 float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
                 for (int t = 0; t < R; ++t) {
-                    const long r = (long)(h0 + t) * n + i;
-                    qs[t] = q + (h0 + t) * q_sh + i * q_sn;
-                    ps[t] = parts + r * pstride + (long)b * D;
-                    ms[t] = ml + 2 * (r * nbmax + b), ls[t] = ms[t] + 1;
+                    const long r = (long)(h0 + t) * s->n + i;
+                    qs[t] = s->q + (h0 + t) * q_sh + i * q_sn;
+                    ps[t] = m->parts + r * m->pstride + (long)b * D;
+                    ms[t] = m->ml + 2 * (r * m->nbmax + b), ls[t] = ms[t] + 1;
                 }
                 if (in_place) /* the same values as gathered: loading widens them the same way */
                     rows_blocks(R, qs, dv, kd, kv_sn, vd, kv_sn, cnt, scale, ps, ms, ls, kvm, 0, 0, 0);
@@ -522,8 +595,8 @@ static inline __attribute__((always_inline)) void attention_part(
             }
         }
         for (int h = g * group; h < (g + 1) * group; ++h) {
-            const long r = (long)h * n + i;
-            combine_blocks(parts + r * pstride, ml + 2 * r * nbmax, nb, D, out + i * o_sn + h * o_sh);
+            const long r = (long)h * s->n + i;
+            combine_blocks(m->parts + r * m->pstride, m->ml + 2 * r * m->nbmax, nb, D, s->out + i * o_sn + h * o_sh);
         }
     }
 }
@@ -944,24 +1017,11 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
 }
 #endif
 
-/* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales, 3 bf16; on the
-   amx path bf16 runs on the tiles). tiles (optional, the tiles' path only): the cache's blocks of TILE_KEYS keys
-   laid out for the tiles, tiles_sh elements per key head, the first `valid` already there; the prefix's other
-   whole blocks are laid out into it (rs_tile_keys says whether a library does). */
-void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
-                       long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
-                       float scale, float *out, long o_sn, long o_sh, float *work, int kvm, uint16_t *tiles,
-                       long tiles_sh, int valid) {
-#define ATTENTION(MODE)                                                                                          \
-    attention_part(q, q_sh, q_sn, H, n, D, k, v, kv_sh, kv_sn, G, past, path, path_off, scale, out, o_sn, o_sh, \
-                   work, MODE)
-#ifdef TILE_ATTENTION
-    if (kvm == 3 && D % 32 == 0) {
-        attention_tiles_part(q, q_sh, q_sn, H, n, D, (const uint16_t *)k, (const uint16_t *)v, kv_sh, kv_sn, G, past,
-                             path, path_off, scale, out, o_sn, o_sh, work, tiles, tiles_sh, valid);
-        return;
-    }
-#endif
+/* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales, 3 bf16): the
+   attention of every sequence of a forward at once (no tiles). */
+void attention_seqs_part(const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn,
+                         float scale, long o_sn, long o_sh, float *work, int kvm) {
+#define ATTENTION(MODE) attention_part(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work, MODE)
     if (kvm == 3)
         ATTENTION(3);
     else if (kvm == 2)
@@ -971,6 +1031,25 @@ void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D
     else
         ATTENTION(0);
 #undef ATTENTION
+}
+
+/* One sequence's attention on its own cache (rows at element g*kv_sh + j*kv_sn), kvm as above; on the amx path bf16
+   runs on the tiles. tiles (optional, the tiles' path only): the cache's blocks of TILE_KEYS keys laid out for the
+   tiles, tiles_sh elements per key head, the first `valid` already there; the prefix's other whole blocks are laid
+   out into it (rs_tile_keys says whether a library does). */
+void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D, const void *k, const void *v,
+                       long kv_sh, long kv_sn, int G, int past, const int32_t *path, const int32_t *path_off,
+                       float scale, float *out, long o_sn, long o_sh, float *work, int kvm, uint16_t *tiles,
+                       long tiles_sh, int valid) {
+#ifdef TILE_ATTENTION
+    if (kvm == 3 && D % 32 == 0) {
+        attention_tiles_part(q, q_sh, q_sn, H, n, D, (const uint16_t *)k, (const uint16_t *)v, kv_sh, kv_sn, G, past,
+                             path, path_off, scale, out, o_sn, o_sh, work, tiles, tiles_sh, valid);
+        return;
+    }
+#endif
+    const att_seq one = {q, out, n, past, path, path_off, k, v, 0, 0, kv_sh, 0, 0};
+    attention_seqs_part(&one, 1, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work, kvm);
 }
 
 /* The attention kernel as one call (kvm as for attention_kv_part). */
@@ -992,5 +1071,8 @@ int rs_tile_keys(void) {
 #endif
 }
 long rs_tile_block_elems(int D) { return 2L * TILE_KEYS * D; }
+
+/* Keys per block of the vector attention: a prefix shared by several caches comes in whole blocks. */
+int rs_key_block(void) { return KEY_BLOCK; }
 
 int rs_kernels_version(void) { return 3; }

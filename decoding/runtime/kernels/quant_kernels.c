@@ -603,6 +603,7 @@ typedef struct {
 
 void attention_kv_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
                        const int32_t *, const int32_t *, float, float *, long, long, float *, int, uint16_t *, long, int);
+void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, float, long, long, float *, int);
 int rs_tile_keys(void);
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],
@@ -614,7 +615,10 @@ typedef struct {
 
 /* One sequence's rows of a forward: its positions and its cache. Keys / values of its rows are written at cache
    rows start..start+rows-1; query i sees rows 0..past-1, then path[path_off[i]..path_off[i+1]) (past = start for a
-   tree pass). tiles / tiled (optional): the cache's blocks laid out for the bf16 tiles, and how many are valid. */
+   tree pass). Cache rows below split (whole blocks of 64, at most start) are a prefix read in place (k0 / v0, sh0
+   elements per key head), perhaps by other sequences of the forward too; row j >= split lies at row j - split of
+   kbuf / vbuf. tiles / tiled (optional, split 0 only): the cache's blocks laid out for the bf16 tiles, and how many
+   are valid. */
 typedef struct {
     int rows;
     const int64_t *pos;
@@ -625,18 +629,26 @@ typedef struct {
     uint16_t *tiles;
     long tiles_sh;
     int32_t *tiled;
+    const void *k0, *v0;
+    long sh0, split;
 } rs_sequence;
 
 /* x [M, E] <- layer(x) for the rows of n sequences one after the other (M: their rows in all): the linear layers
-   run once over every row (a weight is read once for all of them), rope, the KV store and attention per sequence
-   on its own cache. A row's result does not depend on the rows beside it. */
+   run once over every row (a weight is read once for all of them), rope and the KV store per sequence into its own
+   cache, attention of every sequence at once (a prefix several sequences read in place is read once for all of
+   them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */
 void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int n, const rs_sequence *seq,
                     const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
     int M = 0, valid[n > 0 ? n : 1];
+    const int tiles_path = kv_mode == 3 && D % 32 == 0 && rs_tile_keys();
+    att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (no tiles) */
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
+        const att_seq a = {T->q + (long)M * H * D, T->att + (long)M * H * D, s->rows, s->past, s->path, s->path_off,
+                           s->kbuf, s->vbuf, s->k0, s->v0, s->kv_sh, s->sh0, (int)s->split};
+        att[i] = a;
         if (s->tiled && *s->tiled > s->start / TILE_KEYS) /* rows from start on are rewritten: stale tiles */
             *s->tiled = (int32_t)(s->start / TILE_KEYS);
         valid[i] = s->tiled ? *s->tiled : 0;
@@ -650,13 +662,18 @@ void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int 
         for (int i = 0, r = 0; i < n; r += seq[i++].rows)
             rope_store_part(T->qkv + (long)r * QKV, seq[i].rows, H, G, D, seq[i].pos, cos_t, sin_t,
                             T->q + (long)r * H * D, seq[i].kbuf, seq[i].vbuf, seq[i].kv_sh, seq[i].kv_sn,
-                            seq[i].start, kv_mode);
+                            seq[i].start - seq[i].split, kv_mode);
 #pragma omp barrier
-        for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
-            const rs_sequence *s = seq + i;
-            attention_kv_part(T->q + (long)r * H * D, D, (long)H * D, H, s->rows, D, s->kbuf, s->vbuf, s->kv_sh,
-                              s->kv_sn, G, s->past, s->path, s->path_off, S->scale, T->att + (long)r * H * D,
-                              (long)H * D, D, T->work, kv_mode, s->tiles, s->tiles_sh, valid[i]);
+        if (tiles_path) {
+            for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
+                const rs_sequence *s = seq + i;
+                attention_kv_part(T->q + (long)r * H * D, D, (long)H * D, H, s->rows, D, s->kbuf, s->vbuf, s->kv_sh,
+                                  s->kv_sn, G, s->past, s->path, s->path_off, S->scale, T->att + (long)r * H * D,
+                                  (long)H * D, D, T->work, kv_mode, s->tiles, s->tiles_sh, valid[i]);
+            }
+        } else {
+            attention_seqs_part(att, n, H, D, G, D, (long)H * D, seq[0].kv_sn, S->scale, (long)H * D, D, T->work,
+                                kv_mode);
         }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);

@@ -3,10 +3,25 @@
 #ifndef RAGSPEC_SIMD_H
 #define RAGSPEC_SIMD_H
 #include <immintrin.h>
+#include <stdint.h>
 
 /* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
    tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's rs_layer_batch). */
 #define TILE_KEYS 128
+
+/* One sequence's attention in a forward (cpu_kernels.c's attention_seqs_part): query i's q[h] at q + h*q_sh + i*q_sn,
+ * its output at out + i*o_sn + h*o_sh; query i sees cache rows 0..past-1, then path[path_off[i] .. path_off[i+1]).
+ * Cache row j of key head g: j < split (a prefix other sequences may share, whole blocks of 64 keys) at element
+ * g*sh0 + j*kv_sn of k0 / v0; j >= split at element g*kv_sh + (j - split)*kv_sn of k / v (the sequence's own rows). */
+typedef struct {
+    const float *q;
+    float *out;
+    int n, past;
+    const int32_t *path, *path_off;
+    const void *k, *v, *k0, *v0;
+    long kv_sh, sh0;
+    int split;
+} att_seq;
 
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */
 static inline float hsum8(__m256 v) {

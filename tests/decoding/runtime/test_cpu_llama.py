@@ -296,6 +296,79 @@ def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torc
 
 
 @needs_kernels
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("isa", [isa for isa in kernels.ISAS if isa in kernels.available_isas()])
+def test_sequences_reading_one_prefix_in_place_get_what_they_get_on_copies(kv_dtype: torch.dtype, isa: str,
+                                                                            threads: None) -> None:
+    """Caches that share a cached prefix (its whole blocks read in place, once per forward for every sequence reading
+    them) give each sequence, alone or batched beside others and a sequence on a cache of its own, the logits and
+    cache rows it gets on a private copy of the prefix, bit for bit: a decoding step, a draft tree, a prefill chunk
+    and a query seeing a sparse set of prefix rows (rapid_kv's), on a prefix of one segment and of two."""
+    torch.set_num_threads(2)
+    model = quantized_tiny_llama(13, kv_dtype=kv_dtype, head_dim=32)
+    model.lib = kernels.library(isa)  # type: ignore[assignment]
+    if not model.share_block:
+        pytest.skip("this path copies prefixes (the tiles keep each cache's own layout)")
+    g = _gen(14)
+    ids = torch.randint(0, 97, (1, 300), generator=g)
+    tree = DraftTree()
+    for i in range(10):
+        tree.add(ROOT if i < 2 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
+    with torch.inference_mode():
+        source = SlotCache(model.num_layers, 300)
+        model(ids, past_key_values=source)
+        one = [source.snapshot(0, 300)]  # 256 rows shared, 44 copied
+        two = [source.snapshot(0, 150), source.snapshot(150, 300)]  # concatenated once for every cache
+        own = SlotCache(model.num_layers, 8)
+        model(ids[:, :77], past_key_values=own)
+
+        def caches(entries: list, share: bool) -> list[SlotCache]:
+            out = []
+            for _ in range(4):
+                cache = SlotCache(model.num_layers, 400)
+                cache.load_prefix(entries, model.share_block if share else 0)
+                out.append(cache)
+            return out
+
+        def items(cs: list[SlotCache]) -> list[BatchItem]:
+            base = cs[1].length
+            layout = tree_layout(11, tree, base, torch.device("cpu"))
+            sparse = torch.full((1, 1, 1, base + 1), torch.finfo(torch.float32).min)
+            for a, b in ((3, 40), (70, 130), (250, base + 1)):  # rows of the shared prefix and after it
+                sparse[..., a:b] = 0
+            return [
+                BatchItem(torch.tensor([42]), cs[0]),
+                BatchItem(layout.input_ids, cs[1], layout.position_ids, _tree_mask(layout.ancestor_mask, base)),
+                BatchItem(torch.randint(0, 97, (70,), generator=_gen(15)), cs[2], logits_to_keep=2),
+                BatchItem(torch.tensor([7]), cs[3], torch.tensor([base]), sparse),
+            ]
+
+        def rows(cache: SlotCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [layer.rows(0, layer.length) for layer in cache.slot_layers]
+
+        for entries in (one, two):
+            copies = caches(entries, share=False)
+            want = [model(it.input_ids.reshape(1, -1), it.position_ids, it.attention_mask, past_key_values=it.cache,
+                          logits_to_keep=it.logits_to_keep).logits[0] for it in items(copies)]
+            shared = caches(entries, share=True)
+            assert shared[0].slot_layers[0].split == 256
+            assert len({c.slot_layers[-1].shared[0].data_ptr() for c in shared}) == 1  # type: ignore[index]
+            alone = items(shared)[0]
+            assert torch.equal(model(alone.input_ids.reshape(1, -1), past_key_values=alone.cache).logits[0], want[0])
+            for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
+                shared = caches(entries, share=True)
+                batch = items(shared)
+                got = model.forward_batch([BatchItem(torch.tensor([5]), own), *(batch[i] for i in order)])[1:]
+                own.truncate(77)
+                for i, logits in zip(order, got, strict=True):
+                    assert torch.equal(logits, want[i]), (len(entries), order, i)
+                    for (ka, va), (kb, vb) in zip(rows(copies[i]), rows(shared[i]), strict=True):
+                        assert torch.equal(ka, kb) and torch.equal(va, vb)
+        with pytest.raises(ValueError, match="shared prefix"):
+            shared[0].truncate(100)
+
+
+@needs_kernels
 def test_a_cache_keeps_its_tiled_blocks_only_while_their_rows_stand() -> None:
     """With a bf16 cache on the tiles' path the attention keeps the prefix's whole blocks laid out for the tiles
     (``SlotLayer.tiles``); after truncation and rewriting, compaction and loading a prefix, every forward still
