@@ -43,6 +43,7 @@ class SlotLayer(CacheLayerMixin):
         self.tiles: torch.Tensor | None = None
         self.tiled = torch.zeros(1, dtype=torch.int32)
         self.tile_keys = 0
+        self.moved = 0  # counts the times a buffer was (re)allocated or a prefix shared: a runtime's view is stale
 
     def lazy_initialization(self, key_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
@@ -50,6 +51,7 @@ class SlotLayer(CacheLayerMixin):
         self._kbuf = torch.empty(b, h, self.capacity, d, dtype=key_states.dtype, device=key_states.device)
         self._vbuf = torch.empty_like(self._kbuf)
         self.is_initialized = True
+        self.moved += 1
 
     def _ensure(self, needed: int) -> None:
         """Room for cache rows up to ``needed``."""
@@ -62,6 +64,7 @@ class SlotLayer(CacheLayerMixin):
         self._kbuf = torch.nn.functional.pad(self._kbuf, grow)
         self._vbuf = torch.nn.functional.pad(self._vbuf, grow)
         self.capacity = new_cap
+        self.moved += 1
 
     def reserve(self, heads: int, head_dim: int, dtype: torch.dtype, rows: int) -> None:
         """Allocate (or grow) the buffers for ``rows`` rows, for a writer that fills them itself."""
@@ -81,6 +84,7 @@ class SlotLayer(CacheLayerMixin):
             self.tiles = torch.empty(heads, blocks, block_elems, dtype=torch.int16)
             self.tiled[0] = 0
             self.tile_keys = tile_keys
+            self.moved += 1
         return self.tiles
 
     def _rewritten(self, row: int) -> None:
@@ -107,6 +111,7 @@ class SlotLayer(CacheLayerMixin):
             raise ValueError("a shared prefix's keys and values are alike, rows contiguous")
         n = keys.shape[2]
         self.shared, self.split, self.length = (keys, values), n, n
+        self.moved += 1
         if not self.is_initialized:  # the buffers hold only the rows after it
             self.capacity = max(1, self.capacity - n)
 
@@ -215,6 +220,12 @@ class SlotCache(Cache):
     def __init__(self, num_layers: int, capacity: int) -> None:
         super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
         self.shared_prefix: SharedPrefix | None = None
+        # a runtime's own view of the buffers (the CPU kernels' pointers), with the ``moved`` it was made at
+        self.runtime_view: tuple[int, Any] | None = None
+
+    def moved(self) -> int:
+        """Grows whenever a layer's buffers move (a runtime's view of them made before is stale)."""
+        return sum(layer.moved for layer in self.slot_layers)
 
     @property
     def slot_layers(self) -> list[SlotLayer]:

@@ -2,11 +2,11 @@
 
 gpt-fast style: the model is a list of layer weights and one short forward,
 
-    embed (dequantized rows) -> [rs_layer_batch: norm, fused qkv, rope + KV store, attention, o, norm, fused
+    embed (dequantized rows) -> rs_forward: [norm, fused qkv, rope + KV store, attention, o, norm, fused
     gate/up, silu * up, down] x layers -> rs_head: final norm + LM head
 
-where each ``rs_layer_batch`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel
-region: no per-op Python, no transformers module tree on the hot path. Weights stay in their GGUF block
+where ``rs_forward`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel region
+a layer: no per-op Python, no transformers module tree on the hot path, and the GIL free for the whole forward. Weights stay in their GGUF block
 formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is quantized at load.
 
 It answers the same call as a transformers causal LM (``input_ids``, ``position_ids``, an additive tree mask,
@@ -135,11 +135,16 @@ class _Shape(ctypes.Structure):
     _fields_ = [("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f)]
 
 
+class _KvLayer(ctypes.Structure):
+    _fields_ = [
+        ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
+        ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l),
+    ]  # fmt: skip
+
+
 class _Sequence(ctypes.Structure):
     _fields_ = [
-        ("rows", _i), ("pos", _p), ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("start", _l),
-        ("past", _i), ("path", _p), ("path_off", _p), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
-        ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l),
+        ("rows", _i), ("pos", _p), ("start", _l), ("past", _i), ("path", _p), ("path_off", _p), ("kv", _p),
     ]  # fmt: skip
 
 
@@ -222,7 +227,7 @@ class CpuLlama:
         eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
         self.eps = eps
         self.shape = _Shape(e, h, g, d, inter, eps, 1.0 / math.sqrt(d))
-        self.layer_structs = [_layer_struct(lw) for lw in weights.layers]
+        self.layer_structs = (_Layer * len(weights.layers))(*(_layer_struct(lw) for lw in weights.layers))
         self._local = threading.local()
 
     @property
@@ -337,45 +342,55 @@ class CpuLlama:
 
     def _reserve(self, cache: SlotCache, rows: int) -> None:
         _, _, g, d, _ = self.dims
-        tile_keys = self._tile_keys()
+        first, tile_keys = cache.slot_layers[0], self._tile_keys()
+        tiles_cover = not tile_keys or (first.tiles is not None and first.tiles.shape[1] * tile_keys >= first.capacity)
+        if first.is_initialized and first.dtype == self.kv_storage and rows - first.split <= first.capacity and tiles_cover:
+            return  # every layer has the room (they grow together)
         for layer in cache.slot_layers:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
             if tile_keys:  # the attention keeps the prefix's whole blocks laid out for the tiles
                 layer.reserve_tiles(g, self.lib.rs_tile_block_elems(d), tile_keys)
 
+    @staticmethod
+    def _kv_view(cache: SlotCache) -> Any:
+        """The cache's layers as the kernels read them (``_KvLayer`` per layer), made again when a buffer moved."""
+        moved = cache.moved()
+        if cache.runtime_view is not None and cache.runtime_view[0] == moved:
+            return cache.runtime_view[1]
+        view = (_KvLayer * len(cache.slot_layers))()
+        for kv, layer in zip(view, cache.slot_layers, strict=True):
+            kbuf, vbuf = layer.buffers()
+            kv.kbuf, kv.vbuf, kv.kv_sh, kv.kv_sn = kbuf.data_ptr(), vbuf.data_ptr(), kbuf.stride(1), kbuf.stride(2)
+            kv.tiled = layer.tiled.data_ptr()
+            if layer.tiles is not None:
+                kv.tiles, kv.tiles_sh = layer.tiles.data_ptr(), layer.tiles.stride(0)
+            if layer.shared is not None:
+                k0, v0 = layer.shared
+                kv.k0, kv.v0, kv.sh0, kv.split = k0.data_ptr(), v0.data_ptr(), k0.stride(1), layer.split
+        cache.runtime_view = (moved, view)
+        return view
+
     def _layers(self, x: torch.Tensor, parts: list[_Part]) -> None:
-        """Run rows ``x`` [m, E] through every layer: ``parts``, one after the other, are the rows of each sequence,
-        whose KV goes to its own cache from its ``start``."""
+        """Run rows ``x`` [m, E] through every layer (one call into the kernels): ``parts``, one after the other, are
+        the rows of each sequence, whose KV goes to its own cache from its ``start``."""
         m = x.shape[0]
         e, h, g, d, inter = self.dims
         work = sum(kernels.attention_work_floats(h, p.rows, d, p.vis[0] + int((p.vis[2][1:] - p.vis[2][:-1]).max()))
                    for p in parts)
         scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
-        threads = torch.get_num_threads()
-        mode = kernels.kv_mode(self.kv_storage)
         assert x.is_contiguous(), "rows are updated in place"
-        tiled = bool(self._tile_keys())
         seqs = (_Sequence * len(parts))()
-        for seq, p in zip(seqs, parts, strict=True):  # what every layer shares
+        for seq, p in zip(seqs, parts, strict=True):
             past, path, off = p.vis
             seq.rows, seq.pos, seq.start, seq.past, seq.path, seq.path_off = (
                 p.rows, _addr(p.pos), p.start, past, _addr(path), _addr(off))
-        xp, cp, sp, shape, sc = _addr(x), _addr(self.cos), _addr(self.sin), ctypes.byref(self.shape), ctypes.byref(
-            scratch)
-        for i, layer_weights in enumerate(self.layer_structs):
-            for seq, p in zip(seqs, parts, strict=True):
-                layer = p.cache.slot_layers[i]
-                kbuf, vbuf = layer.buffers()
-                seq.kbuf, seq.vbuf, seq.tiled = kbuf.data_ptr(), vbuf.data_ptr(), layer.tiled.data_ptr()
-                seq.kv_sh, seq.kv_sn = kbuf.stride(1), kbuf.stride(2)
-                if layer.shared is not None:
-                    k0, v0 = layer.shared
-                    seq.k0, seq.v0, seq.sh0, seq.split = k0.data_ptr(), v0.data_ptr(), k0.stride(1), layer.split
-                if tiled and layer.tiles is not None:
-                    seq.tiles, seq.tiles_sh = layer.tiles.data_ptr(), layer.tiles.stride(0)
-            self.lib.rs_layer_batch(ctypes.byref(layer_weights), shape, xp, len(parts), seqs, cp, sp, mode, sc, threads)
-            for p in parts:
-                p.cache.slot_layers[i].advance(p.rows)
+            seq.kv = ctypes.addressof(self._kv_view(p.cache))
+        self.lib.rs_forward(self.layer_structs, len(self.layer_structs), ctypes.byref(self.shape), _addr(x), len(parts),
+                            seqs, _addr(self.cos), _addr(self.sin), kernels.kv_mode(self.kv_storage),
+                            ctypes.byref(scratch), torch.get_num_threads())
+        for p in parts:
+            for layer in p.cache.slot_layers:
+                layer.advance(p.rows)
 
     def _head(self, x: torch.Tensor, keep: int) -> torch.Tensor:
         """Final norm and LM head of the last ``keep`` rows: logits ``[keep, V]``."""

@@ -414,8 +414,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_qlinear.restype = None
     lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
     lib.rs_dequant_rows.restype = None
-    lib.rs_layer_batch.argtypes = [p, p, p, i, p, p, p, i, p, i]
-    lib.rs_layer_batch.restype = None
+    lib.rs_forward.argtypes = [p, i, p, p, i, p, p, p, i, p, i]
+    lib.rs_forward.restype = None
     lib.rs_tile_keys.argtypes = []
     lib.rs_tile_keys.restype = i
     lib.rs_tile_block_elems.argtypes = [i]

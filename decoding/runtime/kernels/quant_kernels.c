@@ -613,32 +613,38 @@ typedef struct {
     int8_t *xq;
 } rs_scratch;
 
-/* One sequence's rows of a forward: its positions and its cache. Keys / values of its rows are written at cache
-   rows start..start+rows-1; query i sees rows 0..past-1, then path[path_off[i]..path_off[i+1]) (past = start for a
-   tree pass). Cache rows below split (whole blocks of 64, at most start) are a prefix read in place (k0 / v0, sh0
+/* One layer of a sequence's cache: rows below split (whole blocks of 64) are a prefix read in place (k0 / v0, sh0
    elements per key head), perhaps by other sequences of the forward too; row j >= split lies at row j - split of
-   kbuf / vbuf. tiles / tiled (optional, split 0 only): the cache's blocks laid out for the bf16 tiles, and how many
-   are valid. */
+   kbuf / vbuf (kv_sh elements per key head, kv_sn per row). tiles / tiled (optional, split 0 only): the cache's
+   blocks laid out for the bf16 tiles, and how many are valid. */
 typedef struct {
-    int rows;
-    const int64_t *pos;
     void *kbuf, *vbuf;
-    long kv_sh, kv_sn, start;
-    int past;
-    const int32_t *path, *path_off;
+    long kv_sh, kv_sn;
     uint16_t *tiles;
     long tiles_sh;
     int32_t *tiled;
     const void *k0, *v0;
     long sh0, split;
+} rs_kv_layer;
+
+/* One sequence's rows of a forward: its positions and its cache (kv: one entry per layer). Keys / values of its rows
+   are written at cache rows start..start+rows-1; query i sees rows 0..past-1, then path[path_off[i]..path_off[i+1])
+   (past = start for a tree pass). */
+typedef struct {
+    int rows;
+    const int64_t *pos;
+    long start;
+    int past;
+    const int32_t *path, *path_off;
+    const rs_kv_layer *kv;
 } rs_sequence;
 
-/* x [M, E] <- layer(x) for the rows of n sequences one after the other (M: their rows in all): the linear layers
-   run once over every row (a weight is read once for all of them), rope and the KV store per sequence into its own
-   cache, attention of every sequence at once (a prefix several sequences read in place is read once for all of
-   them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */
-void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int n, const rs_sequence *seq,
-                    const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
+/* x [M, E] <- layer l (weights L) of x for the rows of n sequences one after the other (M: their rows in all): the
+   linear layers run once over every row (a weight is read once for all of them), rope and the KV store per
+   sequence into its own cache, attention of every sequence at once (a prefix several sequences read in place is
+   read once for all of them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */
+static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, float *x, int n, const rs_sequence *seq,
+                        const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
     int M = 0, valid[n > 0 ? n : 1];
@@ -646,12 +652,13 @@ void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int 
     att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (no tiles) */
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
+        const rs_kv_layer *c = s->kv + l;
         const att_seq a = {T->q + (long)M * H * D, T->att + (long)M * H * D, s->rows, s->past, s->path, s->path_off,
-                           s->kbuf, s->vbuf, s->k0, s->v0, s->kv_sh, s->sh0, (int)s->split};
+                           c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split};
         att[i] = a;
-        if (s->tiled && *s->tiled > s->start / TILE_KEYS) /* rows from start on are rewritten: stale tiles */
-            *s->tiled = (int32_t)(s->start / TILE_KEYS);
-        valid[i] = s->tiled ? *s->tiled : 0;
+        if (c->tiled && *c->tiled > s->start / TILE_KEYS) /* rows from start on are rewritten: stale tiles */
+            *c->tiled = (int32_t)(s->start / TILE_KEYS);
+        valid[i] = c->tiled ? *c->tiled : 0;
         M += s->rows;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -659,20 +666,23 @@ void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int 
         rmsnorm_part(x, E, M, E, L->attn_norm, S->eps, T->h, E);
         quantize_part(T->h, E, M, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
-        for (int i = 0, r = 0; i < n; r += seq[i++].rows)
+        for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
+            const rs_kv_layer *c = seq[i].kv + l;
             rope_store_part(T->qkv + (long)r * QKV, seq[i].rows, H, G, D, seq[i].pos, cos_t, sin_t,
-                            T->q + (long)r * H * D, seq[i].kbuf, seq[i].vbuf, seq[i].kv_sh, seq[i].kv_sn,
-                            seq[i].start - seq[i].split, kv_mode);
+                            T->q + (long)r * H * D, c->kbuf, c->vbuf, c->kv_sh, c->kv_sn, seq[i].start - c->split,
+                            kv_mode);
+        }
 #pragma omp barrier
         if (tiles_path) {
             for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
                 const rs_sequence *s = seq + i;
-                attention_kv_part(T->q + (long)r * H * D, D, (long)H * D, H, s->rows, D, s->kbuf, s->vbuf, s->kv_sh,
-                                  s->kv_sn, G, s->past, s->path, s->path_off, S->scale, T->att + (long)r * H * D,
-                                  (long)H * D, D, T->work, kv_mode, s->tiles, s->tiles_sh, valid[i]);
+                const rs_kv_layer *c = s->kv + l;
+                attention_kv_part(T->q + (long)r * H * D, D, (long)H * D, H, s->rows, D, c->kbuf, c->vbuf, c->kv_sh,
+                                  c->kv_sn, G, s->past, s->path, s->path_off, S->scale, T->att + (long)r * H * D,
+                                  (long)H * D, D, T->work, kv_mode, c->tiles, c->tiles_sh, valid[i]);
             }
         } else {
-            attention_seqs_part(att, n, H, D, G, D, (long)H * D, seq[0].kv_sn, S->scale, (long)H * D, D, T->work,
+            attention_seqs_part(att, n, H, D, G, D, (long)H * D, seq[0].kv[l].kv_sn, S->scale, (long)H * D, D, T->work,
                                 kv_mode);
         }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
@@ -685,10 +695,16 @@ void rs_layer_batch(const rs_layer_weights *L, const rs_shape *S, float *x, int 
         qmatmul_part(T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
     }
     for (int i = 0; i < n; ++i) {
-        const rs_sequence *s = seq + i;
-        if (s->tiles && s->tiled && kv_mode == 3 && D % 32 == 0 && rs_tile_keys() && s->past / TILE_KEYS > valid[i])
-            *s->tiled = s->past / TILE_KEYS; /* the attention laid out the prefix's whole blocks */
+        const rs_kv_layer *c = seq[i].kv + l;
+        if (c->tiles && c->tiled && tiles_path && seq[i].past / TILE_KEYS > valid[i])
+            *c->tiled = seq[i].past / TILE_KEYS; /* the attention laid out the prefix's whole blocks */
     }
+}
+
+/* x [M, E] <- every layer of x in turn (layer_batch), in one call: the whole forward runs without its caller. */
+void rs_forward(const rs_layer_weights *L, int layers, const rs_shape *S, float *x, int n, const rs_sequence *seq,
+                const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
+    for (int l = 0; l < layers; ++l) layer_batch(L + l, l, S, x, n, seq, cos_t, sin_t, kv_mode, T, threads);
 }
 
 /* Final norm + LM head over the last `keep` rows of x [M, E]: logits [keep, V]. */

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 /* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
-   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's rs_layer_batch). */
+   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's layer_batch). */
 #define TILE_KEYS 128
 
 /* One sequence's attention in a forward (cpu_kernels.c's attention_seqs_part): query i's q[h] at q + h*q_sh + i*q_sn,
