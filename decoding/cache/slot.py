@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -279,8 +279,8 @@ class SharedPrefix:
     so that every generation on one document reads the same rows. Entries are immutable, so evicting them from
     the prefix cache never changes it; it lives as long as a cache refers to it."""
 
-    _live: weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix] = weakref.WeakValueDictionary()
-    _lock = threading.Lock()
+    _live: ClassVar[weakref.WeakValueDictionary[tuple[int, ...], SharedPrefix]] = weakref.WeakValueDictionary()
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, entries: Sequence[PrefixEntry]) -> None:
         self.entries = tuple(entries)  # held: the key's ids stay theirs while this lives

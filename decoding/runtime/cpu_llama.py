@@ -6,8 +6,9 @@ gpt-fast style: the model is a list of layer weights and one short forward,
     gate/up, silu * up, down] x layers -> rs_head: final norm + LM head
 
 where ``rs_forward`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel region
-a layer: no per-op Python, no transformers module tree on the hot path, and the GIL free for the whole forward. Weights stay in their GGUF block
-formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is quantized at load.
+a layer: no per-op Python, no transformers module tree on the hot path, the GIL free for the whole forward. Weights
+stay in their GGUF block formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is
+quantized at load.
 
 It answers the same call as a transformers causal LM (``input_ids``, ``position_ids``, an additive tree mask,
 a ``SlotCache`` as ``past_key_values``, ``logits_to_keep``), so the engine drives it like any target. Every
@@ -344,7 +345,8 @@ class CpuLlama:
         _, _, g, d, _ = self.dims
         first, tile_keys = cache.slot_layers[0], self._tile_keys()
         tiles_cover = not tile_keys or (first.tiles is not None and first.tiles.shape[1] * tile_keys >= first.capacity)
-        if first.is_initialized and first.dtype == self.kv_storage and rows - first.split <= first.capacity and tiles_cover:
+        room = first.is_initialized and first.dtype == self.kv_storage and rows - first.split <= first.capacity
+        if room and tiles_cover:
             return  # every layer has the room (they grow together)
         for layer in cache.slot_layers:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
