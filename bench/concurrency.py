@@ -8,6 +8,11 @@ document from the prefix cache and prefills its question; greedy, ``--max-new`` 
 (``autoregressive``) and with prompt-lookup speculation on (``prompt_lookup``). Every batched answer is checked
 against its one-at-a-time answer, token for token.
 
+The reference (``llama_cpp_batched``, where ``make bench`` built it): llama.cpp (its best build here,
+``bench.llama_ref``) decoding the same prompts as one batch through its low-level API, one sequence id per user over
+a unified KV cache, each document evaluated before the clock and, shared by several users, once for all of them
+(``llama_memory_seq_cp``), greedy, same GGUF and threads.
+
     python -m bench.concurrency [--users 1 2 4 8] [--max-new 64] [--repeats 2] [--modes autoregressive prompt_lookup]
 
 Writes ``bench/results/concurrency.json``.
@@ -29,7 +34,9 @@ import torch
 from app.kv_tuning import START_CONTEXTS
 from bench.common import REPO, load_target, machine_info, median, out, qa_documents, write_json
 from bench.decode_cases import make_cases
+from bench.decode_measure import gguf_of
 from bench.decode_methods import Case
+from bench.llama_ref import LlamaWorker, open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.speculative.calibration import calibrate
@@ -108,6 +115,14 @@ def summary(answers: Sequence[Answer], wall: float) -> dict[str, Any]:
     }
 
 
+def llama_batched(worker: LlamaWorker, cases: Sequence[Case], max_new: int, eos: list[int]) -> dict[str, Any]:
+    """llama.cpp's batched decoding of the same prompts (``LlamaWorker.batch``), summarised as ours is."""
+    reply = worker.batch([list(c.prompt.ids) for c in cases], [len(c.prompt.prefix_ids) for c in cases], max_new, eos)
+    answers = [Answer(tokens, ttft, end) for tokens, ttft, end in zip(reply["tokens"], reply["ttft_s"],
+                                                                      reply["end_s"], strict=True)]
+    return summary(answers, reply["wall_s"])
+
+
 def scenario_cases(target: Any, users: int, same_document: bool, max_new: int) -> list[Case]:
     from bench.datasets import load_qa
 
@@ -136,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the target runtime does not batch forwards (the quantized CPU runtime does)")
     calibrate(engine, START_CONTEXTS)  # the verify costs the service measures at start-up (its budget policy's)
     config = GenerationConfig(max_new_tokens=args.max_new)
+    llama = open_workers(gguf_of("bundled", REPO / "data"), args.threads, ["llama_cpp"]).get("llama_cpp")
+    if llama is None:
+        out("llama_cpp not built (scripts/build-llama-cpp, make bench): its batched reference left out")
     most = max(args.users)
     scenarios = {"one_document": scenario_cases(target, most, True, args.max_new),
                  "different_documents": scenario_cases(target, most, False, args.max_new)}
@@ -149,6 +167,16 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {}
     for scenario, cases in scenarios.items():
+        if llama is not None:
+            reference = {}
+            for users in args.users:
+                runs_l = [llama_batched(llama, cases[:users], args.max_new, sorted(engine.eos))
+                          for _ in range(args.repeats)]
+                reference[str(users)] = {**_median_runs(runs_l), "runs": runs_l}
+                out(f"{scenario:20s} llama_cpp batched users {users}: aggregate "
+                    f"{reference[str(users)]['aggregate_tok_s']:7.1f} tok/s, ttft p50 "
+                    f"{reference[str(users)]['ttft_p50_s']:.2f} s")
+            results.setdefault(scenario, {})["llama_cpp_batched"] = reference
         for mode_name in args.modes:
             mode = MODES[mode_name]
             rows: dict[str, Any] = {}
@@ -166,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["aggregate_vs_one_at_a_time"] = round(
                     row["batched"]["aggregate_tok_s"] / row["one_at_a_time"]["aggregate_tok_s"], 3)
                 row["answers_equal"] = equal
+                if llama is not None:
+                    ref = results[scenario]["llama_cpp_batched"][str(users)]["aggregate_tok_s"]
+                    row["batched_vs_llama_cpp_batched"] = round(row["batched"]["aggregate_tok_s"] / ref, 3)
                 row["runs"] = runs
                 rows[str(users)] = row
                 out(f"{scenario:20s} {mode_name:15s} users {users}: aggregate {row['batched']['aggregate_tok_s']:7.1f}"
@@ -181,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                 spec = modes["prompt_lookup"][users]["batched"]["aggregate_tok_s"]
                 modes["prompt_lookup"][users]["batched_vs_plain_batched"] = round(spec / plain, 3)
     stats = engine.batcher.stats
+    llama_info = llama.info if llama is not None else None
+    if llama is not None:
+        llama.close()
     write_json(args.json, {
         "benchmark": "concurrency",
         "command": "python -m bench.concurrency " + " ".join(argv or []),
@@ -189,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                   "threads": args.threads, "greedy": True, "documents_warmed": True,
                   "prefill_rows_per_step": engine.batcher.prefill_rows},
         "batcher": {"forwards": stats.forwards, "sequences": stats.sequences, "rows": stats.rows},
+        "llama_cpp": llama_info,
         "results": results,
     })
     out(f"wrote {args.json}")

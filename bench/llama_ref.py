@@ -51,6 +51,13 @@ class LlamaWorker:
         """Greedy decoding: tokens (eos excluded), ttft_s, decode_s, total_s (its KV of a shared prefix reused)."""
         return self._call({"op": "generate", "ids": ids, "max_new": max_new, "eos": eos})
 
+    def batch(self, prompts: list[list[int]], prefix_len: list[int], max_new: int, eos: list[int]) -> dict[str, Any]:
+        """Greedy decoding of several sequences in one batch (``_batch``): per sequence its tokens, ttft_s and end_s
+        from the start, and wall_s. Each prompt's first ``prefix_len`` tokens (its document) are evaluated before
+        the clock starts; prompts whose prefixes are equal share one evaluation (copied between sequences)."""
+        return self._call({"op": "batch", "prompts": prompts, "prefix_len": prefix_len, "max_new": max_new,
+                           "eos": eos})
+
     def eval(self, ids: list[int], keep: int | None = 0) -> float:
         """Seconds to evaluate ``ids`` after the first ``keep`` cached tokens (None: after all of them)."""
         return float(self._call({"op": "eval", "ids": ids, "keep": keep})["seconds"])
@@ -88,6 +95,8 @@ def _serve(gguf: str, threads: int) -> None:
     import llama_cpp
     from llama_cpp import Llama
 
+    batches = _Batches(threads)
+
     before = _rss_mb()
     llm = Llama(model_path=gguf, n_ctx=8192, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
     for line in sys.stdin:
@@ -100,6 +109,8 @@ def _serve(gguf: str, threads: int) -> None:
                     "system_info": system.decode() if isinstance(system, bytes) else str(system),
                     "rss_mb": round(_rss_mb() - before, 1),
                 }
+            elif req["op"] == "batch":
+                reply = batches.run(llm, req["prompts"], req["prefix_len"], req["max_new"], set(req["eos"]))
             elif req["op"] == "eval":
                 if req["keep"] is not None:
                     llm.n_tokens = req["keep"]  # eval drops the KV beyond n_tokens first
@@ -111,6 +122,112 @@ def _serve(gguf: str, threads: int) -> None:
         except Exception as exc:  # reported to the benchmark, which stops with it
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(reply), flush=True)
+
+
+class _Batches:
+    """llama.cpp's own batched decoding through its low-level API, as its server's parallel slots do: a context with
+    one sequence id per sequence over a unified KV cache; a prefix evaluated once for the sequences sharing it and
+    copied to them (``llama_memory_seq_cp``); every step one ``llama_decode`` with one token per running sequence."""
+
+    BATCH = 2048  # tokens one llama_decode takes (the questions of every sequence at once)
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.ctx: Any = None
+        self.shape = (0, 0)
+
+    def _context(self, llm: Any, sequences: int, tokens: int) -> Any:
+        import llama_cpp as lc
+
+        if self.ctx is not None and self.shape[0] >= sequences and self.shape[1] >= tokens:
+            return self.ctx
+        if self.ctx is not None:
+            lc.llama_free(self.ctx)
+        params = lc.llama_context_default_params()
+        params.n_ctx = -(-tokens // 256) * 256
+        params.n_batch, params.n_ubatch, params.n_seq_max = self.BATCH, 512, sequences
+        params.n_threads = params.n_threads_batch = self.threads
+        params.kv_unified = True  # every sequence may take as much of the window as it needs
+        self.ctx = lc.llama_init_from_model(llm.model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp made no context of {tokens} tokens for {sequences} sequences")
+        self.shape = (sequences, tokens)
+        return self.ctx
+
+    def _decode(self, ctx: Any, rows: list[tuple[int, int, int, bool]]) -> None:
+        """One llama_decode of (token, position, sequence, wants logits) rows."""
+        import llama_cpp as lc
+
+        batch = lc.llama_batch_init(len(rows), 0, 1)
+        try:
+            for i, (tok, pos, seq, logits) in enumerate(rows):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, logits
+                batch.seq_id[i][0] = seq
+            batch.n_tokens = len(rows)
+            if lc.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+        finally:
+            lc.llama_batch_free(batch)
+
+    def _evaluate(self, ctx: Any, rows: list[tuple[int, int, int, bool]]) -> None:
+        """Rows of any number, ``BATCH`` at a time (no logits read after)."""
+        for i in range(0, len(rows), self.BATCH):
+            self._decode(ctx, rows[i : i + self.BATCH])
+
+    def run(self, llm: Any, prompts: list[list[int]], prefix_len: list[int], max_new: int,
+            eos: set[int]) -> dict[str, Any]:
+        import llama_cpp as lc
+        import numpy as np
+
+        n = len(prompts)
+        owners: dict[tuple[int, ...], int] = {}  # a distinct prefix -> the sequence that evaluates it
+        for s, (ids, k) in enumerate(zip(prompts, prefix_len, strict=True)):
+            owners.setdefault(tuple(ids[:k]), s)
+        tokens = sum(len(p) for p in owners)
+        tokens += sum(len(ids) - k + max_new for ids, k in zip(prompts, prefix_len, strict=True))
+        ctx = self._context(llm, n, tokens + 64)
+        memory = lc.llama_get_memory(ctx)
+        lc.llama_memory_clear(memory, True)
+        for prefix, s in owners.items():  # the documents, before the clock (as warmed at upload)
+            self._evaluate(ctx, [(tok, pos, s, False) for pos, tok in enumerate(prefix)])
+        vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(llm.model))
+        t0 = time.perf_counter()
+        rows: list[tuple[int, int, int, bool]] = []
+        for s, (ids, k) in enumerate(zip(prompts, prefix_len, strict=True)):
+            owner = owners[tuple(ids[:k])]
+            if owner != s:
+                lc.llama_memory_seq_cp(memory, owner, s, -1, -1)
+            rest = ids[k:]
+            rows += [(tok, k + j, s, j == len(rest) - 1) for j, tok in enumerate(rest)]
+        if len(rows) > self.BATCH:
+            raise ValueError(f"the questions take {len(rows)} tokens, one batch {self.BATCH}")
+        out: list[list[int]] = [[] for _ in range(n)]
+        ttft, end = [0.0] * n, [0.0] * n
+        pos = [len(ids) for ids in prompts]
+        self._decode(ctx, rows)
+        running = {seq: i for i, (_, _, seq, logits) in enumerate(rows) if logits}  # sequence -> its logits' row
+        first = True
+        while running:
+            now = time.perf_counter() - t0
+            step: list[tuple[int, int, int, bool]] = []
+            for s, i in running.items():
+                tok = int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)).argmax())
+                if first:
+                    ttft[s] = now
+                end[s] = now
+                if tok in eos:
+                    continue
+                out[s].append(tok)
+                if len(out[s]) < max_new:
+                    step.append((tok, pos[s], s, True))
+                    pos[s] += 1
+            first = False
+            running = {seq: i for i, (_, _, seq, _) in enumerate(step)}
+            if step:
+                self._decode(ctx, step)
+        wall = time.perf_counter() - t0
+        lc.llama_memory_clear(memory, True)
+        return {"tokens": out, "ttft_s": ttft, "end_s": end, "wall_s": wall}
 
 
 def _generate(llm: Any, ids: list[int], max_new: int, eos: set[int]) -> dict[str, Any]:
