@@ -8,6 +8,7 @@ loopback).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -40,6 +41,10 @@ SWAGGER_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     services = await asyncio.to_thread(load_services, settings, app.state.metrics)
+    # what start-up loaded (models, tokenizers, indexes) lives as long as the process: out of the collector's sight,
+    # its full passes stop rescanning it while generations run
+    gc.collect()
+    gc.freeze()
     services.redis.start_monitor()
     app.state.services = services
     try:

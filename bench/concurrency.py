@@ -21,6 +21,7 @@ Writes ``bench/results/concurrency.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import threading
 import time
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         out(f"{name}: documents {sorted({c.name.split('/')[0] for c in cases})}, prompts "
             f"{[len(c.prompt.ids) for c in cases]}")
 
+    gc.collect()
+    gc.freeze()  # as the service does after start-up
     results: dict[str, Any] = {}
     for scenario, cases in scenarios.items():
         if llama is not None:
