@@ -126,8 +126,8 @@ def _serve(gguf: str, threads: int) -> None:
 
 class _Batches:
     """llama.cpp's own batched decoding through its low-level API, as its server's parallel slots do: a context with
-    one sequence id per sequence over a unified KV cache; a prefix evaluated once for the sequences sharing it and
-    copied to them (``llama_memory_seq_cp``); every step one ``llama_decode`` with one token per running sequence."""
+    one sequence id (and KV stream) per sequence; a prefix evaluated once for the sequences sharing it and copied to
+    them (``llama_memory_seq_cp``); every step one ``llama_decode`` with one token per running sequence."""
 
     BATCH = 2048  # tokens one llama_decode takes (the questions of every sequence at once)
 
@@ -137,21 +137,24 @@ class _Batches:
         self.shape = (0, 0)
 
     def _context(self, llm: Any, sequences: int, tokens: int) -> Any:
+        """A context of ``sequences`` streams of ``tokens`` cells each (its server's slots: a sequence attends over
+        its own stream, not every cell of a unified cache, which costs it the whole cache's length per token)."""
         import llama_cpp as lc
 
-        if self.ctx is not None and self.shape[0] >= sequences and self.shape[1] >= tokens:
+        shape = (sequences, -(-tokens // 256) * 256)
+        if self.ctx is not None and self.shape == shape:
             return self.ctx
         if self.ctx is not None:
             lc.llama_free(self.ctx)
         params = lc.llama_context_default_params()
-        params.n_ctx = -(-tokens // 256) * 256
+        params.n_ctx = shape[0] * shape[1]
         params.n_batch, params.n_ubatch, params.n_seq_max = self.BATCH, 512, sequences
         params.n_threads = params.n_threads_batch = self.threads
-        params.kv_unified = True  # every sequence may take as much of the window as it needs
+        params.kv_unified = False
         self.ctx = lc.llama_init_from_model(llm.model, params)
         if not self.ctx:
             raise RuntimeError(f"llama.cpp made no context of {tokens} tokens for {sequences} sequences")
-        self.shape = (sequences, tokens)
+        self.shape = shape
         return self.ctx
 
     def _decode(self, ctx: Any, rows: list[tuple[int, int, int, bool]]) -> None:
@@ -183,9 +186,7 @@ class _Batches:
         owners: dict[tuple[int, ...], int] = {}  # a distinct prefix -> the sequence that evaluates it
         for s, (ids, k) in enumerate(zip(prompts, prefix_len, strict=True)):
             owners.setdefault(tuple(ids[:k]), s)
-        tokens = sum(len(p) for p in owners)
-        tokens += sum(len(ids) - k + max_new for ids, k in zip(prompts, prefix_len, strict=True))
-        ctx = self._context(llm, n, tokens + 64)
+        ctx = self._context(llm, n, max(len(ids) for ids in prompts) + max_new + 64)
         memory = lc.llama_get_memory(ctx)
         lc.llama_memory_clear(memory, True)
         for prefix, s in owners.items():  # the documents, before the clock (as warmed at upload)

@@ -133,7 +133,8 @@ class Engine:
                         if forward_batch is not None else None)
         self.reader = PromptReader(self._forward, prefix_cache, cache_model, self.device,
                                    default_prefill_chunk(self.device) if chunk is None else chunk,
-                                   self.config.prompt_topk, self._vocab, getattr(self.model, "share_block", 0))
+                                   self.config.prompt_topk, self._vocab, getattr(self.model, "share_block", 0),
+                                   self._away)
 
     @property
     def max_context(self) -> int:

@@ -5,6 +5,8 @@ One path for every prompt: a question's (``[system][document][question]``, or ``
 prefix is cut into segments (``Prompt.segment_ends``); the longest cached run of leading segments is
 loaded, the rest is run through the target in chunks of ``prefill_chunk`` tokens, and each new segment
 goes into the prefix cache as soon as it is complete (so a cancelled prefill keeps its finished segments).
+A segment another prompt is computing right now is waited for, not computed twice (several people asking about
+a document nobody has asked about yet pay its prefill once).
 
 Top-k (``prompt_topk``, RACER's cues) is a host tensor wherever it leaves this module or enters the prefix
 cache: drafters read it on the CPU. It stays on the device during the prefill and comes over with one
@@ -14,6 +16,7 @@ brought to the host too if an entry holds it elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -74,7 +77,8 @@ class PromptReader:
     ``cache_model`` names the model and its runtime in every cache key: KV computed by another runtime is
     never reused. ``prompt_topk`` > 0 also records the target's top-k at every prompt row (RACER's cues),
     in chunks of at most ``topk_chunk(prefill_chunk, vocab)`` rows. ``share_block`` > 0 (a target that reads a
-    prefix in place): a cached prefix's whole blocks of that many rows are shared, not copied.
+    prefix in place): a cached prefix's whole blocks of that many rows are shared, not copied. ``idle``: a context
+    entered while a prompt waits for a segment another one is computing (a batcher's ``away``).
     """
 
     def __init__(
@@ -87,9 +91,13 @@ class PromptReader:
         prompt_topk: int = 0,
         vocab: int = 0,
         share_block: int = 0,
+        idle: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.forward = forward
         self.share_block = share_block
+        self.idle = idle  # entered while waiting for another prompt's segment (its caller's batch goes on)
+        self._computing: dict[str, threading.Event] = {}  # segment key -> set once its prompt stops computing it
+        self._computing_lock = threading.Lock()
         self.prefix_cache = prefix_cache
         self.cache_model = cache_model
         self.device = device
@@ -113,22 +121,32 @@ class PromptReader:
 
         Both a question's prompt and a document warmed ahead of its first question come this way.
         """
-        keys, entries = self._cached_run(prefix_key, ids, ends)
-        reused = ends[len(entries) - 1] if entries else 0
-        cache.load_prefix(entries, self.share_block)
-        yield PrefillEvent(done=reused, total=len(ids), reused=reused)
-        pieces = _missing(ends, keys, len(entries))
-        covered = ends[-1] if ends else 0
-        if covered < len(ids):
-            pieces.append((covered, len(ids), None))  # the rows after the last segment: never cached
-        if not pieces:
-            return PromptRead(reused, None, None)
-        run = self._fill(ids, pieces, cache, cancel, prefix_key)
+        claimed: dict[str, threading.Event] = {}
         try:
-            while True:
-                yield PrefillEvent(done=next(run), total=len(ids), reused=reused)
-        except StopIteration as end:
-            result = end.value
+            keys, entries = self._cached_run(prefix_key, ids, ends)
+            while (busy := self._claim(keys[len(entries) :], claimed)) is not None and not _set(cancel):
+                with self.idle():  # another prompt computes the first missing segment: wait for it (or a cancel)
+                    while not busy.wait(0.05) and not _set(cancel):
+                        pass
+                keys, entries = self._cached_run(prefix_key, ids, ends)
+            keys, entries = self._cached_run(prefix_key, ids, ends)  # what came while claiming
+            reused = ends[len(entries) - 1] if entries else 0
+            cache.load_prefix(entries, self.share_block)
+            yield PrefillEvent(done=reused, total=len(ids), reused=reused)
+            pieces = _missing(ends, keys, len(entries))
+            covered = ends[-1] if ends else 0
+            if covered < len(ids):
+                pieces.append((covered, len(ids), None))  # the rows after the last segment: never cached
+            if not pieces:
+                return PromptRead(reused, None, None)
+            run = self._fill(ids, pieces, cache, cancel, prefix_key)
+            try:
+                while True:
+                    yield PrefillEvent(done=next(run), total=len(ids), reused=reused)
+            except StopIteration as end:
+                result = end.value
+        finally:
+            self._release(claimed)
         if result is None:
             return PromptRead(reused, None, None)  # cancelled
         last, topk = result
@@ -146,6 +164,25 @@ class PromptReader:
         with torch.inference_mode():
             done = drain(self.read(ids, segment_ends(prompt, len(ids)), prompt.prefix_key, cache, cancel))
         return done.reused < len(ids)
+
+    def _claim(self, missing: Sequence[str | None], claimed: dict[str, threading.Event]) -> threading.Event | None:
+        """The event of the first ``missing`` segment if another prompt is computing it; else None, with every
+        missing segment nobody computes marked as this prompt's (in ``claimed``: prompts wanting them wait)."""
+        with self._computing_lock:
+            first = self._computing.get(missing[0]) if missing and missing[0] is not None else None
+            if first is not None:
+                return first
+            for key in missing:
+                if key is not None and key not in self._computing:
+                    claimed[key] = self._computing[key] = threading.Event()
+            return None
+
+    def _release(self, claimed: dict[str, threading.Event]) -> None:
+        """This prompt stops computing its ``claimed`` segments (computed, cancelled or failed): waiters go on."""
+        with self._computing_lock:
+            for key, done in claimed.items():
+                del self._computing[key]
+                done.set()
 
     def _cached_run(
         self, prefix_key: str | None, ids: Sequence[int], ends: Sequence[int]
@@ -203,6 +240,10 @@ class PromptReader:
         if pending:
             topks.extend(host.fetch(torch.cat(pending)))
         return last, (torch.cat(topks) if k else None)
+
+
+def _set(event: threading.Event | None) -> bool:
+    return event is not None and event.is_set()
 
 
 def segment_ends(prompt: Prompt, upto: int) -> list[int]:

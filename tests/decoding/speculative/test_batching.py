@@ -5,6 +5,7 @@ finishing or cancelled while others run, a failure failing only its own request.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -119,8 +120,9 @@ MIXED = [
 
 
 def test_concurrent_generations_each_give_their_solo_tokens(engine: Engine) -> None:
-    """Four generations (different prompts, one past a prefill slice, one on a cached document prefix, greedy and
-    seeded sampling, with and without draft trees) joined at once, then again with staggered joins."""
+    """Five generations (different prompts, one past a prefill slice, two on one cached document prefix that their
+    caches share and each forward reads once for both, greedy and seeded sampling, with and without draft trees)
+    joined at once, then again with staggered joins."""
     shared = prompt(1, 150, key="doc")
     requests = [
         Request(prompt(10 + i, length, key), GenerationConfig(max_new_tokens=N, sampling=sampling), drafters)
@@ -128,7 +130,10 @@ def test_concurrent_generations_each_give_their_solo_tokens(engine: Engine) -> N
                                                                       (None, None, None, "other"), strict=True))
     ]
     requests[2] = Request(Prompt(shared.prefix_ids, [4, 5, 6], "doc"), requests[2].config, requests[2].drafters)
+    requests.append(Request(Prompt(shared.prefix_ids, [7, 8, 9, 10], "doc"), GenerationConfig(max_new_tokens=N),
+                            lambda: (RandomTreeDrafter(list(range(N)), seed=5),)))
     solo = [alone(engine, r) for r in requests]
+    assert len(shared.prefix_ids) >= 2 * engine.model.share_block  # its first whole blocks are read in place
     assert all(len(s) == N for s in solo)
 
     before = mark(engine)
@@ -178,6 +183,46 @@ def test_one_finishing_or_cancelled_mid_batch_leaves_the_others_unchanged(engine
     assert prefilling.done.finish_reason == "cancelled" and prefilling.done.token_ids == []
     assert batched(engine, before)
     assert engine.batcher is not None and engine.batcher.present == 0
+
+
+def test_people_asking_about_one_new_document_at_once_compute_its_prefix_once(engine: Engine) -> None:
+    """Three generations on one document prefix nobody has read yet, started together: one computes it, the others
+    wait for it (out of the batch meanwhile) and read it from the prefix cache; each gives its solo tokens. A waiter
+    cancelled while it waits leaves at once; when the prefix is left uncomputed, a waiter computes it."""
+    doc = prompt(50, 400, key="new-doc")
+    asks = [Request(Prompt(doc.prefix_ids, [11 + i, 12, 13], "new-doc")) for i in range(3)]
+    solo_engine = Engine(tiny_target(0, quantized=True))  # no prefix cache: the solo tokens, nothing cached here
+    solo = [alone(solo_engine, r) for r in asks]
+    together(engine, asks)
+    assert [r.done.token_ids for r in asks] == solo
+    reused = sorted(r.done.stats.prefix_reused_tokens for r in asks)
+    assert reused == [0, len(doc.prefix_ids), len(doc.prefix_ids)], reused
+
+    # a segment held as being computed (by a stand-in claimer): a waiter cancelled while it waits leaves at once;
+    # released without being cached, the waiting generation computes it itself
+    doc2 = prompt(51, 300, key="newer-doc")
+    waiter, patient = (Request(Prompt(doc2.prefix_ids, [20 + i], "newer-doc")) for i in range(2))
+    keys, _ = engine.reader._cached_run("newer-doc", waiter.prompt.ids, [len(doc2.prefix_ids)])
+    held: dict[str, threading.Event] = {}
+    for r in (waiter, patient):
+        assert engine.reader._claim(keys, held) is None
+        t = threading.Thread(target=consume, args=(engine, r))
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive() and not r.events, "it waits for the segment"
+        if r is waiter:
+            r.cancel.set()
+        else:
+            engine.reader._release(held)
+            held.clear()
+        t.join(60)
+        assert not t.is_alive()
+        if r is waiter:
+            engine.reader._release(held)
+            held.clear()
+    assert waiter.done.finish_reason == "cancelled" and waiter.done.token_ids == []
+    assert patient.done.token_ids == alone(solo_engine, patient)
+    assert patient.done.stats.prefix_reused_tokens == 0
 
 
 def test_a_failing_generation_fails_alone(engine: Engine) -> None:
