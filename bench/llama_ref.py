@@ -125,32 +125,34 @@ def _serve(gguf: str, threads: int) -> None:
 
 
 class _Batches:
-    """llama.cpp's own batched decoding through its low-level API, as its server's parallel slots do: a context with
-    one sequence id (and KV stream) per sequence; a prefix evaluated once for the sequences sharing it and copied to
-    them (``llama_memory_seq_cp``); every step one ``llama_decode`` with one token per running sequence."""
+    """llama.cpp's own batched decoding through its low-level API, as its server's parallel slots do: one sequence id
+    per sequence; a prefix several sequences share evaluated once and given to the others with
+    ``llama_memory_seq_cp`` (a unified KV cache, where that labels cells instead of copying them), otherwise one KV
+    stream per sequence; every step one ``llama_decode`` with one token per sequence."""
 
     BATCH = 2048  # tokens one llama_decode takes (the questions of every sequence at once)
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self.ctx: Any = None
-        self.shape = (0, 0)
+        self.shape: tuple[int, int, bool] = (0, 0, False)
 
-    def _context(self, llm: Any, sequences: int, tokens: int) -> Any:
-        """A context of ``sequences`` streams of ``tokens`` cells each (its server's slots: a sequence attends over
-        its own stream, not every cell of a unified cache, which costs it the whole cache's length per token)."""
+    def _context(self, llm: Any, sequences: int, tokens: int, unified: bool) -> Any:
+        """A context for ``sequences`` sequences of up to ``tokens`` cells each: one KV stream per sequence (its
+        server's slots: a sequence attends over its own stream), or one unified stream whose cells several
+        sequences share (a document every user asks about: evaluated once, its cells labelled with each one's id)."""
         import llama_cpp as lc
 
-        shape = (sequences, -(-tokens // 256) * 256)
+        shape = (sequences, -(-tokens // 256) * 256, unified)
         if self.ctx is not None and self.shape == shape:
             return self.ctx
         if self.ctx is not None:
             lc.llama_free(self.ctx)
         params = lc.llama_context_default_params()
-        params.n_ctx = shape[0] * shape[1]
+        params.n_ctx = shape[1] * (1 if unified else sequences)
         params.n_batch, params.n_ubatch, params.n_seq_max = self.BATCH, 512, sequences
         params.n_threads = params.n_threads_batch = self.threads
-        params.kv_unified = False
+        params.kv_unified = unified
         self.ctx = lc.llama_init_from_model(llm.model, params)
         if not self.ctx:
             raise RuntimeError(f"llama.cpp made no context of {tokens} tokens for {sequences} sequences")
@@ -186,18 +188,24 @@ class _Batches:
         owners: dict[tuple[int, ...], int] = {}  # a distinct prefix -> the sequence that evaluates it
         for s, (ids, k) in enumerate(zip(prompts, prefix_len, strict=True)):
             owners.setdefault(tuple(ids[:k]), s)
-        ctx = self._context(llm, n, max(len(ids) for ids in prompts) + max_new + 64)
+        shared = len(owners) < n
+        tokens = max(len(ids) for ids in prompts) + max_new + 64
+        if shared:  # the shared documents once, then every sequence's own rows, in one stream
+            tokens = sum(len(p) for p in owners)
+            tokens += sum(len(ids) - k + max_new for ids, k in zip(prompts, prefix_len, strict=True))
+        ctx = self._context(llm, n, tokens + 64, shared)
         memory = lc.llama_get_memory(ctx)
         lc.llama_memory_clear(memory, True)
         for prefix, s in owners.items():  # the documents, before the clock (as warmed at upload)
             self._evaluate(ctx, [(tok, pos, s, False) for pos, tok in enumerate(prefix)])
+        for s, (ids, k) in enumerate(zip(prompts, prefix_len, strict=True)):
+            owner = owners[tuple(ids[:k])]
+            if owner != s:  # a unified cache: the cells gain the sequence's id, nothing is copied
+                lc.llama_memory_seq_cp(memory, owner, s, -1, -1)
         vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(llm.model))
         t0 = time.perf_counter()
         rows: list[tuple[int, int, int, bool]] = []
         for s, (ids, k) in enumerate(zip(prompts, prefix_len, strict=True)):
-            owner = owners[tuple(ids[:k])]
-            if owner != s:
-                lc.llama_memory_seq_cp(memory, owner, s, -1, -1)
             rest = ids[k:]
             rows += [(tok, k + j, s, j == len(rest) - 1) for j, tok in enumerate(rest)]
         if len(rows) > self.BATCH:
@@ -206,26 +214,28 @@ class _Batches:
         ttft, end = [0.0] * n, [0.0] * n
         pos = [len(ids) for ids in prompts]
         self._decode(ctx, rows)
-        running = {seq: i for i, (_, _, seq, logits) in enumerate(rows) if logits}  # sequence -> its logits' row
-        first = True
-        while running:
+        logits_row = [i for i, row in enumerate(rows) if row[3]]  # sequence s's logits: its row in the batch
+        # every sequence decodes max_new tokens, EOS or not: its batches stay whole (a sequence leaving would split
+        # llama.cpp's per-stream batches into several passes over the weights); tokens after EOS are not counted
+        ended = [False] * n
+        for step in range(max_new):
             now = time.perf_counter() - t0
-            step: list[tuple[int, int, int, bool]] = []
-            for s, i in running.items():
-                tok = int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)).argmax())
-                if first:
+            nxt = []
+            for s in range(n):
+                tok = int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, logits_row[s]),
+                                                shape=(vocab,)).argmax())
+                if step == 0:
                     ttft[s] = now
-                end[s] = now
-                if tok in eos:
-                    continue
-                out[s].append(tok)
-                if len(out[s]) < max_new:
-                    step.append((tok, pos[s], s, True))
-                    pos[s] += 1
-            first = False
-            running = {seq: i for i, (_, _, seq, _) in enumerate(step)}
-            if step:
-                self._decode(ctx, step)
+                if not ended[s]:
+                    end[s] = now
+                    ended[s] = tok in eos
+                    if not ended[s]:
+                        out[s].append(tok)
+                nxt.append((tok, pos[s], s, True))
+                pos[s] += 1
+            if step + 1 < max_new:
+                self._decode(ctx, nxt)
+                logits_row = list(range(n))
         wall = time.perf_counter() - t0
         lc.llama_memory_clear(memory, True)
         return {"tokens": out, "ttft_s": ttft, "end_s": end, "wall_s": wall}

@@ -107,8 +107,8 @@ class SlotLayer(CacheLayerMixin):
         """Make ``[1, h, n, d]`` rows 0..n-1, read in place (never copied, never written); an empty layer only."""
         if self.length or self.split:
             raise ValueError("a shared prefix goes first into an empty cache layer")
-        if keys.shape != values.shape or keys.stride() != values.stride() or keys.stride(-1) != 1:
-            raise ValueError("a shared prefix's keys and values are alike, rows contiguous")
+        if keys.shape != values.shape or keys.stride() != values.stride() or keys.stride()[2:] != (keys.shape[3], 1):
+            raise ValueError("a shared prefix's keys and values are alike, each row contiguous and next to the last")
         n = keys.shape[2]
         self.shared, self.split, self.length = (keys, values), n, n
         self.moved += 1

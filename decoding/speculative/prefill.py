@@ -122,14 +122,14 @@ class PromptReader:
         Both a question's prompt and a document warmed ahead of its first question come this way.
         """
         claimed: dict[str, threading.Event] = {}
+        waited: set[str] = set()
         try:
             keys, entries = self._cached_run(prefix_key, ids, ends)
-            while (busy := self._claim(keys[len(entries) :], claimed)) is not None and not _set(cancel):
+            while (busy := self._claim(keys[len(entries) :], claimed, waited)) is not None and not _set(cancel):
                 with self.idle():  # another prompt computes the first missing segment: wait for it (or a cancel)
                     while not busy.wait(0.05) and not _set(cancel):
                         pass
                 keys, entries = self._cached_run(prefix_key, ids, ends)
-            keys, entries = self._cached_run(prefix_key, ids, ends)  # what came while claiming
             reused = ends[len(entries) - 1] if entries else 0
             cache.load_prefix(entries, self.share_block)
             yield PrefillEvent(done=reused, total=len(ids), reused=reused)
@@ -139,7 +139,7 @@ class PromptReader:
                 pieces.append((covered, len(ids), None))  # the rows after the last segment: never cached
             if not pieces:
                 return PromptRead(reused, None, None)
-            run = self._fill(ids, pieces, cache, cancel, prefix_key)
+            run = self._fill(ids, pieces, cache, cancel, prefix_key, claimed)
             try:
                 while True:
                     yield PrefillEvent(done=next(run), total=len(ids), reused=reused)
@@ -165,24 +165,29 @@ class PromptReader:
             done = drain(self.read(ids, segment_ends(prompt, len(ids)), prompt.prefix_key, cache, cancel))
         return done.reused < len(ids)
 
-    def _claim(self, missing: Sequence[str | None], claimed: dict[str, threading.Event]) -> threading.Event | None:
-        """The event of the first ``missing`` segment if another prompt is computing it; else None, with every
+    def _claim(self, missing: Sequence[str | None], claimed: dict[str, threading.Event],
+               waited: set[str]) -> threading.Event | None:
+        """The event of the first ``missing`` segment if another prompt is computing it (and this one has not waited
+        for it before: left uncached, it is computed here rather than waited for again); else None, with every
         missing segment nobody computes marked as this prompt's (in ``claimed``: prompts wanting them wait)."""
         with self._computing_lock:
-            first = self._computing.get(missing[0]) if missing and missing[0] is not None else None
-            if first is not None:
-                return first
+            first = missing[0] if missing else None
+            if first is not None and first in self._computing and first not in waited:
+                waited.add(first)
+                return self._computing[first]
             for key in missing:
                 if key is not None and key not in self._computing:
                     claimed[key] = self._computing[key] = threading.Event()
             return None
 
-    def _release(self, claimed: dict[str, threading.Event]) -> None:
-        """This prompt stops computing its ``claimed`` segments (computed, cancelled or failed): waiters go on."""
+    def _release(self, claimed: dict[str, threading.Event], key: str | None = None) -> None:
+        """This prompt stops computing its ``claimed`` segment ``key`` (None: all of them; computed, cancelled or
+        failed): prompts waiting for it go on."""
         with self._computing_lock:
-            for key, done in claimed.items():
-                del self._computing[key]
-                done.set()
+            for k in [key] if key is not None else list(claimed):
+                if k in claimed:
+                    del self._computing[k]
+                    claimed.pop(k).set()
 
     def _cached_run(
         self, prefix_key: str | None, ids: Sequence[int], ends: Sequence[int]
@@ -205,9 +210,11 @@ class PromptReader:
         cache: SlotCache,
         cancel: threading.Event | None,
         tag: str | None,
+        claimed: dict[str, threading.Event] | None = None,
     ) -> Generator[int, None, tuple[torch.Tensor, torch.Tensor | None] | None]:
         """Run ``ids[start:end]`` of each piece into ``cache`` (which holds the rows before the first piece),
-        in chunks of ``prefill_chunk``; a piece with a key goes into the prefix cache as soon as it is done.
+        in chunks of ``prefill_chunk``; a piece with a key goes into the prefix cache as soon as it is done (and
+        is released from ``claimed`` then: prompts waiting for it need not wait for the rest).
 
         Yields the rows done after every chunk but the last; stops between chunks when ``cancel`` is set
         (returns None). Returns the last logits ``[vocab]`` and the run rows' top-k ``[n, k]`` (host) if
@@ -236,6 +243,8 @@ class PromptReader:
                     pending = []
                     topk = torch.cat(topks)[start - pieces[0][0] :]
                 self.prefix_cache.put(key, cache.snapshot(start, end, topk), tag=tag)
+            if key is not None and claimed is not None:
+                self._release(claimed, key)
         assert last is not None
         if pending:
             topks.extend(host.fetch(torch.cat(pending)))

@@ -205,7 +205,7 @@ def test_people_asking_about_one_new_document_at_once_compute_its_prefix_once(en
     keys, _ = engine.reader._cached_run("newer-doc", waiter.prompt.ids, [len(doc2.prefix_ids)])
     held: dict[str, threading.Event] = {}
     for r in (waiter, patient):
-        assert engine.reader._claim(keys, held) is None
+        assert engine.reader._claim(keys, held, set()) is None
         t = threading.Thread(target=consume, args=(engine, r))
         t.start()
         time.sleep(0.3)
