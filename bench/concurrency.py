@@ -9,9 +9,10 @@ document from the prefix cache and prefills its question; greedy, ``--max-new`` 
 against its one-at-a-time answer, token for token.
 
 The reference (``llama_cpp_batched``, where ``make bench`` built it): llama.cpp (its best build here,
-``bench.llama_ref``) decoding the same prompts as one batch through its low-level API, one sequence id per user over
-a unified KV cache, each document evaluated before the clock and, shared by several users, once for all of them
-(``llama_memory_seq_cp``), greedy, same GGUF and threads.
+``bench.llama_ref``) decoding the same prompts as one batch through its low-level API, one sequence id per user,
+each on its own KV stream (one unified cache whose document cells every user's id labels, ``llama_memory_seq_cp``, when
+they share a document), each document evaluated once before the clock, greedy, ``--max-new`` tokens per user (EOS
+does not end a sequence, so its batches stay whole; every decoded token counts), same GGUF and threads.
 
     python -m bench.concurrency [--users 1 2 4 8] [--max-new 64] [--repeats 2] [--modes autoregressive prompt_lookup]
 
@@ -116,9 +117,10 @@ def summary(answers: Sequence[Answer], wall: float) -> dict[str, Any]:
     }
 
 
-def llama_batched(worker: LlamaWorker, cases: Sequence[Case], max_new: int, eos: list[int]) -> dict[str, Any]:
-    """llama.cpp's batched decoding of the same prompts (``LlamaWorker.batch``), summarised as ours is."""
-    reply = worker.batch([list(c.prompt.ids) for c in cases], [len(c.prompt.prefix_ids) for c in cases], max_new, eos)
+def llama_batched(worker: LlamaWorker, cases: Sequence[Case], max_new: int) -> dict[str, Any]:
+    """llama.cpp's batched decoding of the same prompts (``LlamaWorker.batch``: ``max_new`` tokens each, EOS or
+    not), summarised as ours is."""
+    reply = worker.batch([list(c.prompt.ids) for c in cases], [len(c.prompt.prefix_ids) for c in cases], max_new)
     answers = [Answer(tokens, ttft, end) for tokens, ttft, end in zip(reply["tokens"], reply["ttft_s"],
                                                                       reply["end_s"], strict=True)]
     return summary(answers, reply["wall_s"])
@@ -173,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         if llama is not None:
             reference = {}
             for users in args.users:
-                runs_l = [llama_batched(llama, cases[:users], args.max_new, sorted(engine.eos))
-                          for _ in range(args.repeats)]
+                runs_l = [llama_batched(llama, cases[:users], args.max_new) for _ in range(args.repeats)]
                 reference[str(users)] = {**_median_runs(runs_l), "runs": runs_l}
                 out(f"{scenario:20s} llama_cpp batched users {users}: aggregate "
                     f"{reference[str(users)]['aggregate_tok_s']:7.1f} tok/s, ttft p50 "

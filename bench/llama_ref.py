@@ -51,12 +51,12 @@ class LlamaWorker:
         """Greedy decoding: tokens (eos excluded), ttft_s, decode_s, total_s (its KV of a shared prefix reused)."""
         return self._call({"op": "generate", "ids": ids, "max_new": max_new, "eos": eos})
 
-    def batch(self, prompts: list[list[int]], prefix_len: list[int], max_new: int, eos: list[int]) -> dict[str, Any]:
-        """Greedy decoding of several sequences in one batch (``_batch``): per sequence its tokens, ttft_s and end_s
-        from the start, and wall_s. Each prompt's first ``prefix_len`` tokens (its document) are evaluated before
-        the clock starts; prompts whose prefixes are equal share one evaluation (copied between sequences)."""
-        return self._call({"op": "batch", "prompts": prompts, "prefix_len": prefix_len, "max_new": max_new,
-                           "eos": eos})
+    def batch(self, prompts: list[list[int]], prefix_len: list[int], max_new: int) -> dict[str, Any]:
+        """Greedy decoding of several sequences in one batch (``_Batches``), ``max_new`` tokens each (EOS does not
+        stop a sequence: the batch stays whole): per sequence its tokens, ttft_s and end_s from the start, and wall_s.
+        Each prompt's first ``prefix_len`` tokens (its document) are evaluated before the clock starts, once for the
+        prompts that share them."""
+        return self._call({"op": "batch", "prompts": prompts, "prefix_len": prefix_len, "max_new": max_new})
 
     def eval(self, ids: list[int], keep: int | None = 0) -> float:
         """Seconds to evaluate ``ids`` after the first ``keep`` cached tokens (None: after all of them)."""
@@ -110,7 +110,7 @@ def _serve(gguf: str, threads: int) -> None:
                     "rss_mb": round(_rss_mb() - before, 1),
                 }
             elif req["op"] == "batch":
-                reply = batches.run(llm, req["prompts"], req["prefix_len"], req["max_new"], set(req["eos"]))
+                reply = batches.run(llm, req["prompts"], req["prefix_len"], req["max_new"])
             elif req["op"] == "eval":
                 if req["keep"] is not None:
                     llm.n_tokens = req["keep"]  # eval drops the KV beyond n_tokens first
@@ -179,8 +179,7 @@ class _Batches:
         for i in range(0, len(rows), self.BATCH):
             self._decode(ctx, rows[i : i + self.BATCH])
 
-    def run(self, llm: Any, prompts: list[list[int]], prefix_len: list[int], max_new: int,
-            eos: set[int]) -> dict[str, Any]:
+    def run(self, llm: Any, prompts: list[list[int]], prefix_len: list[int], max_new: int) -> dict[str, Any]:
         import llama_cpp as lc
         import numpy as np
 
@@ -216,8 +215,7 @@ class _Batches:
         self._decode(ctx, rows)
         logits_row = [i for i, row in enumerate(rows) if row[3]]  # sequence s's logits: its row in the batch
         # every sequence decodes max_new tokens, EOS or not: its batches stay whole (a sequence leaving would split
-        # llama.cpp's per-stream batches into several passes over the weights); tokens after EOS are not counted
-        ended = [False] * n
+        # llama.cpp's per-stream batches into several passes over the weights), and every token counts
         for step in range(max_new):
             now = time.perf_counter() - t0
             nxt = []
@@ -226,11 +224,8 @@ class _Batches:
                                                 shape=(vocab,)).argmax())
                 if step == 0:
                     ttft[s] = now
-                if not ended[s]:
-                    end[s] = now
-                    ended[s] = tok in eos
-                    if not ended[s]:
-                        out[s].append(tok)
+                end[s] = now
+                out[s].append(tok)
                 nxt.append((tok, pos[s], s, True))
                 pos[s] += 1
             if step + 1 < max_new:
