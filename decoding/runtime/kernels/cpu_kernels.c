@@ -511,13 +511,7 @@ static inline __attribute__((always_inline)) void attention_part(
     int seg_first[2 * ns + 1];
     for (int t = 0; t < nseg; ++t) seg_first[t] = tasks, tasks += G * (seg_b1[t] - seg_b0[t]);
     seg_first[nseg] = tasks;
-#ifdef _OPENMP
-    const int stride = omp_get_num_threads(); /* a thread's next task (round robin: a shared prefix's tasks, the
-                                                 heaviest, come first and are dealt out evenly) */
-#else
-    const int stride = 1;
-#endif
-#pragma omp for schedule(static, 1)
+#pragma omp for schedule(static) /* contiguous runs of blocks: each thread streams its part of the cache */
     for (int task = 0; task < tasks; ++task) {
         int t = 0;
         while (seg_first[t + 1] <= task) ++t;
@@ -526,11 +520,9 @@ static inline __attribute__((always_inline)) void attention_part(
         const char *kb = kv_row(s0, s0->k, s0->k0, g, (long)b * KEY_BLOCK, kv_sn, esz);
         const char *vb = kv_row(s0, s0->v, s0->v0, g, (long)b * KEY_BLOCK, kv_sn, esz);
         const char *pf_k = 0, *pf_v = 0;
-        if (kv_sn == row_len && task + stride < tasks) { /* contiguous blocks: prefetch the next task's */
-            int u = t;
-            while (seg_first[u + 1] <= task + stride) ++u;
-            const int nu = seg_b1[u] - seg_b0[u];
-            const int gu = (task + stride - seg_first[u]) / nu, bu = seg_b0[u] + (task + stride - seg_first[u]) % nu;
+        if (kv_sn == row_len && task + 1 < tasks) { /* contiguous blocks: prefetch the next task's */
+            const int u = seg_first[t + 1] == task + 1 ? t + 1 : t, nu = seg_b1[u] - seg_b0[u];
+            const int gu = (task + 1 - seg_first[u]) / nu, bu = seg_b0[u] + (task + 1 - seg_first[u]) % nu;
             const att_seq *su = seqs + seg_s[u];
             pf_k = kv_row(su, su->k, su->k0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
             pf_v = kv_row(su, su->v, su->v0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
