@@ -6,10 +6,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from decoding.cache.prefix import PrefixCache, PrefixEntry, prefix_cache_key, segment_keys
-from decoding.cache.slot import SlotCache
+from decoding.cache.slot import SlotCache, SlotLayer
 
 
 def entry(n: int, fill: float, layers: int = 2) -> PrefixEntry:
@@ -130,3 +131,21 @@ def test_slot_cache_compaction_moves_only_accepted_rows() -> None:
     assert layer.keys is not None
     assert layer.keys.flatten().tolist() == [0, 1, 2, 10, 12, 15]
     assert layer.values is not None and layer.values.flatten().tolist() == [0, -1, -2, -10, -12, -15]
+
+
+def test_a_shared_prefix_is_refused_where_it_cannot_be_read_in_place() -> None:
+    """Sharing goes first into an empty layer, with keys and values alike and rows contiguous; rows below it are read
+    only. Each refusal leaves the layer as it was."""
+    k = torch.randn(1, 2, 8, 4)
+    layer = SlotLayer(16)
+    with pytest.raises(ValueError, match="alike"):
+        layer.share(k, torch.randn(1, 2, 8, 6)[..., :4])  # rows not next to each other
+    with pytest.raises(ValueError, match="alike"):
+        layer.share(k, k[:, :, :4])
+    assert layer.length == 0 and layer.split == 0
+    layer.share(k, k.clone())
+    with pytest.raises(ValueError, match="empty cache layer"):
+        layer.share(k, k.clone())
+    with pytest.raises(ValueError, match="read only"):
+        layer.truncate(3)
+    assert layer.length == 8 and layer.split == 8

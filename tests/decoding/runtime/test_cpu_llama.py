@@ -26,6 +26,16 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _random_tree(nodes: int, roots: int, g: torch.Generator) -> DraftTree:
+    """A draft tree of ``nodes`` random tokens: the first ``roots`` under the root, the others under a random
+    earlier node (or the root)."""
+    tree = DraftTree()
+    for i in range(nodes):
+        parent = ROOT if i < roots else int(torch.randint(-1, i, (1,), generator=g))
+        tree.add(parent, int(torch.randint(0, 97, (1,))), "t")
+    return tree
+
+
 @pytest.fixture
 def threads() -> Iterator[None]:
     before = torch.get_num_threads()
@@ -215,9 +225,7 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
     model = quantized_tiny_llama(5, kv_dtype=kv_dtype, head_dim=32)
     g = _gen(6)
     prompt = torch.randint(0, 97, (1, 300), generator=g)  # whole key blocks of 64 and of 128 (the tiles') too
-    tree = DraftTree()
-    for i in range(12):
-        tree.add(ROOT if i < 2 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
+    tree = _random_tree(12, 2, g)
     with torch.inference_mode():
         cache = SlotCache(model.num_layers, 64)
         model(prompt, past_key_values=cache)
@@ -255,9 +263,7 @@ def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torc
     model.lib = kernels.library(isa)  # type: ignore[assignment]
     g = _gen(10)
     prefixes = [torch.randint(0, 97, (1, n), generator=g) for n in (300, 37, 140, 0)]
-    tree = DraftTree()
-    for i in range(16):
-        tree.add(ROOT if i < 3 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
+    tree = _random_tree(16, 3, g)
 
     def caches() -> list[SlotCache]:
         out = []
@@ -311,9 +317,7 @@ def test_sequences_reading_one_prefix_in_place_get_what_they_get_on_copies(kv_dt
         pytest.skip("this path copies prefixes (the tiles keep each cache's own layout)")
     g = _gen(14)
     ids = torch.randint(0, 97, (1, 300), generator=g)
-    tree = DraftTree()
-    for i in range(10):
-        tree.add(ROOT if i < 2 else int(torch.randint(-1, i, (1,), generator=g)), int(torch.randint(0, 97, (1,))), "t")
+    tree = _random_tree(10, 2, g)
     with torch.inference_mode():
         source = SlotCache(model.num_layers, 300)
         model(ids, past_key_values=source)
