@@ -117,13 +117,13 @@ class SlotLayer(CacheLayerMixin):
 
     def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of cache rows start..end-1 ``[1, h, end - start, d]``, wherever they lie."""
-        assert self._kbuf is not None and self._vbuf is not None
         parts = []
         if start < self.split:
             assert self.shared is not None
             parts.append((self.shared[0][:, :, start : min(end, self.split)],
                           self.shared[1][:, :, start : min(end, self.split)]))
         if end > self.split:
+            assert self._kbuf is not None and self._vbuf is not None
             lo, hi = max(start, self.split) - self.split, end - self.split
             parts.append((self._kbuf[:, :, lo:hi], self._vbuf[:, :, lo:hi]))
         return torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2)
@@ -150,9 +150,9 @@ class SlotLayer(CacheLayerMixin):
     # never reads them, and two views per layer per step are a measurable share of its Python time.
     @property  # type: ignore[override]
     def keys(self) -> torch.Tensor | None:
-        if self._kbuf is None:
-            return None
-        return self.rows(0, self.length)[0] if self.split else self._kbuf[:, :, : self.length]
+        if self.split:
+            return self.rows(0, self.length)[0]
+        return None if self._kbuf is None else self._kbuf[:, :, : self.length]
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
@@ -160,9 +160,9 @@ class SlotLayer(CacheLayerMixin):
 
     @property  # type: ignore[override]
     def values(self) -> torch.Tensor | None:
-        if self._vbuf is None:
-            return None
-        return self.rows(0, self.length)[1] if self.split else self._vbuf[:, :, : self.length]
+        if self.split:
+            return self.rows(0, self.length)[1]
+        return None if self._vbuf is None else self._vbuf[:, :, : self.length]
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:

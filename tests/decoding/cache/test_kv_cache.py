@@ -143,7 +143,9 @@ def test_a_shared_prefix_is_refused_where_it_cannot_be_read_in_place() -> None:
     with pytest.raises(ValueError, match="alike"):
         layer.share(k, k[:, :, :4])
     assert layer.length == 0 and layer.split == 0
-    layer.share(k, k.clone())
+    v = k.clone()
+    layer.share(k, v)
+    assert torch.equal(layer.keys, k) and torch.equal(layer.rows(2, 5)[1], v[:, :, 2:5])  # no buffer of its own yet
     with pytest.raises(ValueError, match="empty cache layer"):
         layer.share(k, k.clone())
     with pytest.raises(ValueError, match="read only"):
