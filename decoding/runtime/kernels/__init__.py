@@ -418,6 +418,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_forward.restype = None
     lib.rs_tile_keys.argtypes = []
     lib.rs_tile_keys.restype = i
+    lib.rs_attention_bf16.argtypes = []
+    lib.rs_attention_bf16.restype = i
     lib.rs_tile_block_elems.argtypes = [i]
     lib.rs_tile_block_elems.restype = lg
     lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
@@ -485,9 +487,16 @@ def kv_mode(dtype: torch.dtype) -> int:
 
 
 def default_kv_dtype(lib: ctypes.CDLL) -> torch.dtype:
-    """The KV storage a model on ``lib`` gets unless told otherwise: bf16 on the amx path (its attention runs on the
-    bf16 tiles), fp16 elsewhere (every path reads every storage)."""
-    return torch.bfloat16 if lib.rs_isa() == b"amx" else torch.float16
+    """The KV storage a model on ``lib`` gets unless told otherwise: bf16 where a bf16 cache's attention multiplies
+    bf16 operands (the amx path's tiles; the avx512 path on a CPU with AVX-512 BF16), fp16 elsewhere (every path
+    reads every storage)."""
+    return torch.bfloat16 if attention_bf16(lib) else torch.float16
+
+
+def attention_bf16(lib: ctypes.CDLL) -> bool:
+    """Whether ``lib`` runs a bf16 cache's attention on bf16 products (tiles or vector dot products): its own
+    rounding, not the fp32 arithmetic every path shares for the other storages."""
+    return bool(lib.rs_attention_bf16())
 
 
 def kv_row_width(dtype: torch.dtype, head_dim: int) -> int:

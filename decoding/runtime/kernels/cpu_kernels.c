@@ -387,6 +387,260 @@ static inline __attribute__((always_inline)) void rows_blocks(
 }
 #endif
 
+#ifdef __AVX512F__
+/* ---- bf16 blocks: the layout the tiles and the vector bf16 dot products read, the numerators' exp ------------ */
+/* r[i] <- column i of the 16 x 16 dwords r (rows i) */
+static inline void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) { /* r[4i + e], 128-bit lane L: column 4L + e of rows 4i .. 4i + 3 */
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int e = 0; e < 4; ++e) {
+        const __m512i a = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x88), b = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xDD);
+        const __m512i c = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x88), d = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xDD);
+        t[e] = _mm512_shuffle_i32x4(a, c, 0x88), t[8 + e] = _mm512_shuffle_i32x4(a, c, 0xDD);
+        t[4 + e] = _mm512_shuffle_i32x4(b, d, 0x88), t[12 + e] = _mm512_shuffle_i32x4(b, d, 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+#define TILE_U16 512 /* bf16 values in one 1 KB tile */
+
+/* Keys 16s .. 16s + 15 of a block of cnt (rows >= cnt read as 0; bf16 rows ldk elements apart) transposed to dim
+   pairs x 16 keys: kt[(s * D/32 + c) * TILE_U16 + 32 p] holds dims 32c + 2p, 32c + 2p + 1 of each of the 16 keys. */
+static inline void key_group(const uint16_t *kb, long ldk, int cnt, int D, int s, uint16_t *kt) {
+    const int nc = D / 32;
+    for (int c = 0; c < nc; ++c) {
+        __m512i r[16];
+        for (int j = 0; j < 16; ++j)
+            r[j] = s * 16 + j < cnt ? _mm512_loadu_si512(kb + (long)(s * 16 + j) * ldk + 32 * c) : _mm512_setzero_si512();
+        transpose16_epi32(r);
+        uint16_t *dst = kt + (long)(s * nc + c) * TILE_U16;
+        for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + 32 * p, r[p]);
+    }
+}
+
+/* The tiles of one block of cnt <= TILE_KEYS keys / values (bf16 rows ldk / ldv elements apart; rows >= cnt read
+ * as 0; pf_k / pf_v, optional: the next block's, prefetched): kt[(s * D/32 + c) * TILE_U16]: keys 16s.. and dims 32c.. as tdpbf16ps's B (16 dim pairs x 16 keys);
+ * vp[(h * D/16 + c) * TILE_U16]: keys 32h.. and dims 16c.. as B (16 key pairs x 16 dims). */
+static void block_tiles(const uint16_t *kb, long ldk, const uint16_t *vb, long ldv, int cnt, int D, uint16_t *kt,
+                        uint16_t *vp, const uint16_t *pf_k, const uint16_t *pf_v) {
+    const int nc = D / 32;
+    for (int s = 0; s * 16 < cnt; ++s) {
+        if (pf_k) /* the next block's rows 16s .. 16s + 15 (its keys and values), while this one is laid out */
+            for (int j = 16 * s; j < 16 * s + 16; ++j)
+                for (int e = 0; e < 2 * D; e += 64) {
+                    _mm_prefetch((const char *)(pf_k + j * ldk) + e, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(pf_v + j * ldv) + e, _MM_HINT_T0);
+                }
+        key_group(kb, ldk, cnt, D, s, kt);
+    }
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int p = 0; 2 * p < cnt; ++p) { /* key pair p: keys 2p, 2p + 1 interleaved per dim */
+        const int h = p / 16, row = p % 16;
+        const uint16_t *a = vb + (long)(2 * p) * ldv, *b = vb + (long)(2 * p + 1) * ldv;
+        for (int c = 0; c < nc; ++c) {
+            const __m512i va = _mm512_loadu_si512(a + 32 * c);
+            const __m512i vv = 2 * p + 1 < cnt ? _mm512_loadu_si512(b + 32 * c) : _mm512_setzero_si512();
+            _mm512_store_si512(vp + (long)(h * 2 * nc + 2 * c) * TILE_U16 + 32 * row, _mm512_permutex2var_epi16(va, lo, vv));
+            _mm512_store_si512(vp + (long)(h * 2 * nc + 2 * c + 1) * TILE_U16 + 32 * row, _mm512_permutex2var_epi16(va, hi, vv));
+        }
+    }
+    if (cnt % 32) /* the last key half's pairs past the block: zero (0 x 0 adds nothing) */
+        for (int p = (cnt + 1) / 2; p % 16; ++p)
+            for (int c = 0; c < 2 * nc; ++c)
+                _mm512_store_si512(vp + (long)((p / 16) * 2 * nc + c) * TILE_U16 + 32 * (p % 16), _mm512_setzero_si512());
+}
+
+/* exp(x) for the numerators, zero in lanes not in `keep`: 2^n 2^f (n = round(x log2 e), |f| <= 1/2, 2^f by a
+   degree-4 polynomial, relative error ~4e-5: far below the bf16 rounding that follows). */
+static inline __m512 exp_bf16(__mmask16 keep, __m512 x) {
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+static inline __m512 bf16_lo(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+static inline __m512 bf16_hi(__m512i v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+#endif
+
+#if defined(__AVX512F__) && !(defined(__AMX_BF16__) && defined(__AVX512BF16__))
+/* ---- bf16 dot products on vectors (AVX-512 BF16, a bf16 KV cache, D a multiple of 32) ----------------------------
+ * Where the CPU has vdpbf16ps, a bf16 cache's attention multiplies bf16 operands with fp32 sums, two products per
+ * lane and instruction: twice the fp32 FMA's work per instruction, and no horizontal sums. A block is laid out once
+ * for every row reading it (block_tiles: keys transposed to 16 keys x dim pairs, values to key pairs x 16 dims), so
+ *   score(key) = sum over dim pairs, in order, of q16 . k16 (one lane per key; q16 = bf16(q * scale), as the tiles'),
+ *   numerators exp(s - max) rounded to bf16 and summed as they are multiplied (the tiles' softmax, units_softmax),
+ *   part(dim) = sum over key pairs, in key order, of p16 . v16 (one lane per dim).
+ * Each lane's chain depends only on its row and its keys, never on the rows beside it: the same invariance as the
+ * fp32 code, with other rounding (the bf16 operands), so this path's bits are its own. */
+#define DOT16 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+
+#define DOT16_ROWS 4 /* rows per register tile: 4 x 4 accumulators */
+
+/* A block laid out for the dot products: its keys as the tiles' (key_group), its values by key pair p and 16-dim
+ * chunk: vp[((p / 16) * D/16 + cc) * TILE_U16 + 32 (p % 16)], dword i = (v_2p, v_2p+1) of one dim, interleaved by
+ * unpacklo / unpackhi (one cheap shuffle each): chunk 2c + e, lane 4L + i holds dim 32c + 8L + 4e + i (undone once
+ * per row at the end, dot16_dims). Pairs past cnt are not read. */
+static void dot16_layout(const uint16_t *kb, long ldk, const uint16_t *vb, long ldv, int cnt, int D, uint16_t *kt,
+                         uint16_t *vp) {
+    const int nc = D / 32;
+    for (int s = 0; s * 16 < cnt; ++s) key_group(kb, ldk, cnt, D, s, kt);
+    for (int p = 0; 2 * p < cnt; ++p) {
+        const uint16_t *a = vb + (long)(2 * p) * ldv, *b = vb + (long)(2 * p + 1) * ldv;
+        uint16_t *dst = vp + (long)(p / 16) * 2 * nc * TILE_U16 + 32 * (p % 16);
+        for (int c = 0; c < nc; ++c) {
+            const __m512i va = _mm512_loadu_si512(a + 32 * c);
+            const __m512i vb2 = 2 * p + 1 < cnt ? _mm512_loadu_si512(b + 32 * c) : _mm512_setzero_si512();
+            _mm512_store_si512(dst + (long)(2 * c) * TILE_U16, _mm512_unpacklo_epi16(va, vb2));
+            _mm512_store_si512(dst + (long)(2 * c + 1) * TILE_U16, _mm512_unpackhi_epi16(va, vb2));
+        }
+    }
+}
+
+/* RB rows against one laid-out block of cnt keys: part[r][0..D), m[r], l[r] as rows_block gives them. pf_k / pf_v
+   (optional): `lines` cache lines of the next block's keys / values, prefetched a few at a time as the products run
+   (a burst would stall on the memory system's queues; prefetching changes no arithmetic). */
+static inline __attribute__((always_inline)) void rows_dot16(const int RB, const float *const *q, int D, int cnt,
+                                                              float scale, const uint16_t *kt, const uint16_t *vp,
+                                                              float *const *part, float *const *m, float *const *l,
+                                                              const char *pf_k, const char *pf_v, int lines) {
+    const int nc = D / 32, ns = (cnt + 15) / 16, nv = (cnt + 31) / 32 * 2, np = (cnt + 1) / 2;
+    uint32_t qa[DOT16_ROWS][MAX_D / 2] __attribute__((aligned(64)));
+    uint32_t pa[DOT16_ROWS][KEY_BLOCK / 2] __attribute__((aligned(64)));
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int r = 0; r < RB; ++r)
+        for (int c = 0; c < nc; ++c)
+            _mm512_store_si512(qa[r] + 16 * c,
+                               (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c + 16), sv),
+                                                            _mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c), sv)));
+    __m512 s[DOT16_ROWS][4];
+    for (int r = 0; r < RB; ++r)
+        for (int g = 0; g < 4; ++g) s[r][g] = _mm512_setzero_ps();
+    for (int c = 0; c < nc; ++c)
+        for (int p = 0; p < 16; ++p) {
+            if (pf_k)
+                for (int e = (16 * c + p) * lines / (16 * nc); e < (16 * c + p + 1) * lines / (16 * nc); ++e)
+                    _mm_prefetch(pf_k + 64 * e, _MM_HINT_T0);
+            __m512bh qb[DOT16_ROWS];
+            for (int r = 0; r < RB; ++r) qb[r] = (__m512bh)_mm512_set1_epi32((int)qa[r][16 * c + p]);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; ++g)
+                if (g < ns) {
+                    const __m512bh kv = (__m512bh)_mm512_load_si512(kt + ((long)(g * nc + c) * TILE_U16 + 32 * p));
+                    for (int r = 0; r < RB; ++r) s[r][g] = _mm512_dpbf16_ps(s[r][g], qb[r], kv);
+                }
+        }
+    __mmask16 keep[4];
+    for (int g = 0; g < 4; ++g) {
+        const int left = cnt - 16 * g;
+        keep[g] = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
+    for (int r = 0; r < RB; ++r) { /* the tiles' softmax (units_softmax) on this row's four vectors */
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int g = 0; g < 4; ++g) mx = _mm512_mask_max_ps(mx, keep[g], mx, s[r][g]);
+        const float mr = _mm512_reduce_max_ps(mx);
+        const __m512 mv = _mm512_set1_ps(mr);
+        __m512 sum = _mm512_setzero_ps();
+        for (int g = 0; g < nv; g += 2) {
+            const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(exp_bf16(keep[g + 1], _mm512_sub_ps(s[r][g + 1], mv)),
+                                                            exp_bf16(keep[g], _mm512_sub_ps(s[r][g], mv)));
+            _mm512_store_si512(pa[r] + 8 * g, pb);
+            sum = _mm512_add_ps(sum, _mm512_add_ps(bf16_lo(pb), bf16_hi(pb)));
+        }
+        *m[r] = mr;
+        *l[r] = _mm512_reduce_add_ps(sum);
+    }
+    for (int c0 = 0; c0 < D / 16; c0 += 4) { /* 64 dims a pass: four 16-lane sums per row */
+        const int nd = D / 16 - c0 < 4 ? D / 16 - c0 : 4;
+        __m512 acc[DOT16_ROWS][4];
+        for (int r = 0; r < RB; ++r)
+            for (int d = 0; d < 4; ++d) acc[r][d] = _mm512_setzero_ps();
+        for (int t = 0; t < np; ++t) {
+            if (pf_v && c0 == 0)
+                for (int e = t * lines / np; e < (t + 1) * lines / np; ++e) _mm_prefetch(pf_v + 64 * e, _MM_HINT_T0);
+            const uint16_t *vt = vp + ((long)((t / 16) * (D / 16) + c0) * TILE_U16 + 32 * (t % 16));
+            __m512bh vv[4];
+#pragma GCC unroll 4
+            for (int d = 0; d < 4; ++d)
+                if (d < nd) vv[d] = (__m512bh)_mm512_load_si512(vt + (long)d * TILE_U16);
+            for (int r = 0; r < RB; ++r) {
+                const __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pa[r][t]);
+#pragma GCC unroll 4
+                for (int d = 0; d < 4; ++d)
+                    if (d < nd) acc[r][d] = _mm512_dpbf16_ps(acc[r][d], pb, vv[d]);
+            }
+        }
+        const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+        for (int r = 0; r < RB; ++r) /* chunks 2c, 2c + 1 (dot16_layout's lanes) back to dims 32c .. 32c + 31 */
+            for (int d = 0; d < nd; d += 2) {
+                _mm512_storeu_ps(part[r] + 16 * (c0 + d), _mm512_permutex2var_ps(acc[r][d], first, acc[r][d + 1]));
+                _mm512_storeu_ps(part[r] + 16 * (c0 + d) + 16, _mm512_permutex2var_ps(acc[r][d], second, acc[r][d + 1]));
+            }
+    }
+}
+
+/* R rows against one block laid out in kt / vp (block_tiles), DOT16_ROWS at a time (the tile a row lands in changes
+   nothing); the next block's pf_lines lines (pf_k / pf_v, optional) prefetched evenly over the tiles. */
+static void rows_blocks_dot16(int R, const float *const *q, int D, int cnt, float scale, const uint16_t *kt,
+                              const uint16_t *vp, float *const *part, float *const *m, float *const *l,
+                              const char *pf_k, const char *pf_v, int pf_lines) {
+    const int tiles = (R + DOT16_ROWS - 1) / DOT16_ROWS;
+    for (int r = 0, ti = 0; r < R; r += DOT16_ROWS, ++ti) {
+        const int l0 = ti * pf_lines / tiles, n = (ti + 1) * pf_lines / tiles - l0;
+        const char *fk = pf_k && n ? pf_k + 64 * l0 : 0, *fv = pf_v && n ? pf_v + 64 * l0 : 0;
+        switch (R - r < DOT16_ROWS ? R - r : DOT16_ROWS) {
+        case 1: rows_dot16(1, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n); break;
+        case 2: rows_dot16(2, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n); break;
+        case 3: rows_dot16(3, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n); break;
+        default: rows_dot16(4, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n);
+        }
+    }
+}
+#pragma GCC pop_options
+
+/* Whether this CPU has the bf16 dot products (asked once). */
+static int cpu_bf16(void) {
+    static int known = -1;
+    if (known < 0) known = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+    return known;
+}
+#define DOT16_BLOCK_U16(D) ((long)KEY_BLOCK * (D)) /* a block's keys (or values) laid out: KEY_BLOCK x D bf16 */
+#endif
+#ifndef DOT16 /* no bf16 dot products on this path: never called */
+static inline int cpu_bf16(void) { return 0; }
+static inline void rows_blocks_dot16(int R, const float *const *q, int D, int cnt, float scale, const uint16_t *kt,
+                                     const uint16_t *vp, float *const *part, float *const *m, float *const *l,
+                                     const char *pf_k, const char *pf_v, int pf_lines) {
+    (void)R, (void)q, (void)D, (void)cnt, (void)scale, (void)kt, (void)vp, (void)part, (void)m, (void)l;
+    (void)pf_k, (void)pf_v, (void)pf_lines;
+}
+#define dot16_layout(kb, ldk, vb, ldv, cnt, D, kt, vp) ((void)0)
+#define DOT16_BLOCK_U16(D) 32L
+#endif
+
 static int longest_path(const int32_t *path_off, int n) {
     int longest = 0;
     for (int i = 0; i < n; ++i) {
@@ -445,6 +699,9 @@ static void combine_blocks(const float *pb, const float *mlr, int nb, int D, flo
  * and a sequence's equals its attention in a forward of its own, bit for bit.
  * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
 #define MAX_GROUP 64 /* query rows per call of rows_blocks */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2
+#endif
 
 typedef struct {
     int nbmax, full, shared, lead; /* blocks: of the longest row, seen whole, read from the shared prefix */
@@ -484,6 +741,9 @@ static inline __attribute__((always_inline)) void attention_part(
     const long esz = kvm == 2 ? 1 : kvm == 0 ? 4 : 2;
     const long row_len = kvm == 2 ? D + D / 8 : D; /* elements a cached row takes */
     const int lines = (int)((KEY_BLOCK * row_len * esz + 63) / 64);
+    const int dot16 = kvm == 3 && D % 32 == 0 && cpu_bf16(); /* a bf16 cache on the bf16 dot products */
+    uint16_t lay[2 * DOT16_BLOCK_U16(MAX_D)] __attribute__((aligned(64))); /* a block laid out for them */
+    uint16_t *const kt = lay, *const vp = lay + DOT16_BLOCK_U16(MAX_D);
     att_meta meta[ns];
     int phase2[ns + 1];
     float *w = work;
@@ -520,13 +780,18 @@ static inline __attribute__((always_inline)) void attention_part(
         const char *kb = kv_row(s0, s0->k, s0->k0, g, (long)b * KEY_BLOCK, kv_sn, esz);
         const char *vb = kv_row(s0, s0->v, s0->v0, g, (long)b * KEY_BLOCK, kv_sn, esz);
         const char *pf_k = 0, *pf_v = 0;
-        if (kv_sn == row_len && task + 1 < tasks) { /* contiguous blocks: prefetch the next task's */
-            const int u = seg_first[t + 1] == task + 1 ? t + 1 : t, nu = seg_b1[u] - seg_b0[u];
-            const int gu = (task + 1 - seg_first[u]) / nu, bu = seg_b0[u] + (task + 1 - seg_first[u]) % nu;
+        const int ahead = task + PF_AHEAD < tasks ? task + PF_AHEAD : task + 1;
+        if (kv_sn == row_len && ahead < tasks) { /* contiguous blocks: prefetch a later task's */
+            int u = t;
+            while (seg_first[u + 1] <= ahead) ++u;
+            const int nu = seg_b1[u] - seg_b0[u];
+            const int gu = (ahead - seg_first[u]) / nu, bu = seg_b0[u] + (ahead - seg_first[u]) % nu;
             const att_seq *su = seqs + seg_s[u];
             pf_k = kv_row(su, su->k, su->k0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
             pf_v = kv_row(su, su->v, su->v0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
         }
+        if (dot16) /* laid out once for every row reading the block */
+            dot16_layout((const uint16_t *)kb, kv_sn, (const uint16_t *)vb, kv_sn, KEY_BLOCK, D, kt, vp);
         const float *qs[MAX_GROUP];
         float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
         int R = 0, calls = 0;
@@ -541,13 +806,20 @@ static inline __attribute__((always_inline)) void attention_part(
                     ps[R] = m->parts + r * m->pstride + (long)b * D;
                     ms[R] = m->ml + 2 * (r * m->nbmax + b), ls[R] = ms[R] + 1;
                     if (++R == MAX_GROUP) {
-                        rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm,
-                                    calls ? 0 : pf_k, calls ? 0 : pf_v, lines);
+                        if (dot16)
+                            rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, kt, vp, ps, ms, ls, calls ? 0 : pf_k,
+                                              calls ? 0 : pf_v, lines);
+                        else
+                            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm,
+                                        calls ? 0 : pf_k, calls ? 0 : pf_v, lines);
                         R = 0, ++calls;
                     }
                 }
         }
-        if (R)
+        if (R && dot16)
+            rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, kt, vp, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
+                              lines);
+        else if (R)
             rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm, calls ? 0 : pf_k,
                         calls ? 0 : pf_v, lines);
     }
@@ -567,10 +839,16 @@ static inline __attribute__((always_inline)) void attention_part(
         const int in_place = continues_prefix(path, path_off, i, past);
         for (int b = m->full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
             const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
+            uint16_t *const k16 = (uint16_t *)kbuf, *const v16 = (uint16_t *)vbuf; /* bf16 rows gathered as stored */
             for (int t = 0; t < cnt && !in_place; ++t) {
                 const long row = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
                 const char *kr = kv_row(s, s->k, s->k0, g, row, kv_sn, esz);
                 const char *vr = kv_row(s, s->v, s->v0, g, row, kv_sn, esz);
+                if (dot16) {
+                    memcpy(k16 + (long)t * D, kr, 2L * D);
+                    memcpy(v16 + (long)t * D, vr, 2L * D);
+                    continue;
+                }
                 for (int c = 0; c < dv; ++c) {
                     _mm256_storeu_ps(kbuf + (long)t * D + 8 * c, LOADKV(kr, 0, c, dv));
                     _mm256_storeu_ps(vbuf + (long)t * D + 8 * c, LOADKV(vr, 0, c, dv));
@@ -578,6 +856,10 @@ static inline __attribute__((always_inline)) void attention_part(
             }
             const char *kd = in_place ? kv_row(s, s->k, s->k0, g, t0, kv_sn, esz) : 0;
             const char *vd = in_place ? kv_row(s, s->v, s->v0, g, t0, kv_sn, esz) : 0;
+            if (dot16 && in_place)
+                dot16_layout((const uint16_t *)kd, kv_sn, (const uint16_t *)vd, kv_sn, cnt, D, kt, vp);
+            else if (dot16)
+                dot16_layout(k16, D, v16, D, cnt, D, kt, vp);
             for (int h0 = g * group; h0 < (g + 1) * group; h0 += MAX_GROUP) {
                 const int R = (g + 1) * group - h0 < MAX_GROUP ? (g + 1) * group - h0 : MAX_GROUP;
                 const float *qs[MAX_GROUP];
@@ -588,7 +870,9 @@ static inline __attribute__((always_inline)) void attention_part(
                     ps[t] = m->parts + r * m->pstride + (long)b * D;
                     ms[t] = m->ml + 2 * (r * m->nbmax + b), ls[t] = ms[t] + 1;
                 }
-                if (in_place) /* the same values as gathered: loading widens them the same way */
+                if (dot16)
+                    rows_blocks_dot16(R, qs, D, cnt, scale, kt, vp, ps, ms, ls, 0, 0, 0);
+                else if (in_place) /* the same values as gathered: loading widens them the same way */
                     rows_blocks(R, qs, dv, kd, kv_sn, vd, kv_sn, cnt, scale, ps, ms, ls, kvm, 0, 0, 0);
                 else
                     rows_blocks(R, qs, dv, kbuf, D, vbuf, D, cnt, scale, ps, ms, ls, 0, 0, 0, 0);
@@ -628,71 +912,6 @@ static void att_tiles_configure(void) { /* all eight tiles 16 rows x 64 bytes */
     _tile_loadconfig(&c);
 }
 
-/* r[i] <- column i of the 16 x 16 dwords r (rows i) */
-static inline void transpose16_epi32(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) { /* r[4i + e], 128-bit lane L: column 4L + e of rows 4i .. 4i + 3 */
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int e = 0; e < 4; ++e) {
-        const __m512i a = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x88), b = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xDD);
-        const __m512i c = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x88), d = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xDD);
-        t[e] = _mm512_shuffle_i32x4(a, c, 0x88), t[8 + e] = _mm512_shuffle_i32x4(a, c, 0xDD);
-        t[4 + e] = _mm512_shuffle_i32x4(b, d, 0x88), t[12 + e] = _mm512_shuffle_i32x4(b, d, 0xDD);
-    }
-    for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
-#define TILE_U16 512 /* bf16 values in one 1 KB tile */
-
-/* The tiles of one block of cnt <= TKB keys / values (bf16 rows ldk / ldv elements apart; rows >= cnt read
- * as 0; pf_k / pf_v, optional: the next block's, prefetched): kt[(s * D/32 + c) * TILE_U16]: keys 16s.. and dims 32c.. as tdpbf16ps's B (16 dim pairs x 16 keys);
- * vp[(h * D/16 + c) * TILE_U16]: keys 32h.. and dims 16c.. as B (16 key pairs x 16 dims). */
-static void block_tiles(const uint16_t *kb, long ldk, const uint16_t *vb, long ldv, int cnt, int D, uint16_t *kt,
-                        uint16_t *vp, const uint16_t *pf_k, const uint16_t *pf_v) {
-    const int nc = D / 32;
-    for (int s = 0; s * 16 < cnt; ++s) {
-        if (pf_k) /* the next block's rows 16s .. 16s + 15 (its keys and values), while this one is laid out */
-            for (int j = 16 * s; j < 16 * s + 16; ++j)
-                for (int e = 0; e < 2 * D; e += 64) {
-                    _mm_prefetch((const char *)(pf_k + j * ldk) + e, _MM_HINT_T0);
-                    _mm_prefetch((const char *)(pf_v + j * ldv) + e, _MM_HINT_T0);
-                }
-        for (int c = 0; c < nc; ++c) {
-            __m512i r[16];
-            for (int j = 0; j < 16; ++j)
-                r[j] = s * 16 + j < cnt ? _mm512_loadu_si512(kb + (long)(s * 16 + j) * ldk + 32 * c) : _mm512_setzero_si512();
-            transpose16_epi32(r);
-            uint16_t *dst = kt + (long)(s * nc + c) * TILE_U16;
-            for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + 32 * p, r[p]);
-        }
-    }
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int p = 0; 2 * p < cnt; ++p) { /* key pair p: keys 2p, 2p + 1 interleaved per dim */
-        const int h = p / 16, row = p % 16;
-        const uint16_t *a = vb + (long)(2 * p) * ldv, *b = vb + (long)(2 * p + 1) * ldv;
-        for (int c = 0; c < nc; ++c) {
-            const __m512i va = _mm512_loadu_si512(a + 32 * c);
-            const __m512i vv = 2 * p + 1 < cnt ? _mm512_loadu_si512(b + 32 * c) : _mm512_setzero_si512();
-            _mm512_store_si512(vp + (long)(h * 2 * nc + 2 * c) * TILE_U16 + 32 * row, _mm512_permutex2var_epi16(va, lo, vv));
-            _mm512_store_si512(vp + (long)(h * 2 * nc + 2 * c + 1) * TILE_U16 + 32 * row, _mm512_permutex2var_epi16(va, hi, vv));
-        }
-    }
-    if (cnt % 32) /* the last key half's pairs past the block: zero (0 x 0 adds nothing) */
-        for (int p = (cnt + 1) / 2; p % 16; ++p)
-            for (int c = 0; c < 2 * nc; ++c)
-                _mm512_store_si512(vp + (long)((p / 16) * 2 * nc + c) * TILE_U16 + 32 * (p % 16), _mm512_setzero_si512());
-}
-
 /* The A tiles of up to 16 queries (rows past R zero): qa[c * TILE_U16 + 32 t] = bf16(q[t][32c ..] * scale). */
 static void query_tiles(const float *const *q, int R, int D, float scale, uint16_t *qa) {
     const __m512 sv = _mm512_set1_ps(scale);
@@ -704,26 +923,6 @@ static void query_tiles(const float *const *q, int R, int D, float scale, uint16
                                                  _mm512_mul_ps(_mm512_loadu_ps(q[t] + 32 * c), sv));
             _mm512_store_si512(qa + (long)c * TILE_U16 + 32 * t, v);
         }
-}
-
-/* exp(x) for the numerators, zero in lanes not in `keep`: 2^n 2^f (n = round(x log2 e), |f| <= 1/2, 2^f by a
-   degree-4 polynomial, relative error ~4e-5: far below the bf16 rounding that follows). */
-static inline __m512 exp_bf16(__mmask16 keep, __m512 x) {
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3333558e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
-
-static inline __m512 bf16_lo(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
-static inline __m512 bf16_hi(__m512i v) {
-    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
 /* One tile of work: up to 16 queries (their A tiles qa) against one block's tiles (cnt keys). Query t's block max
@@ -1072,7 +1271,17 @@ int rs_tile_keys(void) {
 }
 long rs_tile_block_elems(int D) { return 2L * TILE_KEYS * D; }
 
+/* Whether a bf16 cache's attention multiplies bf16 operands here (the tiles, or the vector dot products where the CPU
+   has them): its own rounding, so a bf16 cache is this library's natural KV storage. */
+int rs_attention_bf16(void) {
+#ifdef TILE_ATTENTION
+    return 1;
+#else
+    return cpu_bf16();
+#endif
+}
+
 /* Keys per block of the vector attention: a prefix shared by several caches comes in whole blocks. */
 int rs_key_block(void) { return KEY_BLOCK; }
 
-int rs_kernels_version(void) { return 3; }
+int rs_kernels_version(void) { return 4; }

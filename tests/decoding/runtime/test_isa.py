@@ -1,8 +1,9 @@
 """The CPU kernels' ISA paths: chosen from what the CPU reports, forced by configuration, refused clearly where
 the CPU lacks them, one library each in the kernel cache; on every path this CPU has, a row computed alone equals
 the same row among 64 shuffled ones bit for bit, speculative greedy equals plain greedy, and every path gives the
-same bits as the AVX2 baseline (the AMX int8 tiles and the 16-lane attention included), except the attention on the
-bf16 tiles (amx with a bf16 KV cache): its own arithmetic, invariant in itself and close to the exact result."""
+same bits as the AVX2 baseline (the AMX int8 tiles and the 16-lane attention included), except a bf16 KV cache's
+attention where it multiplies bf16 operands (amx's tiles; avx512's vector dot products on a CPU with AVX-512 BF16): its
+own arithmetic, invariant in itself and close to the exact result."""
 
 from __future__ import annotations
 
@@ -129,32 +130,42 @@ def _tree_queries(g: torch.Generator, past: int, n: int) -> tuple[int, torch.Ten
     return past, torch.tensor(path, dtype=torch.int32), torch.tensor(off, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("past", [0, 37, 300, 1100])
-def test_attention_on_the_bf16_tiles_is_row_invariant_and_close(libraries: dict[str, object], past: int) -> None:
-    """amx with a bf16 cache: 64 tree nodes (9 query heads on 3 key heads) in one call, in shuffled order, and each
-    node alone give the same bits; the result is the exact attention of the bf16 operands within bf16 rounding; the
-    vector paths read the same bf16 cache with the baseline's bits."""
-    if "amx" not in libraries:
-        pytest.skip("no AMX on this CPU")
+def _bf16_products(libraries: dict[str, object]) -> list[str]:
+    """The paths here whose bf16 cache's attention multiplies bf16 operands."""
+    return [isa for isa, lib in libraries.items() if kernels.attention_bf16(lib)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("past", "d"), [(0, 64), (37, 64), (300, 32), (1100, 64), (130, 128)])
+def test_attention_on_bf16_products_is_row_invariant_and_close(
+    libraries: dict[str, object], past: int, d: int
+) -> None:
+    """A bf16 cache where the path multiplies bf16 operands (the tiles; the AVX-512 BF16 dot products): 64 tree nodes
+    (9 query heads on 3 key heads) in one call, in shuffled order, and each node alone give the same bits; the result
+    is the exact attention of the bf16 operands within bf16 rounding; the paths without them read the same bf16 cache
+    with the baseline's bits."""
+    if not _bf16_products(libraries):
+        pytest.skip("no bf16 products on this CPU (AMX or AVX-512 BF16)")
     g = torch.Generator().manual_seed(past)
-    heads, groups, d, n = 9, 3, 64, 64
+    heads, groups, n = 9, 3, 64
     k = torch.randn(1, groups, past + n, d, generator=g).bfloat16()
     v = torch.randn(1, groups, past + n, d, generator=g).bfloat16()
     q = torch.randn(1, heads, n, d, generator=g) * 2
     _, path, off = _tree_queries(g, past, n)
-    lib = libraries["amx"]
-    out = kernels.attention(lib, q, k, v, past, path, off, scale=d**-0.5)  # type: ignore[arg-type]
     order = torch.randperm(n, generator=g)
     rows = [path[off[i] : off[i + 1]] for i in order.tolist()]
-    shuffled = kernels.attention(  # type: ignore[arg-type]
-        lib, q[:, :, order], k, v, past, torch.cat(rows), torch.tensor([0] + [len(r) for r in rows]).cumsum(0).int(),
-        scale=d**-0.5,
-    )
-    assert torch.equal(shuffled, out[:, order])
-    for i in (0, 1, n // 2, n - 1):
-        alone = kernels.attention(lib, q[:, :, i : i + 1], k, v, past, path[off[i] : off[i + 1]],  # type: ignore[arg-type]
-                                  torch.tensor([0, int(off[i + 1] - off[i])], dtype=torch.int32), scale=d**-0.5)
-        assert torch.equal(alone[0, 0], out[0, i]), i
+    outs = {}
+    for isa in _bf16_products(libraries):
+        lib = libraries[isa]
+        out = outs[isa] = kernels.attention(lib, q, k, v, past, path, off, scale=d**-0.5)  # type: ignore[arg-type]
+        shuffled = kernels.attention(  # type: ignore[arg-type]
+            lib, q[:, :, order], k, v, past, torch.cat(rows),
+            torch.tensor([0] + [len(r) for r in rows]).cumsum(0).int(), scale=d**-0.5,
+        )
+        assert torch.equal(shuffled, out[:, order]), isa
+        for i in (0, 1, n // 2, n - 1):
+            alone = kernels.attention(lib, q[:, :, i : i + 1], k, v, past, path[off[i] : off[i + 1]],  # type: ignore[arg-type]
+                                      torch.tensor([0, int(off[i + 1] - off[i])], dtype=torch.int32), scale=d**-0.5)
+            assert torch.equal(alone[0, 0], out[0, i]), (isa, i)
     visible = torch.zeros(n, past + n, dtype=torch.bool)
     visible[:, :past] = True
     for i in range(n):
@@ -165,11 +176,13 @@ def test_attention_on_the_bf16_tiles_is_row_invariant_and_close(libraries: dict[
         scores = (queries @ kk.transpose(-1, -2)).masked_fill(~visible, float("-inf"))
         return (scores.softmax(-1) @ vv).transpose(1, 2)
 
-    assert (out - exact((q * d**-0.5).bfloat16().float())).abs().max() < 1e-2  # the tiles' queries are bf16
-    on_vectors = [kernels.attention(libraries[i], q, k, v, past, path, off, scale=d**-0.5)  # type: ignore[arg-type]
-                  for i in ("avx2", "avx512")]
-    assert torch.equal(on_vectors[0], on_vectors[1])
-    assert (on_vectors[0] - exact(q * d**-0.5)).abs().max() < 1e-4
+    for isa, out in outs.items():  # their queries are bf16(q * scale)
+        assert (out - exact((q * d**-0.5).bfloat16().float())).abs().max() < 1e-2, isa
+    fp32 = {isa: kernels.attention(lib, q, k, v, past, path, off, scale=d**-0.5)  # type: ignore[arg-type]
+            for isa, lib in libraries.items() if isa not in outs}
+    for isa, out in fp32.items():
+        assert torch.equal(out, fp32["avx2"]), isa
+    assert (fp32["avx2"] - exact(q * d**-0.5)).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
@@ -177,8 +190,8 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(
     libraries: dict[str, object], kv_dtype: torch.dtype
 ) -> None:
     """The whole quantized forward (linear layers, norms, rope, attention, head) on each path: speculative ==
-    autoregressive, and every path's tokens and logits equal the baseline's (fp16, bf16 and int8 KV caches; with
-    bf16 on amx the attention runs on the tiles: its own bits, close to the baseline's)."""
+    autoregressive, and every path's tokens and logits equal the baseline's (fp16, bf16 and int8 KV caches; a bf16
+    cache where the path multiplies bf16 operands: its own bits, close to the baseline's)."""
     torch.set_num_threads(1)
     tokens, logits = {}, {}
     for isa, lib in libraries.items():
@@ -191,7 +204,7 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(
         with torch.inference_mode():
             logits[isa] = model(torch.tensor([PROMPT.ids])).logits
     for isa in libraries:
-        if isa == "amx" and kv_dtype == torch.bfloat16:
+        if kv_dtype == torch.bfloat16 and kernels.attention_bf16(libraries[isa]):  # type: ignore[arg-type]
             assert (logits[isa] - logits["avx2"]).abs().max() < 0.05
         else:
             assert tokens[isa] == tokens["avx2"] and torch.equal(logits[isa], logits["avx2"]), isa
