@@ -24,7 +24,7 @@
  *
  * ISA paths (one build each, chosen at load): AVX2 sums a block's byte products with maddubs (pairs into int16)
  * and madd (int16 pairs into int32); AVX-512 VNNI (built with -mavx512vnni -mavx512vl) adds the same four
- * byte products into each int32 lane with one dpbusd; AMX (built with -mamx-int8 too) computes the block sums
+ * byte products into each int32 lane with one dpbusd, on 512-bit registers holding two groups (16 outputs); AMX (built with -mamx-int8 too) computes the block sums
  * of 16 activation rows x 16 weight rows with one tdpbssd (see "the AMX path" below). The integer sums are
  * exact and equal, and everything after them is the same fp32 code, so every path gives the same bits.
  */
@@ -186,11 +186,128 @@ typedef void (*group_fn)(const int8_t *, const float *, const float *, int, cons
 static const group_fn Q41_GROUP[5] = {0, q41_group_1, q41_group_2, q41_group_3, q41_group_4};
 static const group_fn Q80_GROUP[5] = {0, q80_group_1, q80_group_2, q80_group_3, q80_group_4};
 
-/* Weight groups [g0, g1) for every activation row (tiles of 4 rows: the group's records stay in L1). */
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* ---- 512-bit vectors: a pair of groups (16 weight rows) per register ------------------------------------------
+ * The same records, two groups side by side in one register (group g in lanes 0..7, g + 1 in 8..15): one dpbusd of
+ * 64 products serves 16 output rows, and the scale work runs once per 16 outputs. Per lane the operations are the
+ * 8-lane kernel's exactly (the block's exact integer sum, then acc = fma(isum, d_w d_x, acc), mins = fma(m_w, s_x,
+ * mins) in block order), so this path keeps the baseline's bits. */
+#define PAIRS 1
+
+static inline __m512i concat256(const uint8_t *a, const uint8_t *b) {
+    const __m256i hi = b ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)), hi, 1);
+}
+
+static inline __m512 halves_f16(const uint8_t *a, const uint8_t *b) {
+    const __m128i hi = b ? _mm_loadu_si128((const __m128i *)b) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)), hi, 1));
+}
+
+static inline __m512i bcast4z(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm512_set1_epi32(v);
+}
+
+#define PAIR_KERNEL(MB)                                                                                       \
+    static void q41_pair_##MB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w0,  \
+                              const uint8_t *w1, __m512 *acc, __m512 *mins) {                                 \
+        const int nb = K / QK;                                                                                \
+        const __m512i low = _mm512_set1_epi8(0x0F);                                                           \
+        for (int b = 0; b < nb; ++b) {                                                                        \
+            const uint8_t *r0 = w0 + (long)b * REC_Q41, *r1 = w1 + (long)b * REC_Q41;                         \
+            __m512i sums[MB];                                                                                 \
+            for (int i = 0; i < MB; ++i) sums[i] = _mm512_setzero_si512();                                    \
+            for (int cc = 0; cc < 4; ++cc) {                                                                  \
+                const __m512i raw = concat256(r0 + 32 + 32 * cc, r1 + 32 + 32 * cc);                          \
+                const __m512i lo = _mm512_and_si512(raw, low);                                                \
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);                          \
+                for (int i = 0; i < MB; ++i) {                                                                \
+                    const int8_t *xb = xq + (long)i * K + b * QK;                                             \
+                    sums[i] = _mm512_dpbusd_epi32(sums[i], lo, bcast4z(xb + 4 * cc));                         \
+                    sums[i] = _mm512_dpbusd_epi32(sums[i], hi, bcast4z(xb + 16 + 4 * cc));                    \
+                }                                                                                             \
+            }                                                                                                 \
+            const __m512 dw = halves_f16(r0, r1), mw = halves_f16(r0 + 16, r1 + 16);                          \
+            for (int i = 0; i < MB; ++i) {                                                                    \
+                const __m512 isum = _mm512_cvtepi32_ps(sums[i]);                                              \
+                acc[i] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(xd[(long)i * nb + b])), acc[i]); \
+                mins[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[(long)i * nb + b]), mins[i]);                 \
+            }                                                                                                 \
+        }                                                                                                     \
+    }                                                                                                         \
+    static void q80_pair_##MB(const int8_t *xq, const float *xd, const float *xs, int K, const uint8_t *w0,  \
+                              const uint8_t *w1, __m512 *acc, __m512 *mins) {                                 \
+        (void)xs, (void)mins;                                                                                 \
+        const int nb = K / QK;                                                                                \
+        for (int b = 0; b < nb; ++b) {                                                                        \
+            const uint8_t *r0 = w0 + (long)b * REC_Q80, *r1 = w1 + (long)b * REC_Q80;                         \
+            __m512i s32[MB];                                                                                  \
+            for (int i = 0; i < MB; ++i) s32[i] = _mm512_setzero_si512();                                     \
+            for (int c = 0; c < 8; ++c) {                                                                     \
+                const __m512i wc = concat256(r0 + 16 + 32 * c, r1 + 16 + 32 * c);                             \
+                const __m512i aw = _mm512_abs_epi8(wc); /* |q_w| as u8 (-128 -> 128), as the sign trick */     \
+                const __mmask64 neg = _mm512_movepi8_mask(wc);                                                \
+                for (int i = 0; i < MB; ++i) {                                                                \
+                    const __m512i x4 = bcast4z(xq + (long)i * K + b * QK + 4 * c);                            \
+                    const __m512i xv = _mm512_mask_sub_epi8(x4, neg, _mm512_setzero_si512(), x4);             \
+                    s32[i] = _mm512_dpbusd_epi32(s32[i], aw, xv);                                             \
+                }                                                                                             \
+            }                                                                                                 \
+            const __m512 dw = halves_f16(r0, r1);                                                             \
+            for (int i = 0; i < MB; ++i)                                                                      \
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[i]),                                          \
+                                         _mm512_mul_ps(dw, _mm512_set1_ps(xd[(long)i * nb + b])), acc[i]);    \
+        }                                                                                                     \
+    }
+
+PAIR_KERNEL(1)
+PAIR_KERNEL(2)
+PAIR_KERNEL(3)
+PAIR_KERNEL(4)
+PAIR_KERNEL(5)
+PAIR_KERNEL(6)
+
+#define PAIR_ROWS 6
+typedef void (*pair_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, const uint8_t *, __m512 *,
+                        __m512 *);
+static const pair_fn Q41_PAIR[PAIR_ROWS + 1] = {0, q41_pair_1, q41_pair_2, q41_pair_3, q41_pair_4, q41_pair_5, q41_pair_6};
+static const pair_fn Q80_PAIR[PAIR_ROWS + 1] = {0, q80_pair_1, q80_pair_2, q80_pair_3, q80_pair_4, q80_pair_5, q80_pair_6};
+
+/* Weight groups g, g + 1 for every activation row (tiles of PAIR_ROWS rows): y columns 8g .. 8g + 15. */
+static void qpair(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
+                  long ldg, int N, int g, float *y, long ldy, const float *bias, const float *res, long ldr) {
+    const int nb = K / QK, n0 = 8 * g, valid = N - n0 < 16 ? N - n0 : 16;
+    const __mmask16 mask = (__mmask16)((1u << valid) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    for (int m = 0; m < M; m += PAIR_ROWS) {
+        const int mb = M - m < PAIR_ROWS ? M - m : PAIR_ROWS;
+        __m512 acc[PAIR_ROWS], mins[PAIR_ROWS];
+        for (int i = 0; i < PAIR_ROWS; ++i) acc[i] = mins[i] = _mm512_setzero_ps();
+        (wtype == W_Q4_1 ? Q41_PAIR : Q80_PAIR)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb, K,
+                                                    w + g * ldg, w + (g + 1) * ldg, acc, mins);
+        for (int i = 0; i < mb; ++i) {
+            __m512 v = _mm512_add_ps(acc[i], mins[i]);
+            if (bias) v = _mm512_add_ps(v, bv);
+            if (res) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, res + (long)(m + i) * ldr + n0), v);
+            _mm512_mask_storeu_ps(y + (long)(m + i) * ldy + n0, mask, v);
+        }
+    }
+}
+#else
+#define PAIRS 0
+#endif
+
+/* Weight groups [g0, g1) for every activation row (tiles of 4 rows: the group's records stay in L1; pairs of groups
+   on 512-bit vectors where built for them). */
 static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
                     long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
                     long ldr) {
     const int nb = K / QK;
+#if PAIRS
+    for (; g0 + 1 < g1; g0 += 2) qpair(xq, xd, xs, M, K, w, wtype, ldg, N, g0, y, ldy, bias, res, ldr);
+#endif
     for (int g = g0; g < g1; ++g) {
         const int n0 = 8 * g, valid = N - n0 < 8 ? N - n0 : 8;
         for (int m = 0; m < M; m += 4) {
@@ -275,16 +392,6 @@ static uint8_t *pair_scratch(int nb) {
         pair_buf = aligned_alloc(64, pair_cap);
     }
     return pair_buf;
-}
-
-static inline __m512i concat256(const uint8_t *a, const uint8_t *b) {
-    const __m256i hi = b ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)), hi, 1);
-}
-
-static inline __m512 halves_f16(const uint8_t *a, const uint8_t *b) {
-    const __m128i hi = b ? _mm_loadu_si128((const __m128i *)b) : _mm_setzero_si128();
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)), hi, 1));
 }
 
 /* The records of groups g0 and g1 (g1 null: a lone last group, zeros beside it) -> nb blocks of B tile, d, m. */
