@@ -190,6 +190,10 @@ def _slope(costs: dict[int, float], known: Sequence[int]) -> float:
     return max(0.0, (costs[b] - costs[a]) / (b - a))
 
 
+WARMUP = 4  # drafting steps a generation measures before worth_drafting may skip one
+DRAFT_EWMA = 0.2  # weight of the newest drafting step in its moving means
+
+
 @dataclass
 class TreeSelector:
     """Per generation: keeps the part of each candidate tree worth verifying, and learns from the outcome."""
@@ -198,6 +202,12 @@ class TreeSelector:
     request_weight: float = 8.0  # engine-wide rate counts as this many of this request's observations
     step: int = 0
     _local: dict[str, list[float]] = field(default_factory=dict)  # kind -> [accepted, tested] this request
+    # drafting steps measured (worth_drafting): their host seconds, verified rows and accepted tokens (moving means)
+    drafted: int = 0
+    draft_host_s: float = 0.0
+    draft_rows: float = 0.0
+    draft_accepted: float = 0.0
+    skipped: int = 0  # drafting steps skipped in a row
 
     def probability(self, kind: str) -> float:
         rate, _ = self.policy.acceptance.rate(kind)
@@ -254,6 +264,35 @@ class TreeSelector:
         if len(keep) == len(tree):
             return tree
         return tree.subset(sorted(keep))
+
+    def worth_drafting(self, context: int | None, batch: int, batch_s: float | None) -> bool:
+        """Whether this step should draft at all. Beside ``batch - 1`` others whose shared forward takes ``batch_s``,
+        everything a step spends on speculation delays all of them: the host time of drafting and picking (the
+        generations' Python runs one at a time) and the rows it verifies. So it drafts only while its measured
+        accepted tokens per step beat the batch's own rate for that spend,
+
+            accepted / (rows * row_cost + host_s) > batch / batch_s,
+
+        which turns speculation off as the batch grows or its drafts stop landing, and a skipped step is a plain
+        one. Alone (or before ``WARMUP`` drafting steps are measured) it always drafts (``select`` sizes the tree);
+        a generation that stopped drafting probes again every ``explore_every`` steps, so a falling batch or a
+        draft that starts landing turns it back on."""
+        if batch <= 1 or batch_s is None or self.drafted < WARMUP:
+            return True
+        row = max(self.policy.cost(1, context) - self.policy.cost(0, context), 0.0)
+        if self.draft_accepted * batch_s > batch * (self.draft_rows * row + self.draft_host_s):
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        return self.skipped % self.policy.explore_every == 0
+
+    def observe_drafting(self, host_s: float, rows: int, accepted: int) -> None:
+        """One drafting step's spend and yield (``worth_drafting``'s moving means, the first WARMUP steps averaged)."""
+        self.drafted += 1
+        a = max(1.0 / self.drafted, DRAFT_EWMA)
+        self.draft_host_s += a * (host_s - self.draft_host_s)
+        self.draft_rows += a * (rows - self.draft_rows)
+        self.draft_accepted += a * (accepted - self.draft_accepted)
 
     def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None) -> int:
         """How many tokens (0..gamma) a drafter that costs ``step_cost`` seconds per drafted token should chain

@@ -309,7 +309,11 @@ class Engine:
     def _step(self, run: _Run) -> list[int]:
         """One step after ``run.root``: the drafters' tree, the part of it worth verifying, one target forward
         over root + that part, the accepted path's KV kept; returns the new tokens (accepted + bonus)."""
-        tree = self._pick_tree(run, self._draft(run))
+        batch, batch_s = self._batch_now()
+        drafting = run.config.draft_budget is not None or run.selector.worth_drafting(run.cache.length, batch, batch_s)
+        t = time.perf_counter()
+        tree = self._pick_tree(run, self._draft(run), batch, batch_s) if drafting else DraftTree()
+        host_s = time.perf_counter() - t
         base, t = run.cache.length, time.perf_counter()
         verdict, node_topk, logprobs = self.verify(
             run.root, tree, run.cache, run.sampling, run.generator, run.noise, len(run.output),
@@ -320,6 +324,8 @@ class Engine:
         if self.batcher is None or self.batcher.last_batch_size() == 1:  # a batch's time is not this tree's cost
             self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
+        if drafting and run.drafters:
+            run.selector.observe_drafting(host_s, len(tree), len(accepted))
         self._observe(run, tree, verdict, node_topk, accepted)
         run.root = verdict.bonus
         return [*accepted, verdict.bonus]
@@ -344,15 +350,18 @@ class Engine:
             trees.append(d.propose(request))
         return merge_trees(trees, budget)
 
-    def _pick_tree(self, run: _Run, tree: DraftTree) -> DraftTree:
+    def _batch_now(self) -> tuple[int, float | None]:
+        """The batch this step's forward will likely join: the generations present now, at the last batched
+        forward's time (1, None: alone)."""
+        if self.batcher is not None and self.batcher.present > 1:
+            return self.batcher.present, self.batcher.stats.last_s
+        return 1, None
+
+    def _pick_tree(self, run: _Run, tree: DraftTree, batch: int, batch_s: float | None) -> DraftTree:
         """The part of the drafted tree worth verifying at this cache length (maybe nothing), for the batch this
-        step's forward will likely join (the generations present now, at the last batched forward's time); all
-        of it when the request fixed the budget."""
+        step's forward will likely join; all of it when the request fixed the budget."""
         if run.config.draft_budget is not None:
             return tree
-        batch, batch_s = 1, None
-        if self.batcher is not None and self.batcher.present > 1:
-            batch, batch_s = self.batcher.present, self.batcher.stats.last_s
         return run.selector.select(tree, run.cache.length, batch, batch_s)
 
     def _observe(

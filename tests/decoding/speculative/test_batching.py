@@ -17,7 +17,8 @@ from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import BatchItem
 from decoding.speculative.batching import ForwardBatcher
-from decoding.speculative.drafter import BaseDrafter
+from decoding.speculative.budget import WARMUP
+from decoding.speculative.drafter import BaseDrafter, DraftRequest
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import (
     DoneEvent,
@@ -27,6 +28,7 @@ from decoding.speculative.generation import (
     SamplingParams,
     TokenEvent,
 )
+from decoding.speculative.tree import DraftTree
 from tests.decoding.conftest import VOCAB, RandomTreeDrafter, tiny_target
 
 N = 40
@@ -223,6 +225,33 @@ def test_people_asking_about_one_new_document_at_once_compute_its_prefix_once(en
     assert waiter.done.finish_reason == "cancelled" and waiter.done.token_ids == []
     assert patient.done.token_ids == alone(solo_engine, patient)
     assert patient.done.stats.prefix_reused_tokens == 0
+
+
+class CountingDrafter(RandomTreeDrafter):
+    """Random trees whose every proposal is counted."""
+
+    def __init__(self, answer: Sequence[int], seed: int) -> None:
+        super().__init__(answer, seed)
+        self.proposals = 0
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        self.proposals += 1
+        return super().propose(request)
+
+
+def test_in_a_big_batch_drafts_that_do_not_pay_are_not_drafted(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation whose drafts land rarely, in what it sees as a batch of 16 sequences that each forward serves
+    faster than its drafting: after its first measured steps it drafts only to probe, and its tokens stay its plain
+    ones; alone it drafts every step."""
+    p = prompt(31, 40)
+    plain = alone(engine, Request(p))
+    wrong = [(t + 1) % VOCAB for t in plain]  # a drafter that is always wrong
+    solo = CountingDrafter(wrong, seed=2)
+    assert alone(engine, Request(p, drafters=lambda: (solo,))) == plain and solo.proposals == N - 1
+    monkeypatch.setattr(engine, "_batch_now", lambda: (16, 1e-4))
+    busy = CountingDrafter(wrong, seed=2)
+    assert alone(engine, Request(p, drafters=lambda: (busy,))) == plain
+    assert busy.proposals <= WARMUP + N // engine.policy.explore_every + 1, busy.proposals
 
 
 def test_a_failing_generation_fails_alone(engine: Engine) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from decoding.speculative.budget import AcceptanceModel, BudgetPolicy, TreeSelector
+from decoding.speculative.budget import WARMUP, AcceptanceModel, BudgetPolicy, TreeSelector
 from decoding.speculative.tree import ROOT, DraftTree
 
 # Costs relative to one token: a CPU (measured on the bundled model with the CPU kernels) and a GPU.
@@ -71,6 +71,23 @@ def test_in_a_batch_speculation_shrinks_as_the_batch_grows() -> None:
     assert alone >= kept[0] and kept == sorted(kept, reverse=True) and kept[-1] < alone, (alone, kept)
     teach(sel, "sure", 1.0)
     assert len(sel.select(chain(8, "sure"), batch=16, batch_s=sel.policy.cost(15))) > 0  # certain tokens still pay
+
+
+def test_in_a_batch_a_generation_drafts_only_while_its_drafts_pay_for_the_batch() -> None:
+    """Drafting's host time and rows delay every sequence of a batch: a generation drafts while its accepted tokens
+    per step beat the batch's rate for that spend, stops when they do not (probing every ``explore_every`` steps),
+    and alone or before it has measured WARMUP drafting steps always drafts."""
+    sel = TreeSelector(policy(CPU, explore_every=8))  # costs relative to a step: a row 0.04
+    assert sel.worth_drafting(None, 1, None) and sel.worth_drafting(None, 8, 8.0)  # nothing measured yet
+    for _ in range(WARMUP):
+        sel.observe_drafting(host_s=0.05, rows=2, accepted=1)  # 1 token for 0.13 of a step
+    assert sel.worth_drafting(None, 2, CPU[1]) and not sel.worth_drafting(None, 16, 1.9)  # pays beside 1, not 15
+    for _ in range(30):
+        sel.observe_drafting(host_s=0.3, rows=2, accepted=0)  # its drafts stop landing
+    decisions = [sel.worth_drafting(None, 4, 1.15) for _ in range(16)]
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert len(probes) == 2 and probes[1] - probes[0] == 8, decisions
+    assert sel.worth_drafting(None, 1, None)  # alone: the selector sizes the tree
 
 
 def test_tree_keeps_likely_nodes_with_their_ancestors() -> None:
