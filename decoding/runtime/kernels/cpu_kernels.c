@@ -700,7 +700,7 @@ static void combine_blocks(const float *pb, const float *mlr, int nb, int D, flo
  * D must be a multiple of 8 and at most MAX_D. Called inside a parallel region (orphaned worksharing). */
 #define MAX_GROUP 64 /* query rows per call of rows_blocks */
 #ifndef PF_AHEAD
-#define PF_AHEAD 2
+#define PF_AHEAD 4
 #endif
 
 typedef struct {
