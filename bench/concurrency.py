@@ -15,6 +15,7 @@ they share a document), each document evaluated once before the clock, greedy, `
 does not end a sequence, so its batches stay whole; every decoded token counts), same GGUF and threads.
 
     python -m bench.concurrency [--users 1 2 4 8] [--max-new 64] [--repeats 2] [--modes autoregressive prompt_lookup]
+        [--kv-dtype auto|float16|bfloat16|int8]
 
 Writes ``bench/results/concurrency.json``.
 """
@@ -41,6 +42,7 @@ from bench.decode_methods import Case
 from bench.llama_ref import LlamaWorker, open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
+from decoding.runtime.models import LoadOptions
 from decoding.speculative.calibration import calibrate
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.engine import Engine
@@ -145,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "float16", "bfloat16", "int8"],
+                    help="the target's KV cache storage (RAGSPEC_KV_DTYPE)")
     ap.add_argument("--json", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target = load_target(threads=args.threads)
+    target = load_target(threads=args.threads, options=LoadOptions(kv_dtype=args.kv_dtype))
     engine = Engine(target, PrefixCache(4 << 30))
     if engine.batcher is None:
         raise SystemExit("the target runtime does not batch forwards (the quantized CPU runtime does)")
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "concurrency",
         "command": "python -m bench.concurrency " + " ".join(argv or []),
         "machine": machine_info(),
-        "setup": {"document_tokens": DOC_TOKENS, "max_new_tokens": args.max_new, "repeats": args.repeats,
+        "setup": {"document_tokens": DOC_TOKENS, "kv_dtype": str(getattr(target.model, "kv_dtype", args.kv_dtype)),
+                  "max_new_tokens": args.max_new, "repeats": args.repeats,
                   "threads": args.threads, "greedy": True, "documents_warmed": True,
                   "prefill_rows_per_step": engine.batcher.prefill_rows},
         "batcher": {"forwards": stats.forwards, "sequences": stats.sequences, "rows": stats.rows},
