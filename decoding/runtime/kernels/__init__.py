@@ -489,8 +489,8 @@ def kv_mode(dtype: torch.dtype) -> int:
 def default_kv_dtype(lib: ctypes.CDLL) -> torch.dtype:
     """The KV storage a model on ``lib`` gets unless told otherwise: bf16 on the amx path (its attention runs on the
     bf16 tiles), fp16 elsewhere (every path reads every storage). On avx512 with AVX-512 BF16 a bf16 cache (opt-in)
-    runs its attention on bf16 dot products: about twice the rate for many rows, but a single row pays the per-forward
-    layout of every block (measured 20-30% slower decoding alone), so it is not the default there."""
+    runs its attention on bf16 dot products: faster for many rows, but a single row pays the per-forward layout of
+    every block (slower decoding alone; figures in docs/benchmarks.md), so it is not the default there."""
     return torch.bfloat16 if lib.rs_isa() == b"amx" else torch.float16
 
 
