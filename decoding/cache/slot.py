@@ -38,11 +38,14 @@ class SlotLayer(CacheLayerMixin):
         self.shared: tuple[torch.Tensor, torch.Tensor] | None = None
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
-        # A runtime's own layout of whole blocks of ``tile_keys`` rows (the CPU kernels' attention on the tiles):
-        # blocks below ``tiled[0]`` hold the rows as they are; every write below that lowers it.
+        # A runtime's own layout of whole blocks of ``tile_keys`` rows (the CPU kernels' bf16 attention): of the blocks
+        # of the buffers' rows (from ``split`` on), those below ``tiled[0]`` hold the rows as they are; every write
+        # below that lowers it. ``shared_tiles``: the shared prefix's layout (its own count), held for every cache
+        # reading the prefix (``SharedPrefix.laid_out``).
         self.tiles: torch.Tensor | None = None
         self.tiled = torch.zeros(1, dtype=torch.int32)
         self.tile_keys = 0
+        self.shared_tiles: tuple[torch.Tensor, torch.Tensor] | None = None
         self.moved = 0  # counts the times a buffer was (re)allocated or a prefix shared: a runtime's view is stale
 
     def lazy_initialization(self, key_states: torch.Tensor) -> None:
@@ -76,9 +79,9 @@ class SlotLayer(CacheLayerMixin):
 
     def reserve_tiles(self, heads: int, block_elems: int, tile_keys: int) -> torch.Tensor:
         """The tiled blocks' buffer ``[heads, blocks, block_elems]`` covering the capacity (after ``reserve``);
-        made anew (nothing tiled) when it grows. Not for a layer sharing a prefix."""
-        if self.split:
-            raise ValueError("a layer reading a shared prefix keeps no tiled blocks")
+        made anew (nothing tiled) when it grows. A shared prefix must come in whole blocks of ``tile_keys``."""
+        if self.split % tile_keys:
+            raise ValueError(f"a shared prefix of {self.split} rows is not in whole blocks of {tile_keys}")
         blocks = -(-self.capacity // tile_keys)
         if self.tiles is None or self.tiles.shape[1] < blocks or self.tile_keys != tile_keys:
             self.tiles = torch.empty(heads, blocks, block_elems, dtype=torch.int16)
@@ -87,10 +90,19 @@ class SlotLayer(CacheLayerMixin):
             self.moved += 1
         return self.tiles
 
+    def share_tiles(self, tiles: torch.Tensor, tiled: torch.Tensor) -> None:
+        """Read the shared prefix's blocks laid out in ``tiles`` (the first ``tiled[0]`` valid; a runtime lays out
+        the others there as it reads them)."""
+        if not self.split:
+            raise ValueError("only a layer reading a shared prefix takes its laid-out blocks")
+        self.shared_tiles = (tiles, tiled)
+        self.moved += 1
+
     def _rewritten(self, row: int) -> None:
-        """Rows from ``row`` on change: blocks reaching them are no longer tiled."""
-        if self.tile_keys and int(self.tiled[0]) > row // self.tile_keys:
-            self.tiled[0] = row // self.tile_keys
+        """Cache rows from ``row`` on change: the buffers' blocks reaching them are no longer tiled."""
+        block = max(0, row - self.split) // self.tile_keys if self.tile_keys else 0
+        if self.tile_keys and int(self.tiled[0]) > block:
+            self.tiled[0] = block
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``): cache row j at
@@ -284,11 +296,23 @@ class SharedPrefix:
 
     def __init__(self, entries: Sequence[PrefixEntry]) -> None:
         self.entries = tuple(entries)  # held: the key's ids stay theirs while this lives
+        self._layout: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         if len(entries) == 1:
             self.keys, self.values = entries[0].keys, entries[0].values
         else:
             self.keys = tuple(torch.cat(ks, 2) for ks in zip(*(e.keys for e in entries), strict=True))
             self.values = tuple(torch.cat(vs, 2) for vs in zip(*(e.values for e in entries), strict=True))
+
+    def laid_out(self, rows: int, heads: int, block_elems: int, tile_keys: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A runtime's layout of the whole blocks of the first ``rows`` rows, per layer: a buffer ``[heads, rows /
+        tile_keys, block_elems]`` and the count of blocks laid out in it (0 at first: the runtime fills it as it reads
+        them), made once for every cache reading this prefix."""
+        shape = (heads, rows // tile_keys, block_elems)
+        with self._lock:
+            if self._layout is None or self._layout[0][0].shape != shape:
+                self._layout = [(torch.empty(shape, dtype=torch.int16), torch.zeros(1, dtype=torch.int32))
+                                for _ in self.keys]
+            return self._layout
 
     @classmethod
     def of(cls, entries: Sequence[PrefixEntry]) -> SharedPrefix:

@@ -139,7 +139,7 @@ class _Shape(ctypes.Structure):
 class _KvLayer(ctypes.Structure):
     _fields_ = [
         ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
-        ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l),
+        ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l), ("tiles0", _p), ("tiles0_sh", _l), ("tiled0", _p),
     ]  # fmt: skip
 
 
@@ -335,7 +335,7 @@ class CpuLlama:
         """Rows per block a cache's shared prefix comes in (``SlotCache.load_prefix``): whole blocks of the attention
         are read in place, by every sequence of a batch at once; 0: this runtime copies prefixes (the tiles' path
         keeps each cache's own tiled layout)."""
-        return 0 if self._tile_keys() else int(self.lib.rs_key_block())
+        return 0 if self._tile_keys() and self.lib.rs_attention_tiles() else int(self.lib.rs_key_block())
 
     def _tile_keys(self) -> int:
         """Keys per block the attention keeps laid out in the cache (0: this library and storage keep none)."""
@@ -345,13 +345,19 @@ class CpuLlama:
         _, _, g, d, _ = self.dims
         first, tile_keys = cache.slot_layers[0], self._tile_keys()
         tiles_cover = not tile_keys or (first.tiles is not None and first.tiles.shape[1] * tile_keys >= first.capacity)
+        shared_laid = not tile_keys or first.shared_tiles is not None or cache.shared_prefix is None
         room = first.is_initialized and first.dtype == self.kv_storage and rows - first.split <= first.capacity
-        if room and tiles_cover:
+        if room and tiles_cover and shared_laid:
             return  # every layer has the room (they grow together)
+        elems = int(self.lib.rs_tile_block_elems(d)) if tile_keys else 0
         for layer in cache.slot_layers:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
-            if tile_keys:  # the attention keeps the prefix's whole blocks laid out for the tiles
-                layer.reserve_tiles(g, self.lib.rs_tile_block_elems(d), tile_keys)
+            if tile_keys:  # the attention keeps the cache's whole blocks laid out for its bf16 products
+                layer.reserve_tiles(g, elems, tile_keys)
+        if not shared_laid and cache.shared_prefix is not None and first.split:  # a shared prefix's, once for all
+            layouts = cache.shared_prefix.laid_out(first.split, g, elems, tile_keys)
+            for layer, layout in zip(cache.slot_layers, layouts, strict=True):
+                layer.share_tiles(*layout)
 
     @staticmethod
     def _kv_view(cache: SlotCache) -> Any:
@@ -369,6 +375,9 @@ class CpuLlama:
             if layer.shared is not None:
                 k0, v0 = layer.shared
                 kv.k0, kv.v0, kv.sh0, kv.split = k0.data_ptr(), v0.data_ptr(), k0.stride(1), layer.split
+            if layer.shared_tiles is not None:
+                tiles0, tiled0 = layer.shared_tiles
+                kv.tiles0, kv.tiles0_sh, kv.tiled0 = tiles0.data_ptr(), tiles0.stride(0), tiled0.data_ptr()
         cache.runtime_view = (moved, view)
         return view
 

@@ -418,6 +418,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_forward.restype = None
     lib.rs_tile_keys.argtypes = []
     lib.rs_tile_keys.restype = i
+    lib.rs_attention_tiles.argtypes = []
+    lib.rs_attention_tiles.restype = i
     lib.rs_attention_bf16.argtypes = []
     lib.rs_attention_bf16.restype = i
     lib.rs_tile_block_elems.argtypes = [i]

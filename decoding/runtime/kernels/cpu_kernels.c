@@ -716,6 +716,24 @@ static inline const char *kv_row(const att_seq *s, const void *own, const void *
                         : (const char *)own + esz * (g * s->kv_sh + (j - s->split) * kv_sn);
 }
 
+/* Where block b (key head g) of sequence s is laid out for the dot products (DOT16_BLOCK_U16 keys, then values):
+   the cache's own laid-out blocks or the shared prefix's where it keeps them (*ready: already there), else the
+   forward's scratch (*ready = 0). */
+static inline uint16_t *laid_block(const att_seq *s, int g, int b, int D, uint16_t *scratch, int *ready) {
+    const int sb = s->split / KEY_BLOCK;
+    const long bsz = 2 * DOT16_BLOCK_U16(D);
+    if (b < sb && s->lay0) {
+        *ready = b < s->laid0;
+        return s->lay0 + g * s->lay0_sh + b * bsz;
+    }
+    if (b >= sb && s->lay) {
+        *ready = b - sb < s->laid;
+        return s->lay + g * s->lay_sh + (b - sb) * bsz;
+    }
+    *ready = 0;
+    return scratch;
+}
+
 /* Phase 1's tasks come in segments: the blocks of one shared prefix (for the rows of every sequence reading it), or
    one sequence's own blocks seen whole. Segment t: sequence seg_s[t], blocks [seg_b0[t], seg_b1[t]). */
 static inline void att_segments(const att_seq *s, const att_meta *m, int ns, int *seg_s, int *seg_b0, int *seg_b1,
@@ -781,17 +799,28 @@ static inline __attribute__((always_inline)) void attention_part(
         const char *vb = kv_row(s0, s0->v, s0->v0, g, (long)b * KEY_BLOCK, kv_sn, esz);
         const char *pf_k = 0, *pf_v = 0;
         const int ahead = task + PF_AHEAD < tasks ? task + PF_AHEAD : task + 1;
-        if (kv_sn == row_len && ahead < tasks) { /* contiguous blocks: prefetch a later task's */
+        if (ahead < tasks) { /* prefetch a later task's block: laid out already, or its rows if contiguous */
             int u = t;
             while (seg_first[u + 1] <= ahead) ++u;
             const int nu = seg_b1[u] - seg_b0[u];
             const int gu = (ahead - seg_first[u]) / nu, bu = seg_b0[u] + (ahead - seg_first[u]) % nu;
             const att_seq *su = seqs + seg_s[u];
-            pf_k = kv_row(su, su->k, su->k0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
-            pf_v = kv_row(su, su->v, su->v0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
+            int laid = 0;
+            const uint16_t *lu = dot16 ? laid_block(su, gu, bu, D, kt, &laid) : 0;
+            if (laid) {
+                pf_k = (const char *)lu, pf_v = (const char *)(lu + DOT16_BLOCK_U16(D));
+            } else if (kv_sn == row_len) {
+                pf_k = kv_row(su, su->k, su->k0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
+                pf_v = kv_row(su, su->v, su->v0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
+            }
         }
-        if (dot16) /* laid out once for every row reading the block */
-            dot16_layout((const uint16_t *)kb, kv_sn, (const uint16_t *)vb, kv_sn, KEY_BLOCK, D, kt, vp);
+        const uint16_t *bk = kt, *bv = vp;
+        if (dot16) { /* laid out once for every row reading the block (and kept, where the cache keeps layouts) */
+            int laid;
+            uint16_t *const lk = laid_block(s0, g, b, D, kt, &laid), *const lv = lk + DOT16_BLOCK_U16(D);
+            if (!laid) dot16_layout((const uint16_t *)kb, kv_sn, (const uint16_t *)vb, kv_sn, KEY_BLOCK, D, lk, lv);
+            bk = lk, bv = lv;
+        }
         const float *qs[MAX_GROUP];
         float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
         int R = 0, calls = 0;
@@ -807,7 +836,7 @@ static inline __attribute__((always_inline)) void attention_part(
                     ms[R] = m->ml + 2 * (r * m->nbmax + b), ls[R] = ms[R] + 1;
                     if (++R == MAX_GROUP) {
                         if (dot16)
-                            rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, kt, vp, ps, ms, ls, calls ? 0 : pf_k,
+                            rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k,
                                               calls ? 0 : pf_v, lines);
                         else
                             rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm,
@@ -817,7 +846,7 @@ static inline __attribute__((always_inline)) void attention_part(
                 }
         }
         if (R && dot16)
-            rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, kt, vp, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
+            rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
                               lines);
         else if (R)
             rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm, calls ? 0 : pf_k,
@@ -1260,16 +1289,29 @@ void rs_attention(const float *q, long q_sh, long q_sn, int H, int n, int D, con
                       work, kvm, 0, 0, 0);
 }
 
-/* Keys per block the attention keeps laid out in a bf16 cache's tiles (0: this library has no tiles' path), and
-   the elements one such block takes per key head (its keys' tiles, then its values'). */
+/* Keys per block the attention keeps laid out in a bf16 cache (D a multiple of 32): the tiles' blocks, or the vector
+   dot products' where the CPU has them (0: this library lays out no blocks), and the elements one such block takes
+   per key head (its keys, then its values). */
 int rs_tile_keys(void) {
 #ifdef TILE_ATTENTION
     return TKB;
+#elif defined(DOT16)
+    return cpu_bf16() ? KEY_BLOCK : 0;
 #else
     return 0;
 #endif
 }
-long rs_tile_block_elems(int D) { return 2L * TILE_KEYS * D; }
+long rs_tile_block_elems(int D) { return 2L * rs_tile_keys() * D; }
+
+/* Whether a bf16 cache's attention runs on the tiles: per sequence, on caches of their own (prefixes are copied, each
+   cache keeping its own layout); elsewhere a shared prefix is read in place, its layout kept once for every cache. */
+int rs_attention_tiles(void) {
+#ifdef TILE_ATTENTION
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* Whether a bf16 cache's attention multiplies bf16 operands here (the tiles, or the vector dot products where the CPU
    has them): its own rounding, so a bf16 cache is this library's natural KV storage. */
@@ -1284,4 +1326,4 @@ int rs_attention_bf16(void) {
 /* Keys per block of the vector attention: a prefix shared by several caches comes in whole blocks. */
 int rs_key_block(void) { return KEY_BLOCK; }
 
-int rs_kernels_version(void) { return 4; }
+int rs_kernels_version(void) { return 5; }

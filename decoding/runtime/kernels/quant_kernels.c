@@ -712,6 +712,7 @@ void attention_kv_part(const float *, long, long, int, int, int, const void *, c
                        const int32_t *, const int32_t *, float, float *, long, long, float *, int, uint16_t *, long, int);
 void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, float, long, long, float *, int);
 int rs_tile_keys(void);
+int rs_attention_tiles(void);
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],
    gu [M*2I], act [M*I], xq (int8) [M*max(E,I)], xd / xs [M*max(E,I)/32], work (attention). */
@@ -722,8 +723,10 @@ typedef struct {
 
 /* One layer of a sequence's cache: rows below split (whole blocks of 64) are a prefix read in place (k0 / v0, sh0
    elements per key head), perhaps by other sequences of the forward too; row j >= split lies at row j - split of
-   kbuf / vbuf (kv_sh elements per key head, kv_sn per row). tiles / tiled (optional, split 0 only): the cache's
-   blocks laid out for the bf16 tiles, and how many are valid. */
+   kbuf / vbuf (kv_sh elements per key head, kv_sn per row). tiles / tiled (optional, a bf16 cache where the library
+   lays out blocks, rs_tile_keys): the cache's own whole blocks (from row split on) laid out for the bf16 products,
+   tiles_sh elements per key head, and how many are valid; tiles0 / tiled0 (optional, not on the tiles): the shared
+   prefix's blocks laid out once for every cache reading it. */
 typedef struct {
     void *kbuf, *vbuf;
     long kv_sh, kv_sn;
@@ -732,6 +735,9 @@ typedef struct {
     int32_t *tiled;
     const void *k0, *v0;
     long sh0, split;
+    uint16_t *tiles0;
+    long tiles0_sh;
+    int32_t *tiled0;
 } rs_kv_layer;
 
 /* One sequence's rows of a forward: its positions and its cache (kv: one entry per layer). Keys / values of its rows
@@ -755,17 +761,20 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
     int M = 0, valid[n > 0 ? n : 1];
-    const int tiles_path = kv_mode == 3 && D % 32 == 0 && rs_tile_keys();
-    att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (no tiles) */
+    const int tk = kv_mode == 3 && D % 32 == 0 ? rs_tile_keys() : 0; /* keys per block kept laid out (0: none) */
+    const int tiles_path = tk && rs_attention_tiles();
+    att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (on the tiles: per sequence, below) */
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
         const rs_kv_layer *c = s->kv + l;
+        const long own = s->start - c->split; /* the sequence's own rows from here on are rewritten: stale blocks */
+        if (tk && c->tiles && *c->tiled > own / tk) *c->tiled = (int32_t)(own / tk);
+        valid[i] = tk && c->tiles ? *c->tiled : 0;
         const att_seq a = {T->q + (long)M * H * D, T->att + (long)M * H * D, s->rows, s->past, s->path, s->path_off,
-                           c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split};
+                           c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split,
+                           tk ? c->tiles : 0, tk ? c->tiles0 : 0, c->tiles_sh, c->tiles0_sh, valid[i],
+                           tk && c->tiles0 ? *c->tiled0 : 0};
         att[i] = a;
-        if (c->tiled && *c->tiled > s->start / TILE_KEYS) /* rows from start on are rewritten: stale tiles */
-            *c->tiled = (int32_t)(s->start / TILE_KEYS);
-        valid[i] = c->tiled ? *c->tiled : 0;
         M += s->rows;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -801,10 +810,11 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         quantize_part(T->act, I, M, I, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
     }
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */
         const rs_kv_layer *c = seq[i].kv + l;
-        if (c->tiles && c->tiled && tiles_path && seq[i].past / TILE_KEYS > valid[i])
-            *c->tiled = seq[i].past / TILE_KEYS; /* the attention laid out the prefix's whole blocks */
+        const long past = seq[i].past, own = (past - c->split) / tk, pre = (past < c->split ? past : c->split) / tk;
+        if (c->tiles && own > valid[i]) *c->tiled = (int32_t)own;
+        if (c->tiles0 && pre > *c->tiled0) *c->tiled0 = (int32_t)pre;
     }
 }
 

@@ -6,7 +6,8 @@
 #include <stdint.h>
 
 /* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
-   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's layer_batch). */
+   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's layer_batch). The vector bf16
+   dot products keep blocks of 64 keys laid out the same way (rs_tile_keys says which a library keeps). */
 #define TILE_KEYS 128
 
 /* One sequence's attention in a forward (cpu_kernels.c's attention_seqs_part): query i's q[h] at q + h*q_sh + i*q_sn,
@@ -21,6 +22,13 @@ typedef struct {
     const void *k, *v, *k0, *v0;
     long kv_sh, sh0;
     int split;
+    /* Optional, the bf16 dot products: whole blocks already laid out for them (kept in the cache from one forward to
+       the next). Own block b (its rows split + 64b ..) at lay + g*lay_sh + b*(2*64*D), the first `laid` of them valid;
+       the shared prefix's block b at lay0 + g*lay0_sh + b*(2*64*D), the first `laid0` valid. A block not yet laid out
+       is laid out there by the forward reading it. */
+    uint16_t *lay, *lay0;
+    long lay_sh, lay0_sh;
+    int laid, laid0;
 } att_seq;
 
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */
