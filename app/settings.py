@@ -64,10 +64,9 @@ class Settings(BaseSettings):
         "or none (fp32 on transformers)",
     )
     kv_dtype: Literal["auto", "float16", "bfloat16", "float32", "int8"] = Field(
-        "auto", description="KV cache storage of the quantized CPU runtime (auto: bfloat16 on the amx path, whose "
-        "attention runs on the bf16 tiles, float16 elsewhere; bfloat16 on the avx512 path with AVX-512 BF16: attention "
-        "on bf16 dot products, faster for many concurrent users, slower for one; int8: half the bytes per cached "
-        "token, quantized per 32 values, which changes answers: opt-in)"
+        "auto", description="KV cache storage of the quantized CPU runtime (auto: bfloat16 where its attention "
+        "multiplies bf16 operands, the amx path's tiles and the avx512 path on a CPU with AVX-512 BF16; float16 "
+        "elsewhere; int8: half the bytes per cached token, quantized per 32 values, which changes answers: opt-in)"
     )
     cpu_kernels: bool = Field(
         True, description="ragspec's CPU kernels (built with cc); 0: none, the CPU target runs fp32 on transformers"

@@ -35,8 +35,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 CPU_QUANT = ("auto", "q8_0", "q4_1", "none")  # weights of the CPU target (see load_model)
 KV_DTYPES = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
              "int8": torch.int8}
-# ^ KV cache storage of the quantized CPU runtime (auto: bfloat16 on the amx path, float16 elsewhere,
-#   kernels.default_kv_dtype; int8: per 32 values with fp32 scales, lossy; opt-in)
+# ^ KV cache storage of the quantized CPU runtime (auto: bfloat16 where the attention multiplies bf16 operands,
+#   float16 elsewhere: kernels.default_kv_dtype; int8: per 32 values with fp32 scales, lossy; opt-in)
 
 
 @dataclass(frozen=True, eq=False)

@@ -417,7 +417,7 @@ def test_ask_stream_carries_each_tokens_logprobs(client: httpx.Client, doc: str)
 def test_openai_client_round_trips_logprobs_penalties_and_usage(server: ThreadServer, doc: str) -> None:
     client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     messages: Any = [{"role": "user", "content": "Describe the Eiffel Tower."}]
-    common: Any = {"model": "ragspec", "messages": messages, "max_tokens": 24, "temperature": 0,
+    common: Any = {"model": "ragspec", "messages": messages, "max_tokens": 48, "temperature": 0,
                    "extra_body": {"document_ids": [doc]}}
     plain = client.chat.completions.create(**common, frequency_penalty=0)
     completion = client.chat.completions.create(**common, frequency_penalty=1.5, logprobs=True, top_logprobs=3)

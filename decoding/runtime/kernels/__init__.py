@@ -489,11 +489,10 @@ def kv_mode(dtype: torch.dtype) -> int:
 
 
 def default_kv_dtype(lib: ctypes.CDLL) -> torch.dtype:
-    """The KV storage a model on ``lib`` gets unless told otherwise: bf16 on the amx path (its attention runs on the
-    bf16 tiles), fp16 elsewhere (every path reads every storage). On avx512 with AVX-512 BF16 a bf16 cache (opt-in)
-    runs its attention on bf16 dot products: faster for many rows, but a single row pays the per-forward layout of
-    every block (slower decoding alone; figures in docs/benchmarks.md), so it is not the default there."""
-    return torch.bfloat16 if lib.rs_isa() == b"amx" else torch.float16
+    """The KV storage a model on ``lib`` gets unless told otherwise: bf16 where its attention multiplies bf16
+    operands (amx's tiles; avx512's dot products on a CPU with AVX-512 BF16), reading each block laid out once and
+    kept in the cache; fp16 elsewhere (every path reads every storage)."""
+    return torch.bfloat16 if attention_bf16(lib) else torch.float16
 
 
 def attention_bf16(lib: ctypes.CDLL) -> bool:
