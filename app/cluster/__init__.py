@@ -1,0 +1,1 @@
+"""Serving beyond one process: routing requests to replicas by document."""
