@@ -283,8 +283,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 o = simulate(w, policy)
                 row["policies"][policy] = asdict(o)
                 flag = "" if o.stable else "  UNSTABLE"
-                out(f"  {policy:<13} hit {o.hit_rate:.3f}  wait {o.wait_mean_s:6.2f} s  ttft mean {o.ttft_mean_s:5.2f} s"
-                    f"  p50 {o.ttft_p50_s:7.2f} s  p95 {o.ttft_p95_s:7.2f} s  busiest/mean {o.busiest_over_mean}{flag}")
+                out(f"  {policy:<13} hit {o.hit_rate:.3f}  wait {o.wait_mean_s:7.2f} s"
+                    f"  ttft mean {o.ttft_mean_s:7.2f} s  p50 {o.ttft_p50_s:7.2f} s  p95 {o.ttft_p95_s:7.2f} s"
+                    f"  busiest/mean {o.busiest_over_mean}{flag}")
             results.append(row)
     chosen = None
     sweep_rows: list[dict[str, Any]] = []
