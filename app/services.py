@@ -192,7 +192,8 @@ def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
 
 def open_store(settings: Settings) -> DocumentStore:
     """The document store, recovered from an interrupted shutdown (its half-indexed documents fail)."""
-    store = DocumentStore(settings.data_dir / "documents", max_pdf_pages=settings.max_pdf_pages)
+    store = DocumentStore(settings.data_dir / "documents", max_pdf_pages=settings.max_pdf_pages,
+                          database=settings.database_url)
     report = store.recover()
     if report.failed:
         logger.warning("documents interrupted by the last shutdown are now failed: %s", ", ".join(report.failed))

@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="redis://host:port/db for sessions and the cross-session draft cache; in-process when unset"
     )
+    database_url: str | None = Field(
+        None, description="postgresql://user:password@host:port/db for the document catalogue (one that several "
+        "replicas share; needs the `postgres` extra); unset: SQLite in the data dir"
+    )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated Bearer keys; each key is a tenant. Empty: no auth"
     )

@@ -1,46 +1,54 @@
-"""The document store's catalogue: one SQLite row of metadata per document (``DocumentRecord``).
+"""The document store's catalogue: one row of metadata per document (``DocumentRecord``), in SQLite (the embedded
+default, a file in the store's directory) or PostgreSQL (a database URL: a catalogue several replicas share).
 
-Only ``DocumentStore`` uses it, under its own lock (the catalogue itself takes none): the store keeps the
-rows and the document dirs consistent with each other.
+One data layer for both (SQLAlchemy Core) and one schema history (Alembic, ``retrieval/migrations``): opening a
+catalogue brings its schema to the newest revision. A SQLite store made before the migrations existed (its table
+there, no revision recorded) is adopted as it is. Only ``DocumentStore`` uses it, under its own lock (the catalogue
+itself takes none): the store keeps the rows and the document dirs consistent with each other.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from retrieval.errors import DocumentNotFound
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from retrieval.errors import CatalogueUnavailable, DocumentNotFound
 from retrieval.parsing import DocumentKind
 
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS documents (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    title TEXT NOT NULL,
-    filename TEXT,
-    content_type TEXT,
-    kind TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    progress REAL NOT NULL DEFAULT 0,
-    message TEXT,
-    n_chunks INTEGER NOT NULL DEFAULT 0,
-    n_tokens INTEGER NOT NULL DEFAULT 0,
-    embedder TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS documents_tenant ON documents (tenant, created_at);
-"""
-_COLUMNS = ("id", "tenant", "title", "filename", "content_type", "kind", "size", "status", "progress",
-            "message", "n_chunks", "n_tokens", "embedder", "created_at", "updated_at")
-_SELECT = ", ".join(_COLUMNS)
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+metadata = sa.MetaData()
+documents = sa.Table(
+    "documents",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("title", sa.Text, nullable=False),
+    sa.Column("filename", sa.Text),
+    sa.Column("content_type", sa.Text),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("progress", sa.Double, nullable=False, server_default="0"),
+    sa.Column("message", sa.Text),
+    sa.Column("n_chunks", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("n_tokens", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("embedder", sa.Text),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Index("documents_tenant", "tenant", "created_at"),
+)
+_COLUMNS = tuple(c.name for c in documents.columns)
+_ORDER = (documents.c.created_at, documents.c.id)
 
 
 @dataclass(frozen=True)
@@ -64,64 +72,103 @@ class DocumentRecord:
     updated_at: float
 
 
-class Catalogue:
-    """The ``documents`` table of ``path`` (WAL journal; autocommit: every statement is its own commit)."""
+def database_url(target: Path | str) -> str:
+    """A SQLAlchemy URL: a path is a SQLite file; ``postgresql://`` URLs use psycopg 3."""
+    if isinstance(target, Path):
+        return f"sqlite:///{target}"
+    if target.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + target.split("://", 1)[1]
+    return target
 
-    def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+
+def shown(url: str) -> str:
+    """A URL fit for logs and errors: its password hidden."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<an unparsable database URL>"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cur = dbapi_connection.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def upgrade(engine: sa.Engine) -> None:
+    """Bring the schema to the newest revision (Alembic's ``upgrade head``, on this engine)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Catalogue:
+    """The ``documents`` table of a SQLite file (``target`` a path) or of a database URL (PostgreSQL). Every call is
+    its own transaction. Raises ``CatalogueUnavailable`` when the database cannot be reached or migrated."""
+
+    def __init__(self, target: Path | str) -> None:
+        self.url = database_url(target)
+        try:
+            self._engine = sa.create_engine(self.url, pool_pre_ping=True)
+        except (sa.exc.ArgumentError, ModuleNotFoundError) as exc:
+            raise CatalogueUnavailable(f"the catalogue database {shown(self.url)} cannot be used: {exc}") from exc
+        if self._engine.dialect.name == "sqlite":
+            sa.event.listen(self._engine, "connect", _sqlite_pragmas)
+        try:
+            upgrade(self._engine)
+        except sa.exc.OperationalError as exc:
+            self._engine.dispose()
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+            raise CatalogueUnavailable(f"the catalogue database {shown(self.url)} is unreachable: {reason}") from exc
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return str(self._engine.dialect.name)
 
     def close(self) -> None:
-        self._db.close()
+        self._engine.dispose()
 
     def insert(self, record: DocumentRecord) -> None:
-        self._db.execute(
-            f"INSERT INTO documents ({_SELECT}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-            [getattr(record, c) for c in _COLUMNS],
-        )
+        with self._engine.begin() as conn:
+            conn.execute(documents.insert().values({c: getattr(record, c) for c in _COLUMNS}))
 
     def row(self, doc_id: str) -> DocumentRecord | None:
-        row = self._db.execute(f"SELECT {_SELECT} FROM documents WHERE id = ?", (doc_id,)).fetchone()
+        with self._engine.connect() as conn:
+            row = conn.execute(documents.select().where(documents.c.id == doc_id)).first()
         return _record(row) if row else None
 
     def ids(self, statuses: Iterable[DocumentStatus] | None = None) -> list[str]:
         """Ids (with one of ``statuses``, all when None), oldest first."""
-        if statuses is None:
-            rows = self._db.execute("SELECT id FROM documents ORDER BY created_at, id")
-        else:
-            wanted = list(statuses)
-            rows = self._db.execute(
-                f"SELECT id FROM documents WHERE status IN ({', '.join('?' * len(wanted))}) "
-                "ORDER BY created_at, id",
-                wanted,
-            )
-        return [r[0] for r in rows.fetchall()]
+        query = sa.select(documents.c.id).order_by(*_ORDER)
+        if statuses is not None:
+            query = query.where(documents.c.status.in_(list(statuses)))
+        with self._engine.connect() as conn:
+            return [r[0] for r in conn.execute(query)]
 
     def list(self, tenant: str | None) -> list[DocumentRecord]:
         """Rows of ``tenant`` (all when None), oldest first."""
-        if tenant is None:
-            rows = self._db.execute(f"SELECT {_SELECT} FROM documents ORDER BY created_at, id")
-        else:
-            rows = self._db.execute(
-                f"SELECT {_SELECT} FROM documents WHERE tenant = ? ORDER BY created_at, id", (tenant,)
-            )
-        return [_record(r) for r in rows.fetchall()]
+        query = documents.select().order_by(*_ORDER)
+        if tenant is not None:
+            query = query.where(documents.c.tenant == tenant)
+        with self._engine.connect() as conn:
+            return [_record(r) for r in conn.execute(query)]
 
     def update(self, doc_id: str, **fields: Any) -> None:
         """Set ``fields`` (and ``updated_at``); DocumentNotFound when there is no such row."""
         fields["updated_at"] = time.time()
-        cur = self._db.execute(
-            f"UPDATE documents SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
-            [*fields.values(), doc_id],
-        )
-        if cur.rowcount == 0:
+        with self._engine.begin() as conn:
+            result = conn.execute(documents.update().where(documents.c.id == doc_id).values(**fields))
+        if result.rowcount == 0:
             raise DocumentNotFound(doc_id)
 
     def delete(self, doc_id: str) -> None:
-        self._db.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
+        with self._engine.begin() as conn:
+            conn.execute(documents.delete().where(documents.c.id == doc_id))
 
 
-def _record(row: tuple[Any, ...]) -> DocumentRecord:
-    return DocumentRecord(**dict(zip(_COLUMNS, row, strict=True)))
+def _record(row: sa.Row[Any]) -> DocumentRecord:
+    return DocumentRecord(**row._asdict())

@@ -102,3 +102,8 @@ class IndexDamaged(RetrievalError):  # noqa: N818 (domain names)
             f"the index of document {doc_id!r} is damaged ({what} cannot be read{detail}); "
             f"run `ragspec reindex {doc_id}` to rebuild it"
         )
+
+
+class CatalogueUnavailable(RetrievalError):  # noqa: N818 (domain names)
+    """The catalogue's database cannot be reached or used (a wrong URL, a server down, no driver): a configuration
+    error at start-up, its message naming the database (never its password)."""

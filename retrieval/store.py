@@ -1,14 +1,15 @@
-"""Document store: files under a root directory, metadata in SQLite.
+"""Document store: files under a root directory, metadata in a catalogue (SQLite in the root, or PostgreSQL).
 
 Layout::
 
-    root/store.sqlite3                 metadata, one row per document (``retrieval.catalogue``)
+    root/store.sqlite3                 metadata, one row per document (``retrieval.catalogue``; unless a database
+                                       URL puts the catalogue elsewhere)
     root/tmp/                          work dirs; whatever is left here after a crash is deleted by recover()
     root/docs/<id>/source/             original file + extracted text (+ pages.json for PDFs)
     root/docs/<id>/derived/            what retrieval reads (``retrieval.doc_files`` writes and reads both)
 
 Every write is built in a fresh dir under ``tmp/`` and moved into place with one ``os.rename``; the
-SQLite row is written after the files. So a crash leaves either nothing, or a complete ``source/`` (a
+catalogue's row is written after the files. So a crash leaves either nothing, or a complete ``source/`` (a
 queued / failed document), or a complete ``derived/`` (a ready document). ``recover()`` at start-up
 deletes ``tmp/`` leftovers and document dirs without a row, and marks documents that were queued or
 indexing as failed ("interrupted by restart").
@@ -65,11 +66,13 @@ class RecoveryReport:
 
 
 class DocumentStore:
-    """Documents of all tenants under ``root``. ``tenant=None`` in a read means "any tenant".
+    """Documents of all tenants under ``root``, their catalogue in ``root``'s SQLite file or in ``database`` (a
+    PostgreSQL URL). ``tenant=None`` in a read means "any tenant".
     ``max_pdf_pages``: a PDF upload with more pages is refused (TooManyPages) before its pages are parsed."""
 
     def __init__(
-        self, root: Path, *, index_config: IndexConfig | None = None, max_pdf_pages: int | None = None
+        self, root: Path, *, index_config: IndexConfig | None = None, max_pdf_pages: int | None = None,
+        database: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.index_config = index_config or IndexConfig()
@@ -79,7 +82,7 @@ class DocumentStore:
         self._docs.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = Catalogue(self.root / "store.sqlite3")
+        self._db = Catalogue(database or self.root / "store.sqlite3")
 
     def close(self) -> None:
         with self._lock:

@@ -1,12 +1,14 @@
-"""Shared fixtures and helpers: a real redis-server on a free loopback port, the bundled model assets, PDFs,
-an embedder that counts its calls."""
+"""Shared fixtures and helpers: a real redis-server and a real PostgreSQL on free loopback ports, the bundled model
+assets, PDFs, an embedder that counts its calls."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -96,6 +98,84 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def module_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One real redis-server for a whole module: for a module-scoped service that outlives each test."""
     with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@dataclass
+class PostgresServer:
+    port: int
+    proc: subprocess.Popen[bytes]
+    datadir: Path
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://ragspec@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """A fresh database on this server; its URL."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+
+def postgres_binary(name: str) -> str:
+    """Debian keeps PostgreSQL's programs off PATH (``/usr/lib/postgresql/<version>/bin``)."""
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    if found is None:
+        pytest.fail("PostgreSQL is not installed (apt-get install postgresql); make test's dependency check does it")
+    return found
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: there, its programs run as the ``postgres`` user."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL (a fresh cluster: trust auth, loopback only, fsync off) on a free port, stopped on exit."""
+    datadir = Path(tempfile.mkdtemp(prefix="ragspec-pg-"))  # not under pytest's root-only tmp: postgres reads it
+    if os.geteuid() == 0:
+        shutil.chown(datadir, "postgres", "postgres")
+    init = subprocess.run(_as_postgres([postgres_binary("initdb"), "-D", str(datadir / "db"), "-U", "ragspec",
+                                        "--auth=trust", "--no-sync", "-E", "UTF8"]),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    if init.returncode != 0:
+        pytest.fail(f"initdb failed: {init.stderr[-2000:]}")
+    port = free_port()
+    proc = subprocess.Popen(
+        _as_postgres([postgres_binary("postgres"), "-D", str(datadir / "db"), "-p", str(port), "-k", str(datadir),
+                      "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off"]),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    server = PostgresServer(port=port, proc=proc, datadir=datadir)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            probe = subprocess.run([postgres_binary("pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                                   capture_output=True, timeout=10)  # fmt: skip
+            if probe.returncode == 0:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"PostgreSQL did not start on port {port}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        subprocess.run(_as_postgres([postgres_binary("pg_ctl"), "stop", "-D", str(datadir / "db"), "-m", "immediate"]),
+                       capture_output=True, timeout=60)  # fmt: skip
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL for a whole module (each test makes its own database)."""
+    with running_postgres() as server:
         yield server
 
 

@@ -303,7 +303,8 @@ class SharedPrefix:
             self.keys = tuple(torch.cat(ks, 2) for ks in zip(*(e.keys for e in entries), strict=True))
             self.values = tuple(torch.cat(vs, 2) for vs in zip(*(e.values for e in entries), strict=True))
 
-    def laid_out(self, rows: int, heads: int, block_elems: int, tile_keys: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def laid_out(self, rows: int, heads: int, block_elems: int,
+                 tile_keys: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A runtime's layout of the whole blocks of the first ``rows`` rows, per layer: a buffer ``[heads, rows /
         tile_keys, block_elems]`` and the count of blocks laid out in it (0 at first: the runtime fills it as it reads
         them), made once for every cache reading this prefix."""

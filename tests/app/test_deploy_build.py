@@ -110,7 +110,7 @@ def _stub(directory: Path, name: str, body: str = "exit 0") -> None:
 def _test_deps(path_dir: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
     run = subprocess.run([BASH, str(TEST_DEPS)], capture_output=True, text=True, timeout=60,
-                         env={"PATH": str(path_dir), **env})
+                         env={"PATH": str(path_dir), "RAGSPEC_POSTGRES_BIN": str(path_dir / "none"), **env})
     return run, time.monotonic() - start
 
 
@@ -119,13 +119,13 @@ def test_test_deps_without_apt_get_prints_one_line_and_fails_fast(tmp_path: Path
     assert run.returncode == 1 and run.stdout == ""
     lines = run.stderr.splitlines()
     assert len(lines) == 1, run.stderr
-    for package in ("redis-server", "chromium", "gcc", "docker-compose"):
+    for package in ("redis-server", "postgresql", "chromium", "gcc", "docker-compose"):
         assert package in lines[0]
     assert "apt-get install" in lines[0] and took < 10
 
 
 def test_test_deps_passes_quietly_when_everything_is_there(tmp_path: Path) -> None:
-    for name in ("redis-server", "chromium", "cc", "docker-compose"):
+    for name in ("redis-server", "initdb", "chromium", "cc", "docker-compose"):
         _stub(tmp_path, name)
     run, _ = _test_deps(tmp_path)
     assert (run.returncode, run.stdout, run.stderr) == (0, "", "")
@@ -150,7 +150,7 @@ def _fake_apt(tmp_path: Path, provides: str) -> Path:
 
 
 def test_test_deps_installs_what_is_missing_when_it_may(tmp_path: Path) -> None:
-    for name in ("chromium", "cc", "docker-compose"):
+    for name in ("initdb", "chromium", "cc", "docker-compose"):
         _stub(tmp_path, name)
     log = _fake_apt(tmp_path, "redis-server")
     run, _ = _test_deps(tmp_path)
@@ -164,7 +164,7 @@ def test_test_deps_says_so_when_installing_did_not_help(tmp_path: Path) -> None:
     run, _ = _test_deps(tmp_path)
     assert run.returncode == 1
     assert "apt-get install failed" in run.stderr.splitlines()[-1]
-    assert log.read_text().splitlines()[0].startswith("install -y -q redis-server chromium gcc libc6-dev")
+    assert log.read_text().splitlines()[0].startswith("install -y -q redis-server postgresql chromium gcc libc6-dev")
 
 
 def test_test_deps_never_installs_when_told_not_to(tmp_path: Path) -> None:

@@ -1,0 +1,123 @@
+"""The catalogue on its two backends, SQLite (the embedded default) and a real PostgreSQL (on a loopback port): the
+same rows, order, updates and errors; the schema made by the migrations on a fresh database; a SQLite store made
+before the migrations existed adopted with its rows; an unreachable database a clear error that hides its password;
+a whole document ingested through a store whose catalogue is PostgreSQL."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from retrieval.catalogue import Catalogue, DocumentRecord
+from retrieval.embedding import Embedder
+from retrieval.errors import CatalogueUnavailable, DocumentNotFound
+from retrieval.store import DocumentStore
+from tests.conftest import PostgresServer, free_port
+
+
+def record(i: int, tenant: str = "t1", status: str = "queued") -> DocumentRecord:
+    return DocumentRecord(
+        id=f"doc{i:02d}", tenant=tenant, title=f"Title {i}", filename=f"f{i}.txt", content_type="text/plain",
+        kind="txt", size=100 + i, status=status, progress=0.0, message=None, n_chunks=0, n_tokens=0,  # type: ignore[arg-type]
+        embedder=None, created_at=1000.0 + i, updated_at=1000.0 + i,
+    )  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalogue(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "sqlite":
+        cat = Catalogue(tmp_path / "store.sqlite3")
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        cat = Catalogue(server.create_database(f"cat_{uuid.uuid4().hex[:8]}"))
+    assert cat.backend == request.param
+    yield cat
+    cat.close()
+
+
+def test_rows_order_updates_and_deletes_are_the_same_on_both_backends(catalogue: Catalogue) -> None:
+    for i in (3, 1, 2):
+        catalogue.insert(record(i, tenant="t1" if i != 2 else "t2"))
+    assert catalogue.row("doc01") == record(1)
+    assert catalogue.row("nope") is None
+    assert catalogue.ids() == ["doc01", "doc02", "doc03"]  # oldest first
+    assert [r.id for r in catalogue.list("t1")] == ["doc01", "doc03"]
+    assert [r.id for r in catalogue.list(None)] == ["doc01", "doc02", "doc03"]
+    catalogue.update("doc02", status="ready", progress=1.0, n_chunks=7, n_tokens=123_456_789_012, embedder="m")
+    row = catalogue.row("doc02")
+    assert row is not None
+    assert (row.status, row.progress, row.n_chunks, row.n_tokens) == ("ready", 1.0, 7, 123_456_789_012)
+    assert row.updated_at > row.created_at
+    assert catalogue.ids(("ready",)) == ["doc02"] and catalogue.ids(("queued", "indexing")) == ["doc01", "doc03"]
+    with pytest.raises(DocumentNotFound):
+        catalogue.update("nope", status="ready")
+    catalogue.delete("doc01")
+    assert catalogue.ids() == ["doc02", "doc03"]
+    with pytest.raises(sa.exc.IntegrityError):  # an id is taken once
+        catalogue.insert(record(2))
+
+
+def test_a_fresh_database_gets_the_schema_at_the_newest_revision(postgres_server: PostgresServer) -> None:
+    url = postgres_server.create_database("fresh")
+    Catalogue(url).close()
+    Catalogue(url).close()  # opening again migrates nothing and loses nothing
+    engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("documents")}
+        indexes = {i["name"] for i in sa.inspect(conn).get_indexes("documents")}
+    engine.dispose()
+    assert {"id", "tenant", "status", "n_tokens", "created_at"} <= columns and "documents_tenant" in indexes
+
+
+def test_a_store_made_before_the_migrations_is_adopted_with_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    old = sqlite3.connect(path)  # the table as the SQLite-only catalogue made it
+    old.executescript("""
+        CREATE TABLE documents (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, title TEXT NOT NULL, filename TEXT,
+            content_type TEXT, kind TEXT NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
+            progress REAL NOT NULL DEFAULT 0, message TEXT, n_chunks INTEGER NOT NULL DEFAULT 0,
+            n_tokens INTEGER NOT NULL DEFAULT 0, embedder TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE INDEX documents_tenant ON documents (tenant, created_at);
+        INSERT INTO documents VALUES ('doc07', 't1', 'Title 7', 'f7.txt', 'text/plain', 'txt', 107, 'queued', 0, NULL,
+            0, 0, NULL, 1007.0, 1007.0);
+    """)
+    old.close()
+    cat = Catalogue(path)
+    assert cat.row("doc07") == record(7)
+    cat.insert(record(8))
+    assert cat.ids() == ["doc07", "doc08"]
+    cat.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0001",)
+
+
+def test_an_unreachable_database_is_a_clear_error_without_its_password() -> None:
+    url = f"postgresql://ragspec:s3cret@127.0.0.1:{free_port()}/nowhere"
+    with pytest.raises(CatalogueUnavailable) as info:
+        Catalogue(url)
+    message = str(info.value)
+    assert "unreachable" in message and "127.0.0.1" in message and "s3cret" not in message
+    with pytest.raises(CatalogueUnavailable, match="cannot be used"):
+        Catalogue("nosuchdb://x")
+
+
+def test_a_store_ingests_with_its_catalogue_in_postgresql(tmp_path: Path, postgres_server: PostgresServer,
+                                                          target_tokenizer: Any, minilm: Embedder) -> None:
+    url = postgres_server.create_database("store")
+    store = DocumentStore(tmp_path / "store", database=url)
+    text = b"The lighthouse keeper climbs the stairs at dusk. " * 20
+    rec = store.create("t1", "Keeper", "keeper.txt", "text/plain", text)
+    ready = store.ingest(rec.id, target_tokenizer, minilm, chunk_tokens=32)
+    assert ready.status == "ready" and ready.n_chunks > 0
+    store.close()
+    again = DocumentStore(tmp_path / "store", database=url)  # a restart (or another replica) reads the same rows
+    assert again.recover().failed == []
+    assert [r.id for r in again.list("t1")] == [rec.id] and again.get(rec.id).status == "ready"
+    assert not (tmp_path / "store" / "store.sqlite3").exists()
+    again.close()
