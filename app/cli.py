@@ -79,6 +79,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.host
     port = args.port or settings.port
+    if settings.database_url:  # a catalogue elsewhere: reached (and migrated) first, a bad one is one line
+        from retrieval.catalogue import Catalogue
+        from retrieval.errors import CatalogueUnavailable
+
+        try:
+            Catalogue(settings.database_url).close()
+        except CatalogueUnavailable as exc:
+            sys.stderr.write(f"ragspec: RAGSPEC_DATABASE_URL: {exc}\n")
+            return 2
 
     class Server(uvicorn.Server):
         """Says "serving" once the service is loaded and the socket is bound (uvicorn's startup done)."""

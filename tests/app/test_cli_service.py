@@ -284,6 +284,18 @@ def test_serve_on_a_taken_port_never_says_serving(tmp_path: Path) -> None:
     assert "address already in use" in text.lower() and "serving on" not in text
 
 
+def test_serve_with_an_unreachable_catalogue_database_stops_with_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, **process_env(service_settings(tmp_path / "db")),
+           "RAGSPEC_DATABASE_URL": f"postgresql://ragspec:s3cret@127.0.0.1:{free_port()}/catalogue"}
+    run = subprocess.run([*ragspec_command(), "serve", "--port", str(port)], env=env, capture_output=True, text=True,
+                         timeout=DEADLINE_S)  # fmt: skip
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RAGSPEC_DATABASE_URL" in lines[0] and "unreachable" in lines[0], run.stderr
+    assert "s3cret" not in run.stderr and "Traceback" not in run.stderr
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
