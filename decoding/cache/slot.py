@@ -44,6 +44,7 @@ class SlotLayer(CacheLayerMixin):
         # reading the prefix (``SharedPrefix.laid_out``).
         self.tiles: torch.Tensor | None = None
         self.tiled = torch.zeros(1, dtype=torch.int32)
+        self._tiled = self.tiled.numpy()  # the same int: read on every write, a tensor read costs microseconds
         self.tile_keys = 0
         self.shared_tiles: tuple[torch.Tensor, torch.Tensor] | None = None
         self.moved = 0  # counts the times a buffer was (re)allocated or a prefix shared: a runtime's view is stale
@@ -100,9 +101,10 @@ class SlotLayer(CacheLayerMixin):
 
     def _rewritten(self, row: int) -> None:
         """Cache rows from ``row`` on change: the buffers' blocks reaching them are no longer tiled."""
-        block = max(0, row - self.split) // self.tile_keys if self.tile_keys else 0
-        if self.tile_keys and int(self.tiled[0]) > block:
-            self.tiled[0] = block
+        if self.tile_keys:
+            block = max(0, row - self.split) // self.tile_keys
+            if self._tiled[0] > block:
+                self._tiled[0] = block
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``): cache row j at
