@@ -13,6 +13,7 @@ Tensors already on the CPU come back as they are: on the CPU runtime nothing is 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _ALIGN = 16  # byte offset of every packed piece: a multiple of the widest element size
@@ -38,6 +39,16 @@ def fetch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     for i, t in zip(moving, unpack(pack(parts).to("cpu"), parts), strict=True):
         out[i] = t
     return tuple(out)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax over the last dim, as ``torch.argmax`` gives it (the first maximal index; a NaN counts as
+    the maximum), int64. Plain fp32 CPU tensors go through numpy: one thread, no pool to wake; torch's reduction
+    takes ~10x longer on a few vocabulary-sized rows and, beside the kernels' threads, longer still. Elsewhere it
+    stays on the device, for ``fetch``."""
+    if type(logits) is torch.Tensor and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(np.asarray(logits.detach().numpy().argmax(axis=-1)))
+    return logits.argmax(dim=-1)
 
 
 def pack(tensors: list[torch.Tensor]) -> torch.Tensor:

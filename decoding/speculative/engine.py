@@ -426,7 +426,7 @@ class Engine:
         cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
         node_topk: torch.Tensor | None
         if sampling.greedy:
-            best, *got = host.fetch(logits.argmax(dim=-1), *cues)
+            best, *got = host.fetch(host.argmax(logits), *cues)
             verdict, node_topk = greedy_path(tree, best.tolist()), (got[0] if got else None)
         else:
             probs, *got = host.fetch(target_probs(logits, sampling), *cues)

@@ -306,3 +306,20 @@ def test_pack_round_trips_every_dtype_and_fetch_leaves_host_tensors_alone() -> N
     a, b = torch.randn(2), torch.arange(3)
     got = REAL_FETCH(a, b)
     assert got[0] is a and got[1] is b
+
+
+def test_host_argmax_is_torchs_argmax_ties_and_nan_included() -> None:
+    """``host.argmax`` (numpy on plain CPU tensors) picks what ``torch.argmax`` picks: the first maximal index, a NaN
+    as the maximum; a device's tensor (here ``OnDevice``) stays with torch, for ``fetch``."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randint(-3, 4, (17, 1000), generator=g).float()  # many ties
+    logits[5, 10] = logits[5, 700] = 9.0
+    logits[7, 300] = float("nan")
+    logits[8, 2] = logits[8, 900] = float("nan")
+    got = host.argmax(logits)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(dim=-1))
+    assert got[5] == 10 and got[7] == 300 and got[8] == 2
+    assert torch.equal(host.argmax(logits[3]), logits[3].argmax(dim=-1))  # one row: a 0-d result
+    OnDevice.reads.clear()
+    on_device = host.argmax(logits.as_subclass(OnDevice))
+    assert type(on_device) is OnDevice and OnDevice.reads == []
