@@ -269,6 +269,8 @@ class SlotCache(Cache):
     def compact(self, base: int, rows: Sequence[int]) -> None:
         """After a verify pass that started at ``base``: keep only ``rows`` (root row 0 + accepted rows)."""
         if list(rows) == list(range(len(rows))):  # accepted path already contiguous: just cut
+            if self.length == base + len(rows):
+                return  # nothing past it (a plain step): every layer stays as it is
             for layer in self.slot_layers:
                 layer.truncate(base + len(rows))
             return

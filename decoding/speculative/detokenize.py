@@ -19,12 +19,18 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any, context: int = 6) -> None:
         self.tokenizer = tokenizer
+        # a fast (``tokenizers``) tokenizer's own decoder: what its ``decode`` calls when asked not to clean up
+        # spaces, without the wrapper's per-call conversions (most of the time of a few-token decode)
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._backend = backend if callable(getattr(backend, "decode", None)) else None
         self.context = context
         self.ids: list[int] = []
         self._prefix = 0  # window start: tokens before it are already emitted and never re-decoded
         self._read = 0  # tokens up to here are emitted
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return str(self._backend.decode(list(ids), skip_special_tokens=True))
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False))
 
     def push(self, ids: Sequence[int]) -> str:

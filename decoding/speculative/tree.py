@@ -145,6 +145,10 @@ class TreeLayout:
 
 def tree_layout(root: int, tree: DraftTree, start: int, device: torch.device | str = "cpu") -> TreeLayout:
     """Flatten ``root`` + ``tree`` for a verify pass whose root sits at absolute position ``start``."""
+    if not len(tree):  # a plain step: the root alone
+        return TreeLayout(input_ids=torch.tensor([[root]], dtype=torch.long, device=device),
+                          position_ids=torch.tensor([[start]], dtype=torch.long, device=device),
+                          ancestor_mask=torch.ones(1, 1, dtype=torch.bool, device=device))
     n = len(tree) + 1
     tokens = [root, *tree.tokens]
     depths = [0, *tree.depths()]
