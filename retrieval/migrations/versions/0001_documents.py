@@ -1,7 +1,8 @@
 """The documents table (one row of metadata per document).
 
 A SQLite store made before the catalogue had migrations already holds this table, with these columns: it is adopted
-as it is (the revision recorded, nothing else done).
+as it is (the revision recorded, nothing else done). The columns are written out here rather than taken from
+``retrieval.catalogue``: a revision is a snapshot, and later changes to the table come as revisions of their own.
 
 Revision ID: 0001
 Revises:
