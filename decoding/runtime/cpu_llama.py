@@ -354,7 +354,8 @@ class CpuLlama:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
             if tile_keys:  # the attention keeps the cache's whole blocks laid out for its bf16 products
                 layer.reserve_tiles(g, elems, tile_keys)
-        if not shared_laid and cache.shared_prefix is not None and first.split:  # a shared prefix's, once for all
+        if not shared_laid and first.split:  # a shared prefix's, once for every cache reading it
+            assert cache.shared_prefix is not None
             layouts = cache.shared_prefix.laid_out(first.split, g, elems, tile_keys)
             for layer, layout in zip(cache.slot_layers, layouts, strict=True):
                 layer.share_tiles(*layout)

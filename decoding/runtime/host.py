@@ -43,9 +43,9 @@ def fetch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax over the last dim, as ``torch.argmax`` gives it (the first maximal index; a NaN counts as
-    the maximum), int64. Plain fp32 CPU tensors go through numpy: one thread, no pool to wake; torch's reduction
-    takes ~10x longer on a few vocabulary-sized rows and, beside the kernels' threads, longer still. Elsewhere it
-    stays on the device, for ``fetch``."""
+    the maximum), int64. Plain fp32 CPU tensors go through numpy: one thread, no pool to wake (torch's reduction wakes
+    its thread pool, which costs more than the work on a few vocabulary-sized rows and competes with the kernels'
+    threads). Elsewhere it stays on the device, for ``fetch``."""
     if type(logits) is torch.Tensor and logits.device.type == "cpu" and logits.dtype == torch.float32:
         return torch.from_numpy(np.asarray(logits.detach().numpy().argmax(axis=-1)))
     return logits.argmax(dim=-1)

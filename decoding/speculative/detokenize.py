@@ -21,7 +21,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         # a fast (``tokenizers``) tokenizer's own decoder: what its ``decode`` calls when asked not to clean up
         # spaces, without the wrapper's per-call conversions (most of the time of a few-token decode)
-        backend = getattr(tokenizer, "_tokenizer", None)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend = backend if callable(getattr(backend, "decode", None)) else None
         self.context = context
         self.ids: list[int] = []
