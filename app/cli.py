@@ -79,6 +79,17 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.host
     port = args.port or settings.port
+    if args.cluster:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if not settings.ray_address:  # a local Ray on loopback: Ray resolves 127.0.0.1 to the machine's address
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # unless told (before import) no cluster
+        from app.cluster.serve import ClusterConfigError, check_cluster_settings
+
+        try:
+            check_cluster_settings(settings)
+        except ClusterConfigError as exc:
+            sys.stderr.write(f"ragspec: cluster mode: {exc}\n")
+            return 2
     if settings.database_url:  # a catalogue elsewhere: reached (and migrated) first, a bad one is one line
         from retrieval.catalogue import Catalogue
         from retrieval.errors import CatalogueUnavailable
@@ -88,6 +99,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         except CatalogueUnavailable as exc:
             sys.stderr.write(f"ragspec: RAGSPEC_DATABASE_URL: {exc}\n")
             return 2
+
+    if args.cluster:
+        try:
+            from app.cluster.serve import run_cluster
+        except ModuleNotFoundError as exc:
+            sys.stderr.write(f"ragspec: cluster mode needs Ray Serve ({exc}): pip install 'ragspec[cluster]'\n")
+            return 2
+        return run_cluster(settings, host, port)
 
     class Server(uvicorn.Server):
         """Says "serving" once the service is loaded and the socket is bound (uvicorn's startup done)."""
@@ -113,6 +132,9 @@ def add_serve(sub: SubParsers) -> None:
     p = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
     p.add_argument("--host", default=None, help="bind address (default: RAGSPEC_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (default: RAGSPEC_PORT or 8000)")
+    p.add_argument("--cluster", action="store_true",
+                   help="engine replicas on Ray Serve behind one ingress, routed by document (RAGSPEC_CLUSTER_*, "
+                   "RAGSPEC_RAY_ADDRESS; needs RAGSPEC_DATABASE_URL and RAGSPEC_REDIS_URL)")
     p.set_defaults(handler=_serve)
 
 

@@ -57,7 +57,7 @@ def _open_store(settings: Settings) -> tuple[Any, Any, Any]:
     from retrieval.embedding import load_embedder
     from retrieval.store import DocumentStore
 
-    store = DocumentStore(settings.data_dir / "documents", max_pdf_pages=settings.max_pdf_pages,
+    store = DocumentStore(settings.documents_dir, max_pdf_pages=settings.max_pdf_pages,
                           database=settings.database_url)
     embedder = load_embedder(settings.embedding_model, settings.embedding_kind, settings.device)
     return store, _load_tokenizer(settings), embedder

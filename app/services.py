@@ -191,10 +191,11 @@ def load_draft_model(settings: Settings, target: LoadedModel) -> LoadedModel:
 
 
 def open_store(settings: Settings) -> DocumentStore:
-    """The document store, recovered from an interrupted shutdown (its half-indexed documents fail)."""
-    store = DocumentStore(settings.data_dir / "documents", max_pdf_pages=settings.max_pdf_pages,
+    """The document store, recovered from an interrupted shutdown (its half-indexed documents fail; in a shared store
+    other replicas' ingests are left to their jobs' leases)."""
+    store = DocumentStore(settings.documents_dir, max_pdf_pages=settings.max_pdf_pages,
                           database=settings.database_url)
-    report = store.recover()
+    report = store.recover(shared=settings.shared_store)
     if report.failed:
         logger.warning("documents interrupted by the last shutdown are now failed: %s", ", ".join(report.failed))
     return store
@@ -305,7 +306,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         store,
         copy.deepcopy(target.tokenizer),
         embedder,
-        IndexingConfig(chunk_tokens=settings.chunk_tokens, chunk_overlap=settings.chunk_overlap),
+        IndexingConfig(chunk_tokens=settings.chunk_tokens, chunk_overlap=settings.chunk_overlap,
+                       lease_s=settings.ingest_lease_s, poll_s=min(5.0, settings.ingest_lease_s / 3)),
     )
     services = Services(
         settings=settings,
@@ -329,7 +331,8 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         keys=KeyRing(config.api_keys),
         started_at=time.time(),
     )
-    indexing.on_ready = services.warm_document
+    if not settings.shared_store:  # a replica that ingests a document is not the one its questions are routed to
+        indexing.on_ready = services.warm_document
     if settings.calibrate:
         start_calibration(engine, scheduler)  # 256 and 2048 tokens; on a GPU, longer caches up to the window
     logger.info("services ready in %.1f s (target %s, embedder %s)", time.perf_counter() - t0, target.name,

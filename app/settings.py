@@ -35,6 +35,23 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="redis://host:port/db for sessions and the cross-session draft cache; in-process when unset"
     )
+    documents_dir: Path = Field(  # None -> <data_dir>/documents (the validator below)
+        None, validate_default=True, description="Uploaded documents and their indexes (default: "
+        "<data_dir>/documents); in cluster mode a path every replica reads (a shared volume)"
+    )
+    shared_store: bool = Field(
+        False, description="Other processes share the documents dir and catalogue (set for cluster replicas): "
+        "start-up leaves their ingests alone, whose jobs' leases hand them over if their worker died"
+    )
+    cluster_replicas: int = Field(2, ge=1, description="Engine replicas of `ragspec serve --cluster`")
+    cluster_load_factor: float = Field(
+        1.5, ge=1.0, description="Cluster routing: a document's owner replica takes its requests until it holds this "
+        "many times the mean load (bench/routing.py's sweep chose 1.5)"
+    )
+    ray_address: str | None = Field(
+        None, description="`ragspec serve --cluster`: the Ray cluster to join (ray://... or host:port); unset: a "
+        "local one on loopback, started and stopped with the command"
+    )
     database_url: str | None = Field(
         None, description="postgresql://user:password@host:port/db for the document catalogue (one that several "
         "replicas share; needs the `postgres` extra); unset: SQLite in the data dir"
@@ -99,6 +116,10 @@ class Settings(BaseSettings):
 
     chunk_tokens: int = Field(512, ge=16, le=8192, description="Chunk size in target tokens")
     chunk_overlap: int = Field(0, ge=0, description="Chunk overlap in tokens")
+    ingest_lease_s: float = Field(
+        30.0, gt=0, description="An ingestion job's lease: a worker that stops renewing it (died) loses the job to "
+        "another after this long"
+    )
     retrieval_threshold: float | None = Field(
         None, description="Similarity threshold: a chunk whose best window is less similar to the question is "
         "dropped (default 0.3 for BGE-M3, calibrated for the bundled embedder)"
@@ -245,6 +266,13 @@ class Settings(BaseSettings):
                 f"chunk_overlap ({self.chunk_overlap}) must be at most chunk_tokens // 2 ({self.chunk_tokens // 2})"
             )
         return self
+
+    @field_validator("documents_dir", mode="before")
+    @classmethod
+    def _documents_under_data(cls, value: object, info: ValidationInfo) -> object:
+        if value is None or value == "":
+            return Path(info.data.get("data_dir", "data")) / "documents"
+        return value
 
     @field_validator("models_dir", mode="before")
     @classmethod

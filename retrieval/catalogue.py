@@ -9,6 +9,7 @@ itself takes none): the store keeps the rows and the document dirs consistent wi
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,8 +48,28 @@ documents = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     sa.Index("documents_tenant", "tenant", "created_at"),
 )
+# A document waiting for ingestion or being ingested: the worker that claimed it and until when (None: unclaimed)
+ingest_jobs = sa.Table(
+    "ingest_jobs",
+    metadata,
+    sa.Column("doc_id", sa.Text, primary_key=True),
+    sa.Column("owner", sa.Text),
+    sa.Column("lease_until", sa.Double),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Index("ingest_jobs_created", "created_at"),
+)
 _COLUMNS = tuple(c.name for c in documents.columns)
 _ORDER = (documents.c.created_at, documents.c.id)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An ingestion job a worker holds until ``lease_until`` (renewed while it works); ``attempt`` counts claims."""
+
+    doc_id: str
+    owner: str
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -168,6 +189,69 @@ class Catalogue:
     def delete(self, doc_id: str) -> None:
         with self._engine.begin() as conn:
             conn.execute(documents.delete().where(documents.c.id == doc_id))
+            conn.execute(ingest_jobs.delete().where(ingest_jobs.c.doc_id == doc_id))
+
+    # --- ingestion jobs -------------------------------------------------------------------------
+
+    def add_job(self, doc_id: str) -> None:
+        """An unclaimed job for the document, unless it has one already (claimed or not)."""
+        with self._engine.begin() as conn:
+            if conn.execute(sa.select(ingest_jobs.c.doc_id).where(ingest_jobs.c.doc_id == doc_id)).first() is None:
+                conn.execute(ingest_jobs.insert().values(doc_id=doc_id, created_at=time.time()))
+
+    def claim(self, owner: str, lease_s: float, max_attempts: int, doc_id: str | None = None) -> Claim | str | None:
+        """Take the oldest job (``doc_id``'s only, when given) that nobody holds or whose lease ran out; write
+        ``owner`` and a lease of ``lease_s``. Returns the claim; the id of a document whose job has been claimed
+        ``max_attempts`` times already (its job deleted: the caller fails the document); None when there is none.
+        A job whose document is gone or no longer queued / indexing is deleted on the way.
+
+        PostgreSQL skips rows other workers are claiming (``FOR UPDATE SKIP LOCKED``); on both backends the update
+        only succeeds if the row is still claimable, so two workers never hold one job."""
+        while True:
+            now = time.time()
+            claimable = sa.or_(ingest_jobs.c.owner.is_(None), ingest_jobs.c.lease_until < now)
+            query = (sa.select(ingest_jobs.c.doc_id, ingest_jobs.c.attempts, documents.c.status)
+                     .join(documents, documents.c.id == ingest_jobs.c.doc_id, isouter=True)
+                     .where(claimable).order_by(ingest_jobs.c.created_at, ingest_jobs.c.doc_id).limit(1)
+                     .with_for_update(of=ingest_jobs, skip_locked=True))
+            if doc_id is not None:
+                query = query.where(ingest_jobs.c.doc_id == doc_id)
+            with self._engine.begin() as conn:
+                row = conn.execute(query).first()
+                if row is None:
+                    return None
+                job = ingest_jobs.c.doc_id == row.doc_id
+                if row.status not in ("queued", "indexing") or row.attempts >= max_attempts:
+                    conn.execute(ingest_jobs.delete().where(job))
+                    if row.status is not None and row.attempts >= max_attempts:
+                        return str(row.doc_id)
+                    continue
+                taken = conn.execute(ingest_jobs.update().where(job, claimable).values(
+                    owner=owner, lease_until=now + lease_s, attempts=row.attempts + 1))
+                if taken.rowcount == 1:
+                    return Claim(str(row.doc_id), owner, int(row.attempts) + 1)
+
+    def renew(self, claim: Claim, lease_s: float) -> bool:
+        """Extend the lease; False when the job is no longer this claim's (taken over after the lease ran out,
+        or finished)."""
+        with self._engine.begin() as conn:
+            result = conn.execute(ingest_jobs.update()
+                                  .where(ingest_jobs.c.doc_id == claim.doc_id, ingest_jobs.c.owner == claim.owner)
+                                  .values(lease_until=time.time() + lease_s))
+        return bool(result.rowcount == 1)
+
+    def finish(self, claim: Claim) -> None:
+        """Delete the job (if the claim still holds it)."""
+        with self._engine.begin() as conn:
+            conn.execute(ingest_jobs.delete()
+                         .where(ingest_jobs.c.doc_id == claim.doc_id, ingest_jobs.c.owner == claim.owner))
+
+    def jobs(self) -> builtins.list[tuple[str, str | None, int]]:
+        """Every job as (document id, owner, attempts), oldest first."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(sa.select(ingest_jobs.c.doc_id, ingest_jobs.c.owner, ingest_jobs.c.attempts)
+                                .order_by(ingest_jobs.c.created_at, ingest_jobs.c.doc_id))
+            return [(str(r[0]), r[1], int(r[2])) for r in rows]
 
 
 def _record(row: sa.Row[Any]) -> DocumentRecord:

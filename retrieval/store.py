@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from retrieval import doc_files
-from retrieval.catalogue import Catalogue, DocumentRecord, DocumentStatus
+from retrieval.catalogue import Catalogue, Claim, DocumentRecord, DocumentStatus
 from retrieval.chunking import Chunk, Tokenizer, chunk_text, passage_spans, tokenize
 from retrieval.doc_files import PASSAGES_FILE, fsync_tree, remove
 from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder
@@ -45,7 +45,7 @@ from retrieval.lexical import LEXICAL_FILE, LexicalIndex
 from retrieval.parsing import parse_document
 
 __all__ = [  # the store's public names, some defined beside it (catalogue, doc_files) and re-exported here
-    "DEFAULT_TENANT", "INTERRUPTED", "PASSAGES_FILE", "DocumentRecord", "DocumentStatus", "DocumentStore",
+    "DEFAULT_TENANT", "INTERRUPTED", "PASSAGES_FILE", "Claim", "DocumentRecord", "DocumentStatus", "DocumentStore",
     "RecoveryReport",
 ]
 
@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
 INTERRUPTED = "interrupted by restart"
+SHARED_TEMP_AGE_S = 24 * 3600.0  # a shared store's temp dir this old is a dead worker's leftover
 MAX_TITLE_CHARS = 512  # a title longer than this (from a file name or PDF metadata) is cut
 # An indexing document's message names its stage: chunking, embedding (per batch, embedding_stage), indexing.
 STAGE_CHUNKING = "chunking the text"
@@ -90,9 +91,15 @@ class DocumentStore:
 
     # --- start-up -------------------------------------------------------------------------------
 
-    def recover(self) -> RecoveryReport:
+    def recover(self, *, shared: bool = False) -> RecoveryReport:
         """Clean up after a crash: delete temp leftovers and row-less document dirs; documents that
-        were queued or indexing become failed with message "interrupted by restart"."""
+        were queued or indexing become failed with message "interrupted by restart".
+
+        ``shared``: other processes use this store too (replicas on one catalogue and one documents dir): their
+        work in progress is left alone (an ingest cut by a crash is taken over by its job's lease, see
+        ``claim_ingest``); only temp dirs untouched for ``SHARED_TEMP_AGE_S`` are deleted."""
+        if shared:
+            return self._recover_shared()
         with self._lock:
             removed_temp = 0
             for entry in self._tmp.iterdir():
@@ -115,6 +122,47 @@ class DocumentStore:
             logger.warning("recovered store %s: %d temp dirs and %d orphan dirs removed, %d documents failed",
                            self.root, removed_temp, removed_orphans, len(failed))
         return RecoveryReport(removed_temp=removed_temp, removed_orphans=removed_orphans, failed=failed)
+
+    def _recover_shared(self) -> RecoveryReport:
+        cutoff = time.time() - SHARED_TEMP_AGE_S
+        removed = 0
+        for entry in self._tmp.iterdir():
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    remove(entry)
+                    removed += 1
+            except FileNotFoundError:  # another replica's work, finished meanwhile
+                continue
+        return RecoveryReport(removed_temp=removed, removed_orphans=0, failed=[])
+
+    # --- ingestion jobs -------------------------------------------------------------------------
+
+    def queue_ingest(self, doc_id: str) -> None:
+        """Record that the document waits for ingestion (a job any worker sharing the catalogue may claim)."""
+        with self._lock:
+            self.get(doc_id)
+            self._db.add_job(doc_id)
+
+    def claim_ingest(self, owner: str, lease_s: float, max_attempts: int, doc_id: str | None = None) -> Claim | None:
+        """Claim the oldest ingestion job nobody holds, or whose holder's lease ran out (``doc_id``'s only, when
+        given); None when there is none. A document whose job was claimed ``max_attempts`` times already (each
+        holder died) becomes failed rather than taking down the next worker too."""
+        while True:
+            with self._lock:
+                got = self._db.claim(owner, lease_s, max_attempts, doc_id)
+                if not isinstance(got, str):
+                    return got
+                self._update(got, status="failed", progress=0.0,
+                             message=f"ingestion stopped {max_attempts} times without finishing (its workers died)")
+            logger.warning("document %s failed: its ingestion was cut %d times", got, max_attempts)
+
+    def renew_ingest(self, claim: Claim, lease_s: float) -> bool:
+        with self._lock:
+            return self._db.renew(claim, lease_s)
+
+    def finish_ingest(self, claim: Claim) -> None:
+        with self._lock:
+            self._db.finish(claim)
 
     # --- documents ------------------------------------------------------------------------------
 

@@ -1,11 +1,14 @@
 """The catalogue on its two backends, SQLite (the embedded default) and a real PostgreSQL (on a loopback port): the
 same rows, order, updates and errors; the schema made by the migrations on a fresh database; a SQLite store made
 before the migrations existed adopted with its rows; an unreachable database a clear error that hides its password;
-a whole document ingested through a store whose catalogue is PostgreSQL."""
+a whole document ingested through a store whose catalogue is PostgreSQL; ingestion jobs claimed once, their leases
+renewed, taken over when they run out, given up after too many attempts."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from retrieval.catalogue import Catalogue, DocumentRecord
+from retrieval.catalogue import Catalogue, Claim, DocumentRecord
 from retrieval.embedding import Embedder
 from retrieval.errors import CatalogueUnavailable, DocumentNotFound
 from retrieval.store import DocumentStore
@@ -68,7 +71,7 @@ def test_a_fresh_database_gets_the_schema_at_the_newest_revision(postgres_server
     Catalogue(url).close()  # opening again migrates nothing and loses nothing
     engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
         columns = {c["name"] for c in sa.inspect(conn).get_columns("documents")}
         indexes = {i["name"] for i in sa.inspect(conn).get_indexes("documents")}
     engine.dispose()
@@ -94,7 +97,8 @@ def test_a_store_made_before_the_migrations_is_adopted_with_its_rows(tmp_path: P
     assert cat.ids() == ["doc07", "doc08"]
     cat.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0001",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0002",)
+        assert conn.execute("SELECT count(*) FROM ingest_jobs").fetchone() == (0,)
 
 
 def test_an_unreachable_database_is_a_clear_error_without_its_password() -> None:
@@ -121,3 +125,64 @@ def test_a_store_ingests_with_its_catalogue_in_postgresql(tmp_path: Path, postgr
     assert [r.id for r in again.list("t1")] == [rec.id] and again.get(rec.id).status == "ready"
     assert not (tmp_path / "store" / "store.sqlite3").exists()
     again.close()
+
+
+def test_an_ingestion_job_is_claimed_once_and_taken_over_when_its_lease_runs_out(catalogue: Catalogue) -> None:
+    for i in (1, 2):
+        catalogue.insert(record(i))
+        catalogue.add_job(f"doc{i:02d}")
+    catalogue.add_job("doc01")  # queued twice: still one job
+    assert catalogue.jobs() == [("doc01", None, 0), ("doc02", None, 0)]
+    first = catalogue.claim("w1", 60.0, 3)
+    assert first == Claim("doc01", "w1", 1)
+    assert catalogue.claim("w2", 60.0, 3, "doc01") is None  # held
+    assert catalogue.claim("w2", 0.2, 3) == Claim("doc02", "w2", 1)  # the next one
+    assert catalogue.claim("w3", 60.0, 3) is None
+    assert catalogue.renew(first, 60.0)
+    time.sleep(0.3)  # w2's lease runs out: w2 died
+    taken = catalogue.claim("w3", 60.0, 3)
+    assert taken == Claim("doc02", "w3", 2)
+    assert not catalogue.renew(Claim("doc02", "w2", 1), 60.0)  # the dead worker's claim no longer holds
+    catalogue.finish(Claim("doc02", "w2", 1))  # nor can it finish the job
+    assert [j[0] for j in catalogue.jobs()] == ["doc01", "doc02"]
+    catalogue.finish(taken)
+    catalogue.finish(first)
+    assert catalogue.jobs() == []
+
+
+def test_a_job_is_given_up_after_its_attempts_and_dropped_with_its_document(catalogue: Catalogue) -> None:
+    catalogue.insert(record(1))
+    catalogue.add_job("doc01")
+    for attempt in (1, 2):
+        assert catalogue.claim(f"w{attempt}", 0.0, 2) == Claim("doc01", f"w{attempt}", attempt)
+        time.sleep(0.01)
+    assert catalogue.claim("w3", 60.0, 2) == "doc01"  # cut twice: the caller fails the document
+    assert catalogue.jobs() == []
+    catalogue.insert(record(2))
+    catalogue.add_job("doc02")
+    catalogue.update("doc02", status="ready")  # finished by a worker that died before deleting its job
+    catalogue.insert(record(3))
+    catalogue.add_job("doc03")
+    catalogue.delete("doc03")
+    assert catalogue.claim("w1", 60.0, 2) is None and catalogue.jobs() == []
+
+
+def test_workers_racing_for_jobs_hold_each_one_once(catalogue: Catalogue) -> None:
+    for i in range(12):
+        catalogue.insert(record(i))
+        catalogue.add_job(f"doc{i:02d}")
+    held: list[Claim] = []
+    lock = threading.Lock()
+
+    def worker(name: str) -> None:
+        while (claim := catalogue.claim(name, 60.0, 3)) is not None:
+            assert isinstance(claim, Claim)
+            with lock:
+                held.append(claim)
+
+    threads = [threading.Thread(target=worker, args=(f"w{n}",)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(c.doc_id for c in held) == [f"doc{i:02d}" for i in range(12)]

@@ -1,0 +1,336 @@
+"""Cluster mode on Ray Serve (``ragspec serve --cluster``): an ingress deployment and an engine deployment.
+
+- ``Engine``: one replica per box (or GPU), each the whole one-process app (models, KV prefix cache, scheduler)
+  with a replica-local data dir for its KV, reading the shared documents dir and catalogue (PostgreSQL). Requests
+  reach it as plain data (``app.cluster.bridge``) and its answers stream back item by item.
+- ``Ingress``: the HTTP entry (Serve's proxy in front). It names each request's route key, the tenant and document
+  set whose KV prefix the request reads (``routing.routing_key``; a session follow-up's documents come from the
+  session in Redis), and calls the engine with it.
+- ``DocumentRouter``: Serve's request router for the engine. A keyed request goes to its owner on the ring
+  (``routing.AffinityRouter``: consistent hashing with bounded loads), then to the next replicas along the ring
+  when the owner is at its cap, full or gone; an unkeyed one (uploads, lists, health) to the least loaded. A
+  request may name a replica (header ``X-Ragspec-Replica``, for diagnostics); every answer says which replica
+  served it in the same header.
+
+Ingestion needs nothing of Ray: the replicas claim the catalogue's ingestion jobs with leases (``app.indexing``),
+so a document is ingested once and one whose worker died is taken over. Ray itself is imported here only.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the ingress route's annotations through Serve's wrapper
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from ray.exceptions import RayActorError
+
+from app.auth import KeyRing
+from app.cluster.bridge import WireRequest, play, wire_request
+from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
+from app.errors import ServiceError, error_body
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+REPLICA_HEADER = "x-ragspec-replica"
+APP_NAME = "ragspec"
+ATTEMPTS = 5  # tries of a request whose replica died before answering (not an upload: it may have been stored)
+# per engine replica: generations it runs or queues itself (its own scheduler answers 429 past its queue)
+MAX_ONGOING = 256
+
+
+class ClusterConfigError(Exception):
+    """A cluster that cannot start as configured; the message says which setting."""
+
+
+def check_cluster_settings(settings: Settings) -> None:
+    """What replicas must share: the catalogue (PostgreSQL) and sessions (Redis); at least one replica."""
+    if not settings.database_url:
+        raise ClusterConfigError("RAGSPEC_DATABASE_URL is not set: the replicas share one catalogue, in PostgreSQL")
+    if not settings.redis_url:
+        raise ClusterConfigError("RAGSPEC_REDIS_URL is not set: the replicas share sessions and drafts through Redis")
+    if settings.cluster_replicas < 1:
+        raise ClusterConfigError("RAGSPEC_CLUSTER_REPLICAS must be at least 1")
+
+
+def replica_settings(settings: Settings, replica: int) -> Settings:
+    """A replica's settings: the shared documents dir and models, its own data dir (KV cache, prefix registry)."""
+    return settings.model_copy(update={
+        "data_dir": settings.data_dir / "replicas" / str(replica),
+        "documents_dir": settings.documents_dir,
+        "models_dir": settings.models_dir,
+        "shared_store": True,
+    })
+
+
+def _bearer(headers: Sequence[tuple[str, str]]) -> str | None:
+    for key, value in headers:
+        if key == "authorization":
+            scheme, _, token = value.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def _document_ids(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str | None:
+    """The key a request routes by, None when any replica serves it as well as another (or it will be refused:
+    an unknown key, a malformed body: the replica says why)."""
+    try:
+        tenant = keys.tenant(_bearer(request["headers"]))
+    except ServiceError:
+        return None
+    method, path = request["method"], request["path"].rstrip("/")
+    if method == "DELETE" and path.startswith("/v1/documents/"):
+        return routing_key([path.rsplit("/", 1)[1]], tenant)  # its KV is dropped where it most likely lives
+    if method != "POST" or path not in ("/v1/ask", "/v1/chat/completions"):
+        return None
+    try:
+        body = json.loads(request["body"] or b"{}")
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    ids = _document_ids(body.get("document_ids"))
+    session_id = body.get("session_id")
+    if not ids and path == "/v1/ask" and isinstance(session_id, str) and sessions is not None:
+        with contextlib.suppress(Exception):  # the replica answers a session it cannot find
+            for turn in reversed(await sessions.history(tenant, session_id)):
+                if turn.documents:
+                    ids = list(turn.documents)
+                    break
+    return routing_key(ids, tenant)
+
+
+def _replica_logging() -> None:
+    """Our loggers' lines on the replica's stderr (Ray's worker log, shown by the driver): Ray sets up its own
+    loggers only."""
+    from app.cli import OWN_LOGGERS
+
+    level = os.environ.get("RAGSPEC_LOG_LEVEL", "INFO").upper()
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in OWN_LOGGERS:
+        own = logging.getLogger(name)
+        if not own.handlers:
+            own.addHandler(handler)
+            own.setLevel(level)
+            own.propagate = False
+
+
+# ---- Ray Serve -----------------------------------------------------------------------------------------------
+
+
+class EngineReplica:
+    """An engine replica: the one-process app, loaded with the settings Ray's environment gives this process
+    (``replica_settings``: its own data dir under the shared one)."""
+
+    async def __init__(self) -> None:  # type: ignore[misc]  # Serve awaits an async constructor
+        from ray import serve
+
+        from app.main import create_app
+
+        _replica_logging()
+        context = serve.get_replica_context()
+        self.name = context.replica_id.unique_id
+        base = Settings()  # type: ignore[call-arg]  # from the environment Ray gave the replica
+        self.app = create_app(replica_settings(base, context.rank.rank if context.rank else 0))
+        self._stack = contextlib.AsyncExitStack()
+        await self._stack.enter_async_context(self.app.router.lifespan_context(self.app))
+        logger.info("engine replica %s ready", self.name)
+
+    async def forward(self, request: WireRequest, route: str | None = None,
+                      pin: str | None = None) -> AsyncIterator[Any]:
+        """Answer one request; ``route`` and ``pin`` are read by ``DocumentRouter`` before it gets here."""
+        async for item in play(self.app, request, self.name):
+            yield item
+
+    def check_health(self) -> None:
+        services = self.app.state.services
+        if services is None or not services.indexing.alive:
+            raise RuntimeError("the replica's services are not running")
+
+    async def __del__(self) -> None:
+        await self._stack.aclose()
+
+
+http = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+
+def _ingress(cls: type) -> type:
+    from ray import serve
+
+    return serve.ingress(http)(cls)  # type: ignore[no-any-return]
+
+
+@_ingress
+class Ingress:
+    """The HTTP entry: every request is forwarded to an engine replica, chosen by its route key."""
+
+    def __init__(self, engine: Any) -> None:
+        from app.config import ServiceConfig
+        from app.redis_link import RedisLink
+        from app.sessions import SessionStore
+
+        self.engine = engine.options(stream=True)
+        settings = Settings()  # type: ignore[call-arg]
+        config = ServiceConfig.from_settings(settings)
+        self.keys = KeyRing(config.api_keys)
+        self.redis = RedisLink(settings.redis_url)
+        self.sessions = SessionStore(self.redis, config.sessions.session_ttl_s, config.sessions.max_turns)
+
+    @http.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
+                    include_in_schema=False)
+    async def proxy(self, request: Request, path: str) -> StreamingResponse:
+        client = (request.client.host, request.client.port) if request.client else None
+        wire = wire_request(request.method, request.url.path, request.url.query, list(request.headers.items()),
+                            await request.body(), client)
+        route = await route_key(wire, self.keys, self.sessions)
+        retry = not (wire["method"] == "POST" and wire["path"].rstrip("/") == "/v1/documents")
+        for attempt in range(1, ATTEMPTS + 1):  # a replica that died before answering: the next one answers
+            stream = self.engine.forward.remote(wire, route=route, pin=request.headers.get(REPLICA_HEADER))
+            try:
+                head = await stream.__anext__()
+                break
+            except RayActorError as exc:
+                logger.warning("engine replica unavailable (attempt %d): %s", attempt, exc)
+                if not retry or attempt == ATTEMPTS:
+                    return _unavailable()
+                await asyncio.sleep(0.5 * attempt)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                stream.cancel()
+
+        response = StreamingResponse(body(), status_code=head["status"])
+        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in head["headers"]
+                                if k != "content-length"] + [(REPLICA_HEADER.encode(), head["replica"].encode())]
+        return response
+
+
+def _unavailable() -> StreamingResponse:
+    body = error_body("replica_unavailable", "the engine replica serving this request stopped; try again")
+    return StreamingResponse(iter([json.dumps(body).encode()]), status_code=503, media_type="application/json")
+
+
+def build_app(settings: Settings) -> Any:
+    """The Serve application: ``Ingress`` bound to ``EngineReplica`` (``cluster_replicas`` replicas), both
+    started with the command's RAGSPEC_* environment and absolute data paths."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(("RAGSPEC_", "HF_", "OMP_", "TRANSFORMERS_"))}
+    env.update({"RAGSPEC_DATA_DIR": str(settings.data_dir.resolve()),
+                "RAGSPEC_DOCUMENTS_DIR": str(settings.documents_dir.resolve()),
+                "RAGSPEC_MODELS_DIR": str(settings.models_dir.resolve())})
+    engine = serve.deployment(
+        name="Engine",
+        num_replicas=settings.cluster_replicas,
+        max_ongoing_requests=MAX_ONGOING,
+        ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": env}},
+        request_router_config=RequestRouterConfig(
+            request_router_class=DocumentRouter,  # type: ignore[arg-type]  # a class or its import path
+            request_router_kwargs={"load_factor": settings.cluster_load_factor},
+        ),
+        health_check_period_s=5,
+        graceful_shutdown_timeout_s=5,
+    )(EngineReplica)
+    ingress = serve.deployment(name="Ingress", max_ongoing_requests=4 * MAX_ONGOING,
+                               ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})(Ingress)
+    return ingress.bind(engine.bind())
+
+
+def _router_base() -> type:
+    from ray.serve.request_router import RequestRouter
+
+    return RequestRouter  # type: ignore[no-any-return]
+
+
+class DocumentRouter(_router_base()):  # type: ignore[misc]
+    """Serve's request router for the engine: the owner of the request's route key first (within its load cap),
+    then the other replicas in ring order; Serve then takes the first of a rank that accepts the request."""
+
+    def initialize_state(self, load_factor: float = 1.5, vnodes: int = DEFAULT_VNODES, **_: Any) -> None:
+        self._ring: AffinityRouter | None = None  # made with the first replicas
+        self._load_factor, self._vnodes = load_factor, vnodes
+
+    async def choose_replicas(self, candidate_replicas: list[Any], pending_request: Any = None) -> list[list[Any]]:
+        by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
+        if not by_name:
+            return []
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        pin, key = kwargs.get("pin"), kwargs.get("route")
+        if pin in by_name:
+            return [[by_name[pin]]]
+        loads = {name: self.replica_queue_len_cache.get(r.replica_id) or 0 for name, r in by_name.items()}
+        if key is None:
+            return [sorted(by_name.values(), key=lambda r: loads[r.replica_id.unique_id])]
+        names = sorted(by_name)
+        if self._ring is None:
+            self._ring = AffinityRouter(names, load_factor=self._load_factor, vnodes=self._vnodes)
+        elif sorted(self._ring.replicas) != names:
+            self._ring.set_replicas(names)
+        first = self._ring.route(key, loads)
+        rest = [name for name in self._ring.owners(key) if name != first]
+        return [[by_name[first]], [by_name[name] for name in rest]]
+
+
+# ---- the command ---------------------------------------------------------------------------------------------
+
+
+def ray_init_options(settings: Settings, temp_dir: Path | None = None) -> dict[str, Any]:
+    """A local Ray on a small box: loopback only, no dashboard, a small object store, logical CPUs for every
+    replica (each replica takes one)."""
+    options: dict[str, Any] = {
+        "num_cpus": max(os.cpu_count() or 1, settings.cluster_replicas),
+        "include_dashboard": False,
+        "object_store_memory": 128 * 1024 * 1024,
+        "_node_ip_address": "127.0.0.1",
+        "configure_logging": False,
+        "log_to_driver": True,
+    }
+    if temp_dir is not None:
+        options["_temp_dir"] = str(temp_dir)
+    return options
+
+
+def run_cluster(settings: Settings, host: str, port: int) -> int:
+    """Start (or join) Ray, deploy the application on ``host:port`` and serve until SIGINT / SIGTERM."""
+    check_cluster_settings(settings)
+    import ray
+    from ray import serve
+
+    if settings.ray_address:
+        context = ray.init(address=settings.ray_address, configure_logging=False)
+    else:
+        temp = os.environ.get("RAGSPEC_RAY_TEMP_DIR")
+        context = ray.init(**ray_init_options(settings, Path(temp) if temp else None))
+    logger.info("Ray cluster at %s", context.address_info.get("gcs_address"))  # type: ignore[attr-defined]
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(settings), name=APP_NAME, route_prefix="/")
+        logger.info("serving on http://%s:%d (%d engine replicas, data dir %s)", host, port,
+                    settings.cluster_replicas, settings.data_dir)
+        stop.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+    return 0
+

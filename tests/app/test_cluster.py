@@ -1,0 +1,240 @@
+"""Cluster mode for real: ``ragspec serve --cluster`` in a subprocess (one command: a local Ray on loopback, Serve's
+proxy, an ingress and two engine replicas with the bundled model), its catalogue in a real PostgreSQL, sessions in a
+real Redis. Documents uploaded through the ingress are ingested once; a document's questions land on one replica
+(whose KV prefix makes the second one's first token far faster), the other replica gives the same bytes; a session's
+follow-up reaches the owner; a replica killed, its next request is served by the other; an ingestion worker killed
+mid-ingest, another takes its job over once the lease runs out. Bad configuration is one clear line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.app.live import DEADLINE_S, process_env, service_settings, upload_text, wait_for, wait_indexed
+from tests.conftest import REPO, free_port, running_postgres, running_redis
+
+pytestmark = [pytest.mark.cluster, pytest.mark.real_model, pytest.mark.redis, pytest.mark.heavy]
+
+REPLICA = "x-ragspec-replica"
+LEASE_S = 4.0
+
+
+@dataclass
+class Cluster:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    database: str
+    ray_dir: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=DEADLINE_S)
+
+    def replica_logs(self) -> str:
+        """What the replicas' processes wrote, read from their own log files (the command's copy lags)."""
+        files = sorted((self.ray_dir / "session_latest" / "logs").glob("worker-*"))
+        return "".join(f.read_text(errors="replace") for f in files)
+
+
+def _start(env: dict[str, str], log: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--cluster", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO, env={**os.environ, **env}, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    with contextlib.suppress(ProcessLookupError):  # Ray's own processes, if the command could not stop them
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("cluster")
+    with running_postgres() as pg, running_redis(tmp_path_factory.mktemp("cluster-redis")) as redis:
+        database = pg.create_database("cluster")
+        settings = service_settings(work / "data", database_url=database, redis_url=redis.url,
+                                    ingest_lease_s=LEASE_S, cluster_replicas=2, max_context=2048,
+                                    kv_pool_bytes=512 * 1024 * 1024)
+        ray_dir = Path(tempfile.mkdtemp(prefix="rs-ray-"))  # short: Ray's socket paths live under it
+        env = process_env(settings) | {"RAY_USAGE_STATS_ENABLED": "0", "RAGSPEC_RAY_TEMP_DIR": str(ray_dir)}
+        port = free_port()
+        log = work / "cluster.log"
+        proc = _start(env, log, port)
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the cluster exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                return httpx.get(url + "/healthz", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_for(up, "the cluster to serve", every_s=1.0)
+            wait_for(lambda: "serving on" in log.read_text(), "every replica to be up")
+            assert re.search(r"Ray cluster at 127\.0\.0\.1:\d+", log.read_text())  # on loopback
+            yield Cluster(url=url, proc=proc, log=log, database=database, ray_dir=ray_dir)
+        finally:
+            _stop(proc)
+            shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _text(words: int, seed: int) -> str:
+    topics = ["granite quarry", "tidal mill", "beekeeping guild", "glass furnace", "salt marsh"]
+    lines = []
+    for i in range(words // 12):
+        topic = topics[(i * 7 + seed) % len(topics)]
+        lines.append(f"Record {seed}-{i}: the {topic} reported {i * 13 % 97} crates on day {i % 28 + 1}.")
+    return " ".join(lines)
+
+
+def _ask_stream(client: httpx.Client, headers: dict[str, str] | None = None, **body: Any) -> dict[str, Any]:
+    """Stream an answer: its text, first-token time, session and the replica that served it."""
+    body.setdefault("max_tokens", 16)
+    t0 = time.perf_counter()
+    first = None
+    text = []
+    session = None
+    with client.stream("POST", "/v1/ask", json={**body, "stream": True}, headers=headers or {}) as response:
+        assert response.status_code == 200, response.read()
+        event = None
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event == "token":
+                first = first or time.perf_counter() - t0
+                text.append(json.loads(line[5:])["text"])
+            elif line.startswith("data:") and event == "done":
+                session = json.loads(line[5:]).get("session_id")
+        replica = response.headers[REPLICA]
+    return {"text": "".join(text), "ttft": first, "session": session, "replica": replica}
+
+
+@pytest.fixture(scope="module")
+def documents(cluster: Cluster) -> list[str]:
+    with cluster.client() as client:
+        ids = [upload_text(client, _text(1100, seed), title=f"ledger {seed}") for seed in (1, 2)]
+        for doc_id in ids:
+            assert wait_indexed(client, doc_id)["status"] == "ready"
+    return ids
+
+
+def test_documents_uploaded_through_the_ingress_are_ingested_once(cluster: Cluster, documents: list[str]) -> None:
+    log = cluster.replica_logs()
+    for doc_id in documents:
+        assert log.count(f"indexed document {doc_id}") == 1, log[-3000:]
+    import psycopg
+
+    with psycopg.connect(cluster.database) as conn:
+        assert conn.execute("SELECT count(*) FROM ingest_jobs").fetchone() == (0,)
+        statuses = conn.execute("SELECT status FROM documents ORDER BY id").fetchall()
+    assert statuses == [("ready",), ("ready",)]
+
+
+QUESTION = "How many crates did the tidal mill report?"
+
+
+def test_a_document_asked_twice_lands_on_one_replica_and_the_other_gives_the_same_bytes(
+        cluster: Cluster, documents: list[str]) -> None:
+    with cluster.client() as client:
+        first = _ask_stream(client, question=QUESTION, document_ids=[documents[0]])
+        second = _ask_stream(client, question=QUESTION, document_ids=[documents[0]])
+        assert second["replica"] == first["replica"]
+        assert second["text"] == first["text"] and first["text"]
+        assert first["ttft"] >= 10 * second["ttft"], (first["ttft"], second["ttft"])
+        other = _other_replica(cluster, first["replica"])
+        forced = _ask_stream(client, headers={REPLICA: other}, question=QUESTION, document_ids=[documents[0]])
+        assert forced["replica"] == other
+        assert forced["text"].encode() == first["text"].encode()
+
+
+def _other_replica(cluster: Cluster, name: str) -> str:
+    """The other engine replica's name: an unkeyed request (a document list) goes to the least loaded."""
+    with cluster.client() as client:
+        return str(wait_for(lambda: next((r for r in (client.get("/v1/documents").headers[REPLICA]
+                                                       for _ in range(8)) if r != name), None),
+                            "a request on the other replica", deadline_s=60))
+
+
+def test_a_follow_up_in_a_session_reaches_the_document_s_owner(cluster: Cluster, documents: list[str]) -> None:
+    with cluster.client() as client:
+        opening = _ask_stream(client, question="What did the salt marsh report?", document_ids=[documents[1]])
+        follow = _ask_stream(client, question="And on which day?", session_id=opening["session"])
+        assert follow["replica"] == opening["replica"]
+        assert follow["ttft"] * 10 <= opening["ttft"]  # its documents' KV was there
+
+
+def _kill_replica(cluster: Cluster, name: str) -> None:
+    """Kill an engine replica's process with SIGKILL, as a crash would (Serve then starts a new one). Its pid is
+    the end of the name of the Ray worker log that says the replica is ready."""
+    logs = cluster.ray_dir / "session_latest" / "logs"
+    found = [f for f in logs.glob("worker-*.err") if f"engine replica {name} ready" in f.read_text(errors="replace")]
+    assert len(found) == 1, [f.name for f in found]
+    os.kill(int(found[0].stem.rsplit("-", 1)[1]), signal.SIGKILL)
+
+
+def test_a_replica_killed_its_next_request_is_served_by_the_other(cluster: Cluster, documents: list[str]) -> None:
+    with cluster.client() as client:
+        before = _ask_stream(client, question=QUESTION, document_ids=[documents[0]])
+        _kill_replica(cluster, before["replica"])
+        after = _ask_stream(client, question=QUESTION, document_ids=[documents[0]])
+        assert after["replica"] != before["replica"]
+        assert after["text"] == before["text"]
+
+
+def test_an_ingestion_worker_killed_mid_ingest_the_document_still_gets_ready(cluster: Cluster) -> None:
+    import psycopg
+
+    with cluster.client() as client:
+        doc_id = upload_text(client, _text(20000, 9), title="long ledger")
+
+        def holder() -> int | None:
+            with psycopg.connect(cluster.database) as conn:
+                row = conn.execute("SELECT j.owner FROM ingest_jobs j JOIN documents d ON d.id = j.doc_id "
+                                   "WHERE j.doc_id = %s AND d.status = 'indexing' AND d.progress > 0.05",
+                                   (doc_id,)).fetchone()
+            return int(row[0].split(":")[1]) if row and row[0] else None
+
+        pid = wait_for(holder, "the ingest to be under way", deadline_s=120)
+        os.kill(pid, signal.SIGKILL)
+        record = wait_indexed(client, doc_id)
+    assert record["status"] == "ready", record
+    log = cluster.replica_logs()
+    assert "taking over the ingestion of " + doc_id in log
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"RAGSPEC_DATABASE_URL": "", "RAGSPEC_REDIS_URL": "redis://127.0.0.1:1"}, "RAGSPEC_DATABASE_URL is not set"),
+    ({"RAGSPEC_DATABASE_URL": "postgresql://u:pw@127.0.0.1:1/x", "RAGSPEC_REDIS_URL": ""}, "RAGSPEC_REDIS_URL"),
+    ({"RAGSPEC_DATABASE_URL": "postgresql://u:pw@127.0.0.1:1/x", "RAGSPEC_REDIS_URL": "redis://127.0.0.1:1"},
+     "unreachable"),
+    ({"RAGSPEC_CLUSTER_REPLICAS": "0"}, "RAGSPEC_CLUSTER_REPLICAS"),
+])
+def test_bad_cluster_configuration_is_one_clear_line(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGSPEC_")}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--cluster"], cwd=REPO,
+                          env={**clean, "RAGSPEC_DATA_DIR": str(tmp_path), **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "pw@" not in done.stderr
