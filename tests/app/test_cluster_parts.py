@@ -1,0 +1,173 @@
+"""The cluster's parts without a cluster: a request carried as data and played into an ASGI app (head, streamed
+chunks, errors, a caller that stops reading), the route key the ingress names for each kind of request, and the
+Serve request router's ranking (owner first, the ring after it, a pinned replica, the least loaded when unkeyed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from app.auth import KeyRing, tenant_of_key
+from app.cluster.bridge import play, wire_request
+from app.cluster.routing import AffinityRouter, routing_key
+from app.cluster.serve import DocumentRouter, route_key
+from app.sessions import Turn
+
+
+def _app(seen: dict[str, Any]) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"body": (await request.body()).decode(), "query": request.url.query,
+                             "auth": request.headers.get("authorization"), "client": request.client.host
+                             if request.client else None}, headers={"x-echo": "1"})
+
+    @app.get("/stream")
+    async def stream(request: Request) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                for i in range(1000):
+                    yield f"data: {i}\n\n".encode()
+                    await asyncio.sleep(0.01)
+            finally:
+                seen["disconnected"] = await request.is_disconnected()
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("boom")
+
+    return app
+
+
+async def _collect(app: FastAPI, method: str, path: str, body: bytes = b"", limit: int | None = None) -> list[Any]:
+    request = wire_request(method, path, "a=1", {"Authorization": "Bearer k", "Connection": "keep-alive"}, body,
+                           ("10.0.0.7", 5000))
+    items = []
+    gen = play(app, request, "r1")
+    async for item in gen:
+        items.append(item)
+        if limit is not None and len(items) >= limit:
+            break
+    await gen.aclose()
+    return items
+
+
+def test_a_request_played_into_the_app_comes_back_head_then_body() -> None:
+    items = asyncio.run(_collect(_app({}), "post", "/echo", b'{"q": 1}'))
+    head, *body = items
+    assert head["status"] == 200 and head["replica"] == "r1" and ("x-echo", "1") in head["headers"]
+    answer = json.loads(b"".join(body))
+    assert answer == {"body": '{"q": 1}', "query": "a=1", "auth": "Bearer k", "client": "10.0.0.7"}
+    assert ("connection", "keep-alive") not in wire_request("GET", "/", "", {"Connection": "keep-alive"}, b"",
+                                                            None)["headers"]
+
+
+def test_a_stream_arrives_chunk_by_chunk_and_a_caller_that_stops_disconnects_the_app() -> None:
+    seen: dict[str, Any] = {}
+    items = asyncio.run(_collect(_app(seen), "GET", "/stream", limit=4))
+    assert items[1:] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]  # one SSE frame an item
+    assert seen["disconnected"] is True
+
+
+def test_an_app_error_is_a_500_from_the_replica() -> None:
+    head, *body = asyncio.run(_collect(_app({}), "GET", "/boom"))
+    assert head["status"] == 500 and head["replica"] == "r1"
+
+
+@dataclass
+class FakeSessions:
+    turns: list[Turn]
+    tenant: str
+
+    async def history(self, tenant: str, session_id: str) -> list[Turn]:
+        assert (tenant, session_id) == (self.tenant, "s1")  # the key's tenant: another's session is not read
+        return self.turns
+
+
+def _key(method: str, path: str, body: Any = None, token: str | None = "key-a", sessions: Any = None) -> str | None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+    return asyncio.run(route_key(wire_request(method, path, "", headers, raw, None), KeyRing(("key-a",)), sessions))
+
+
+def test_the_route_key_names_tenant_and_documents_of_each_request_kind() -> None:
+    tenant = tenant_of_key("key-a")
+    doc = routing_key(["d2", "d1"], tenant)
+    assert _key("POST", "/v1/ask", {"question": "q", "document_ids": ["d1", "d2"]}) == doc
+    assert _key("POST", "/v1/chat/completions", {"messages": [], "document_ids": ["d2", "d1", "d1"]}) == doc
+    assert _key("DELETE", "/v1/documents/d9") == routing_key(["d9"], tenant)
+    for method, path in (("GET", "/v1/documents"), ("POST", "/v1/documents"), ("GET", "/healthz")):
+        assert _key(method, path) is None  # any replica
+    assert _key("POST", "/v1/ask", b"{not json") is None  # the replica answers 400
+    assert _key("POST", "/v1/ask", {"question": "q", "document_ids": ["d1"]}, token="wrong") is None  # 401 there
+    assert _key("POST", "/v1/ask", {"question": "q"}) == routing_key([], tenant)
+
+
+def test_a_follow_up_routes_by_its_session_s_last_documents() -> None:
+    turns = [Turn(question="a", answer="b", documents=("d1",)), Turn(question="c", answer="d", documents=("d3",)),
+             Turn(question="e", answer="f", documents=())]
+    tenant = tenant_of_key("key-a")
+    sessions = FakeSessions(turns, tenant)
+    assert _key("POST", "/v1/ask", {"question": "q", "session_id": "s1"}, sessions=sessions) == routing_key(
+        ["d3"], tenant)
+
+
+@dataclass(frozen=True)
+class FakeId:
+    unique_id: str
+
+
+@dataclass(frozen=True)
+class FakeReplica:
+    replica_id: FakeId
+
+
+class FakeLoads:
+    def __init__(self, loads: dict[str, int]) -> None:
+        self.loads = loads
+
+    def get(self, replica_id: FakeId) -> int | None:
+        return self.loads.get(replica_id.unique_id)
+
+
+@dataclass
+class FakeRequest:
+    kwargs: dict[str, Any]
+
+
+def _router(loads: dict[str, int]) -> DocumentRouter:
+    router = DocumentRouter.__new__(DocumentRouter)  # Serve builds it with its own state; the policy is ours
+    router.initialize_state(load_factor=1.5)
+    router._replica_queue_len_cache = FakeLoads(loads)
+    return router
+
+
+def _choose(router: DocumentRouter, replicas: list[FakeReplica], **kwargs: Any) -> list[list[str]]:
+    ranks = asyncio.run(router.choose_replicas(replicas, FakeRequest(kwargs)))
+    return [[r.replica_id.unique_id for r in rank] for rank in ranks]
+
+
+def test_the_router_ranks_the_owner_first_then_the_ring() -> None:
+    names = ["r1", "r2", "r3"]
+    replicas = [FakeReplica(FakeId(n)) for n in names]
+    ring = AffinityRouter(names, load_factor=1.5)
+    key = routing_key(["d1"], "t")
+    ranks = _choose(_router({}), replicas, route=key)
+    assert ranks == [[ring.owner(key)], [n for n in ring.owners(key) if n != ring.owner(key)]]
+    busy = _choose(_router({ring.owner(key): 9}), replicas, route=key)  # the owner is over its cap
+    assert busy[0] == [ring.owners(key)[1]]
+    assert _choose(_router({}), replicas, route=key, pin="r2") == [["r2"]]
+    assert _choose(_router({}), replicas, route=key, pin="gone")[0] == [ring.owner(key)]  # routed as usual
+    assert _choose(_router({"r1": 3, "r2": 0, "r3": 1}), replicas, route=None) == [["r2", "r3", "r1"]]
+    without = _choose(_router({}), [r for r in replicas if r.replica_id.unique_id != ring.owner(key)], route=key)
+    assert without[0] == [ring.owners(key)[1]]  # the owner gone: the next along the ring
+    assert asyncio.run(_router({}).choose_replicas([], FakeRequest({}))) == []
