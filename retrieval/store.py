@@ -12,7 +12,9 @@ Every write is built in a fresh dir under ``tmp/`` and moved into place with one
 catalogue's row is written after the files. So a crash leaves either nothing, or a complete ``source/`` (a
 queued / failed document), or a complete ``derived/`` (a ready document). ``recover()`` at start-up
 deletes ``tmp/`` leftovers and document dirs without a row, and marks documents that were queued or
-indexing as failed ("interrupted by restart").
+indexing as failed ("interrupted by restart"); a store shared by several processes (``recover(shared=True)``)
+leaves that to the ingestion jobs' leases (``queue_ingest`` / ``claim_ingest``), which hand a dead worker's
+document to another.
 
 Thread-safe: one lock guards SQLite and the renames; the slow part of ingestion (tokenize, embed,
 index) runs outside it, so reads go on while a background thread ingests.

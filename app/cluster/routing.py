@@ -37,13 +37,16 @@ class AffinityRouter:
     """Consistent hashing with bounded loads over a set of named replicas (see the module's docstring)."""
 
     def __init__(self, replicas: Sequence[str], load_factor: float = DEFAULT_LOAD_FACTOR,
-                 vnodes: int = DEFAULT_VNODES) -> None:
+                 vnodes: int = DEFAULT_VNODES, floor: int = 0) -> None:
+        """``floor``: requests a replica takes whatever the others hold (a batching replica's slots: below them
+        nothing waits, so sending a request elsewhere would only cost it the cached prefix)."""
         if load_factor <= 1.0:
             raise ValueError(f"load_factor must be above 1 (a cap above the mean load), got {load_factor}")
         if vnodes < 1:
             raise ValueError(f"vnodes must be at least 1, got {vnodes}")
         self.load_factor = load_factor
         self.vnodes = vnodes
+        self.floor = floor
         self._points: list[int] = []
         self._owners: list[str] = []
         self.replicas: tuple[str, ...] = ()
@@ -61,7 +64,7 @@ class AffinityRouter:
 
     def cap(self, total_load: int) -> int:
         """The most requests a replica may hold before the next one along the ring takes a key's request."""
-        return math.ceil(self.load_factor * (total_load + 1) / len(self.replicas))
+        return max(self.floor, math.ceil(self.load_factor * (total_load + 1) / len(self.replicas)))
 
     def owner(self, key: str) -> str:
         """The replica that owns ``key`` (where its requests go while it is under the cap)."""

@@ -243,7 +243,7 @@ def build_app(settings: Settings) -> Any:
         ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": env}},
         request_router_config=RequestRouterConfig(
             request_router_class=DocumentRouter,  # type: ignore[arg-type]  # a class or its import path
-            request_router_kwargs={"load_factor": settings.cluster_load_factor},
+            request_router_kwargs={"load_factor": settings.cluster_load_factor, "slots": settings.max_batch},
         ),
         health_check_period_s=5,
         graceful_shutdown_timeout_s=5,
@@ -273,9 +273,12 @@ class DocumentRouter(_router_base()):  # type: ignore[misc]
     """Serve's request router for the engine: the owner of the request's route key first (within its load cap),
     then the other replicas in ring order; Serve then takes the first of a rank that accepts the request."""
 
-    def initialize_state(self, load_factor: float = 1.5, vnodes: int = DEFAULT_VNODES, **_: Any) -> None:
+    def initialize_state(self, load_factor: float = 1.5, vnodes: int = DEFAULT_VNODES, slots: int = 0,
+                         **_: Any) -> None:
+        """``slots``: generations a replica runs at once (its batch); up to that many it keeps a document's requests
+        whatever the others hold."""
         self._ring: AffinityRouter | None = None  # made with the first replicas
-        self._load_factor, self._vnodes = load_factor, vnodes
+        self._load_factor, self._vnodes, self._slots = load_factor, vnodes, slots
 
     async def choose_replicas(self, candidate_replicas: list[Any], pending_request: Any = None) -> list[list[Any]]:
         by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
@@ -290,7 +293,7 @@ class DocumentRouter(_router_base()):  # type: ignore[misc]
             return [sorted(by_name.values(), key=lambda r: loads[r.replica_id.unique_id])]
         names = sorted(by_name)
         if self._ring is None:
-            self._ring = AffinityRouter(names, load_factor=self._load_factor, vnodes=self._vnodes)
+            self._ring = AffinityRouter(names, load_factor=self._load_factor, vnodes=self._vnodes, floor=self._slots)
         elif sorted(self._ring.replicas) != names:
             self._ring.set_replicas(names)
         first = self._ring.route(key, loads)

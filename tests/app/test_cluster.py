@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.real_model, pytest.mark.redis, py
 
 REPLICA = "x-ragspec-replica"
 LEASE_S = 4.0
+KEY, OTHER_KEY = "cluster-key-a", "cluster-key-b"  # two tenants
 
 
 @dataclass
@@ -42,8 +43,9 @@ class Cluster:
     database: str
     ray_dir: Path
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=DEADLINE_S)
+    def client(self, key: str | None = KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, timeout=DEADLINE_S, headers=headers)
 
     def replica_logs(self) -> str:
         """What the replicas' processes wrote, read from their own log files (the command's copy lags)."""
@@ -74,6 +76,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         database = pg.create_database("cluster")
         settings = service_settings(work / "data", database_url=database, redis_url=redis.url,
                                     ingest_lease_s=LEASE_S, cluster_replicas=2, max_context=2048,
+                                    api_keys=[KEY, OTHER_KEY],
                                     kv_pool_bytes=512 * 1024 * 1024)
         ray_dir = Path(tempfile.mkdtemp(prefix="rs-ray-"))  # short: Ray's socket paths live under it
         env = process_env(settings) | {"RAY_USAGE_STATS_ENABLED": "0", "RAGSPEC_RAY_TEMP_DIR": str(ray_dir)}
@@ -86,7 +89,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             if proc.poll() is not None:
                 raise AssertionError(f"the cluster exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
             try:
-                return httpx.get(url + "/healthz", timeout=5).status_code == 200
+                return httpx.get(url + "/readyz", timeout=5).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -183,6 +186,28 @@ def test_a_follow_up_in_a_session_reaches_the_document_s_owner(cluster: Cluster,
         follow = _ask_stream(client, question="And on which day?", session_id=opening["session"])
         assert follow["replica"] == opening["replica"]
         assert follow["ttft"] * 10 <= opening["ttft"]  # its documents' KV was there
+
+
+def test_auth_tenancy_and_the_openai_api_behave_as_in_one_process(cluster: Cluster, documents: list[str]) -> None:
+    import openai
+
+    with cluster.client(key=None) as anonymous:
+        refused = anonymous.post("/v1/ask", json={"question": QUESTION, "document_ids": [documents[0]]})
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+    with cluster.client(key=OTHER_KEY) as other:  # another tenant sees none of these documents
+        assert other.get(f"/v1/documents/{documents[0]}").status_code == 404
+        assert other.get("/v1/documents").json()["documents"] == []
+        hidden = other.post("/v1/ask", json={"question": QUESTION, "document_ids": [documents[0]]})
+        assert hidden.status_code == 404
+    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key=KEY)
+    stream = client.chat.completions.create(
+        model="ragspec", messages=[{"role": "user", "content": QUESTION}], max_tokens=16, stream=True,
+        extra_body={"document_ids": [documents[0]]})
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    whole = client.chat.completions.create(
+        model="ragspec", messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
+        extra_body={"document_ids": [documents[0]]})
+    assert streamed and streamed == whole.choices[0].message.content
 
 
 def _kill_replica(cluster: Cluster, name: str) -> None:

@@ -144,9 +144,9 @@ class FakeRequest:
     kwargs: dict[str, Any]
 
 
-def _router(loads: dict[str, int]) -> DocumentRouter:
+def _router(loads: dict[str, int], slots: int = 0) -> DocumentRouter:
     router = DocumentRouter.__new__(DocumentRouter)  # Serve builds it with its own state; the policy is ours
-    router.initialize_state(load_factor=1.5)
+    router.initialize_state(load_factor=1.5, slots=slots)
     router._replica_queue_len_cache = FakeLoads(loads)
     return router
 
@@ -165,6 +165,9 @@ def test_the_router_ranks_the_owner_first_then_the_ring() -> None:
     assert ranks == [[ring.owner(key)], [n for n in ring.owners(key) if n != ring.owner(key)]]
     busy = _choose(_router({ring.owner(key): 9}), replicas, route=key)  # the owner is over its cap
     assert busy[0] == [ring.owners(key)[1]]
+    batching = _choose(_router({ring.owner(key): 7}, slots=8), replicas, route=key)  # a free slot of its batch
+    assert batching[0] == [ring.owner(key)]
+    assert _choose(_router({ring.owner(key): 8}, slots=8), replicas, route=key)[0] == [ring.owners(key)[1]]
     assert _choose(_router({}), replicas, route=key, pin="r2") == [["r2"]]
     assert _choose(_router({}), replicas, route=key, pin="gone")[0] == [ring.owner(key)]  # routed as usual
     assert _choose(_router({"r1": 3, "r2": 0, "r3": 1}), replicas, route=None) == [["r2", "r3", "r1"]]
