@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not settings.ray_address:  # a local Ray on loopback: Ray resolves 127.0.0.1 to the machine's address
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # unless told (before import) no cluster
-        from app.cluster.serve import ClusterConfigError, check_cluster_settings
+        from app.cluster.config import ClusterConfigError, check_cluster_settings
 
         try:
             check_cluster_settings(settings)

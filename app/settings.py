@@ -45,12 +45,12 @@ class Settings(BaseSettings):
     )
     cluster_replicas: int = Field(2, ge=1, description="Engine replicas of `ragspec serve --cluster`")
     cluster_load_factor: float = Field(
-        1.5, ge=1.0, description="Cluster routing: a document's owner replica takes its requests until it holds this "
+        1.5, gt=1.0, description="Cluster routing: a document's owner replica takes its requests until it holds this "
         "many times the mean load (bench/routing.py's sweep chose 1.5)"
     )
     ray_address: str | None = Field(
-        None, description="`ragspec serve --cluster`: the Ray cluster to join (ray://... or host:port); unset: a "
-        "local one on loopback, started and stopped with the command"
+        None, description="`ragspec serve --cluster`: the Ray cluster to join (auto, or the head's host:port); "
+        "unset: a local one on loopback, started and stopped with the command"
     )
     database_url: str | None = Field(
         None, description="postgresql://user:password@host:port/db for the document catalogue (one that several "

@@ -34,6 +34,7 @@ from ray.exceptions import RayActorError
 
 from app.auth import KeyRing
 from app.cluster.bridge import WireRequest, play, wire_request
+from app.cluster.config import check_cluster_settings, replica_settings
 from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
 from app.errors import ServiceError, error_body
 from app.settings import Settings
@@ -45,30 +46,6 @@ APP_NAME = "ragspec"
 ATTEMPTS = 5  # tries of a request whose replica died before answering (not an upload: it may have been stored)
 # per engine replica: generations it runs or queues itself (its own scheduler answers 429 past its queue)
 MAX_ONGOING = 256
-
-
-class ClusterConfigError(Exception):
-    """A cluster that cannot start as configured; the message says which setting."""
-
-
-def check_cluster_settings(settings: Settings) -> None:
-    """What replicas must share: the catalogue (PostgreSQL) and sessions (Redis); at least one replica."""
-    if not settings.database_url:
-        raise ClusterConfigError("RAGSPEC_DATABASE_URL is not set: the replicas share one catalogue, in PostgreSQL")
-    if not settings.redis_url:
-        raise ClusterConfigError("RAGSPEC_REDIS_URL is not set: the replicas share sessions and drafts through Redis")
-    if settings.cluster_replicas < 1:
-        raise ClusterConfigError("RAGSPEC_CLUSTER_REPLICAS must be at least 1")
-
-
-def replica_settings(settings: Settings, replica: int) -> Settings:
-    """A replica's settings: the shared documents dir and models, its own data dir (KV cache, prefix registry)."""
-    return settings.model_copy(update={
-        "data_dir": settings.data_dir / "replicas" / str(replica),
-        "documents_dir": settings.documents_dir,
-        "models_dir": settings.models_dir,
-        "shared_store": True,
-    })
 
 
 def _bearer(headers: Sequence[tuple[str, str]]) -> str | None:
@@ -164,6 +141,12 @@ class EngineReplica:
         await self._stack.aclose()
 
 
+def _error(status: int, code: str, message: str) -> StreamingResponse:
+    body = json.dumps(error_body(code, message)).encode()
+    return StreamingResponse(iter([body]), status_code=status, media_type="application/json")
+
+
+# Serve pickles the ingress's FastAPI app when the class below is decorated: what its route calls is defined above
 http = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
 
@@ -186,6 +169,8 @@ class Ingress:
         settings = Settings()  # type: ignore[call-arg]
         config = ServiceConfig.from_settings(settings)
         self.keys = KeyRing(config.api_keys)
+        # a body past what any route takes is refused here, before it is held in memory and sent on
+        self.max_body = max(config.limits.max_upload_bytes, int(settings.max_json_mb * 1024 * 1024)) + 64 * 1024
         self.redis = RedisLink(settings.redis_url)
         self.sessions = SessionStore(self.redis, config.sessions.session_ttl_s, config.sessions.max_turns)
 
@@ -193,8 +178,13 @@ class Ingress:
                     include_in_schema=False)
     async def proxy(self, request: Request, path: str) -> StreamingResponse:
         client = (request.client.host, request.client.port) if request.client else None
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self.max_body:
+                return _error(413, "payload_too_large", f"the request body is larger than {self.max_body} bytes")
         wire = wire_request(request.method, request.url.path, request.url.query, list(request.headers.items()),
-                            await request.body(), client)
+                            bytes(raw), client)
         route = await route_key(wire, self.keys, self.sessions)
         retry = not (wire["method"] == "POST" and wire["path"].rstrip("/") == "/v1/documents")
         for attempt in range(1, ATTEMPTS + 1):  # a replica that died before answering: the next one answers
@@ -205,7 +195,8 @@ class Ingress:
             except RayActorError as exc:
                 logger.warning("engine replica unavailable (attempt %d): %s", attempt, exc)
                 if not retry or attempt == ATTEMPTS:
-                    return _unavailable()
+                    return _error(503, "replica_unavailable", "the engine replica serving this request stopped; "
+                                  "try again")
                 await asyncio.sleep(0.5 * attempt)
 
         async def body() -> AsyncIterator[bytes]:
@@ -219,11 +210,6 @@ class Ingress:
         response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in head["headers"]
                                 if k != "content-length"] + [(REPLICA_HEADER.encode(), head["replica"].encode())]
         return response
-
-
-def _unavailable() -> StreamingResponse:
-    body = error_body("replica_unavailable", "the engine replica serving this request stopped; try again")
-    return StreamingResponse(iter([json.dumps(body).encode()]), status_code=503, media_type="application/json")
 
 
 def build_app(settings: Settings) -> Any:

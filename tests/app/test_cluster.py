@@ -76,7 +76,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         database = pg.create_database("cluster")
         settings = service_settings(work / "data", database_url=database, redis_url=redis.url,
                                     ingest_lease_s=LEASE_S, cluster_replicas=2, max_context=2048,
-                                    api_keys=[KEY, OTHER_KEY],
+                                    api_keys=[KEY, OTHER_KEY], max_upload_mb=1.0,
                                     kv_pool_bytes=512 * 1024 * 1024)
         ray_dir = Path(tempfile.mkdtemp(prefix="rs-ray-"))  # short: Ray's socket paths live under it
         env = process_env(settings) | {"RAY_USAGE_STATS_ENABLED": "0", "RAGSPEC_RAY_TEMP_DIR": str(ray_dir)}
@@ -199,6 +199,9 @@ def test_auth_tenancy_and_the_openai_api_behave_as_in_one_process(cluster: Clust
         assert other.get("/v1/documents").json()["documents"] == []
         hidden = other.post("/v1/ask", json={"question": QUESTION, "document_ids": [documents[0]]})
         assert hidden.status_code == 404
+    with cluster.client() as client:  # refused at the entry, before it is held and sent on
+        huge = client.post("/v1/documents", json={"text": "x" * (3 << 20)})
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "payload_too_large"
     client = openai.OpenAI(base_url=cluster.url + "/v1", api_key=KEY)
     stream = client.chat.completions.create(
         model="ragspec", messages=[{"role": "user", "content": QUESTION}], max_tokens=16, stream=True,
@@ -232,7 +235,7 @@ def test_an_ingestion_worker_killed_mid_ingest_the_document_still_gets_ready(clu
     import psycopg
 
     with cluster.client() as client:
-        doc_id = upload_text(client, _text(20000, 9), title="long ledger")
+        doc_id = upload_text(client, _text(12000, 9), title="long ledger")
 
         def holder() -> int | None:
             with psycopg.connect(cluster.database) as conn:

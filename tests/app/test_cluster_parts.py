@@ -8,13 +8,16 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.auth import KeyRing, tenant_of_key
 from app.cluster.bridge import play, wire_request
+from app.cluster.config import ClusterConfigError, check_cluster_settings, replica_settings
 from app.cluster.routing import AffinityRouter, routing_key
 from app.cluster.serve import DocumentRouter, route_key
 from app.sessions import Turn
@@ -174,3 +177,17 @@ def test_the_router_ranks_the_owner_first_then_the_ring() -> None:
     without = _choose(_router({}), [r for r in replicas if r.replica_id.unique_id != ring.owner(key)], route=key)
     assert without[0] == [ring.owners(key)[1]]  # the owner gone: the next along the ring
     assert asyncio.run(_router({}).choose_replicas([], FakeRequest({}))) == []
+
+
+def test_a_replica_reads_the_shared_documents_and_keeps_its_own_data_dir(tmp_path: Path) -> None:
+    from app.settings import Settings
+
+    base = Settings(data_dir=tmp_path, database_url="postgresql://x@h/db", redis_url="redis://h")  # type: ignore[call-arg]
+    one, two = replica_settings(base, 0), replica_settings(base, 1)
+    assert one.documents_dir == two.documents_dir == tmp_path / "documents"
+    assert one.models_dir == two.models_dir == tmp_path / "models"
+    assert one.data_dir != two.data_dir and one.data_dir.parent == tmp_path / "replicas"
+    assert one.shared_store and not base.shared_store
+    check_cluster_settings(base)
+    with pytest.raises(ClusterConfigError, match="RAGSPEC_REDIS_URL"):
+        check_cluster_settings(base.model_copy(update={"redis_url": None}))
