@@ -155,6 +155,11 @@ async def run(url: str, texts: list[str], clients: int, asks: int, max_tokens: i
     }
 
 
+def answers_agree(one: dict[str, list[str]], two: dict[str, list[str]]) -> bool:
+    """One text per question and document in each configuration, the same in both, for the same questions."""
+    return bool(one) and one.keys() == two.keys() and all(len(v) == 1 and two[k] == v for k, v in one.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=4)
@@ -181,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
             configs[f"replicas_{replicas}"] = {"replicas": replicas, "threads_per_replica": threads, **result}
             print(json.dumps({k: v for k, v in configs[f"replicas_{replicas}"].items() if k != "answers"}), flush=True)
     one, two = configs["replicas_1"], configs["replicas_2"]
-    # one text per question and document, the same in both configurations
-    same = {k: len(v) == 1 and one["answers"].get(k) == v for k, v in two["answers"].items()}
     out = {
         "bench": "cluster",
         "machine": machine(),
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             "aggregate_2_vs_1": round(two["load"]["aggregate_tokens_per_s"] / one["load"]["aggregate_tokens_per_s"], 3),
             "ttft_p50_2_vs_1": round(two["load"]["ttft_s"]["p50"] / one["load"]["ttft_s"]["p50"], 3),
         },
-        "answers_equal": all(same.values()) and bool(same) and all(len(v) == 1 for v in one["answers"].values()),
+        "answers_equal": answers_agree(one["answers"], two["answers"]),
     }
     print(json.dumps(out["ratios"]), "answers equal:", out["answers_equal"])
     if args.json:

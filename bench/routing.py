@@ -1,5 +1,6 @@
 """Routing replicas by document: a simulated cluster of 10 to 1000 replicas, document-affine routing (consistent
-hashing with bounded loads, ``app.cluster.routing``) against random, least-loaded and unbounded consistent hashing.
+hashing with bounded loads, ``app.cluster.routing``) against random, least-loaded and unbounded consistent hashing. ``affine_slots`` is the
+served router's rule: the same, but a replica with a free batch slot keeps its documents whatever the others hold.
 
 The model, a discrete-event simulation. Requests arrive as a Poisson stream; each asks about one of ``docs_per_replica
 x replicas`` documents drawn with Zipf popularity (exponent ``--zipf``). A replica runs ``--slots`` generations at once
@@ -41,7 +42,7 @@ from app.cluster.routing import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, AffinityRou
 from bench.common import machine_info, out, write_json
 
 RESULT = Path(__file__).parent / "results" / "routing.json"
-POLICIES = ("affine", "hash", "least_loaded", "random")
+POLICIES = ("affine", "affine_slots", "hash", "least_loaded", "random")
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,11 @@ def _chooser(policy: str, w: Workload, loads: _Loads, rng: random.Random, load_f
         return lambda doc: rng.randrange(w.replicas)
     if policy == "least_loaded":
         return lambda doc: loads.least(rng)
-    router = AffinityRouter(names, load_factor=load_factor, vnodes=vnodes)
+    router = AffinityRouter(names, load_factor=load_factor, vnodes=vnodes,
+                            floor=w.slots if policy == "affine_slots" else 0)
     if policy == "hash":
         return lambda doc: index[router.owner(f"doc-{doc}")]
-    if policy == "affine":
+    if policy in ("affine", "affine_slots"):
         by_name = _ByName(loads, index)
         return lambda doc: index[router.route(f"doc-{doc}", by_name, loads.total)]
     raise ValueError(f"unknown policy {policy}")

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -92,12 +93,10 @@ async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str |
 def _replica_logging() -> None:
     """Our loggers' lines on the replica's stderr (Ray's worker log, shown by the driver): Ray sets up its own
     loggers only."""
-    from app.cli import OWN_LOGGERS
-
     level = os.environ.get("RAGSPEC_LOG_LEVEL", "INFO").upper()
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in OWN_LOGGERS:
+    for name in ("app", "retrieval", "decoding"):  # ragspec's packages (app.cli's OWN_LOGGERS)
         own = logging.getLogger(name)
         if not own.handlers:
             own.addHandler(handler)
@@ -275,8 +274,9 @@ class DocumentRouter(_router_base()):  # type: ignore[misc]
         if pin in by_name:
             return [[by_name[pin]]]
         loads = {name: self.replica_queue_len_cache.get(r.replica_id) or 0 for name, r in by_name.items()}
-        if key is None:
-            return [sorted(by_name.values(), key=lambda r: loads[r.replica_id.unique_id])]
+        if key is None:  # the least loaded first; among equals, any (shuffled, then a stable sort)
+            shuffled = random.sample(list(by_name.values()), len(by_name))
+            return [sorted(shuffled, key=lambda r: loads[r.replica_id.unique_id])]
         names = sorted(by_name)
         if self._ring is None:
             self._ring = AffinityRouter(names, load_factor=self._load_factor, vnodes=self._vnodes, floor=self._slots)
