@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retrieval.embedding import Embedder
-from retrieval.errors import DocumentNotFound
+from retrieval.errors import DocumentNotFound, IngestAbandoned
 from retrieval.store import Claim, DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ class IndexingJobs:
         self._thread.start()
 
     def submit(self, doc_id: str) -> None:
-        """Queue a stored document's ingestion (its job row first: another worker may take it if this one is busy)."""
-        self.store.queue_ingest(doc_id)
+        """Queue a stored document's ingestion (``store.create`` wrote its job: another worker may take it if this
+        one is busy). No database work here: the caller may be the event loop."""
         with self._lock:
             self._unfinished += 1
         self._queue.put(doc_id)
@@ -101,6 +101,11 @@ class IndexingJobs:
 
     def _run_claimed(self, doc_id: str | None) -> None:
         """Claim ``doc_id``'s job (or, None, any job up for grabs) and ingest it; one held elsewhere is left."""
+        if doc_id is not None:
+            try:
+                self.store.queue_ingest(doc_id)  # its job, if it has none yet (a no-op after store.create)
+            except DocumentNotFound:
+                return
         while True:
             claim = self.store.claim_ingest(self.name, self.config.lease_s, self.config.max_attempts, doc_id)
             if claim is None:
@@ -111,7 +116,7 @@ class IndexingJobs:
             beat = threading.Thread(target=self._heartbeat, args=(claim, stop), name="ragspec-lease", daemon=True)
             beat.start()
             try:
-                self._ingest(claim.doc_id)
+                self._ingest(claim)
             finally:
                 stop.set()
                 beat.join()
@@ -128,11 +133,16 @@ class IndexingJobs:
             except Exception:
                 logger.warning("could not renew the lease on %s's ingestion", claim.doc_id, exc_info=True)
 
-    def _ingest(self, doc_id: str) -> None:
+    def _ingest(self, claim: Claim) -> None:
+        doc_id = claim.doc_id
         try:
             self.store.ingest(
-                doc_id, self.tokenizer, self.embedder, self.config.chunk_tokens, self.config.chunk_overlap
+                doc_id, self.tokenizer, self.embedder, self.config.chunk_tokens, self.config.chunk_overlap,
+                holds=lambda: self.store.renew_ingest(claim, self.config.lease_s),
             )
+        except IngestAbandoned:
+            logger.warning("dropped the ingestion of %s: another worker took it over", doc_id)
+            return
         except DocumentNotFound:
             logger.info("document %s was deleted before it was indexed", doc_id)
             return

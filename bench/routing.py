@@ -1,6 +1,7 @@
 """Routing replicas by document: a simulated cluster of 10 to 1000 replicas, document-affine routing (consistent
-hashing with bounded loads, ``app.cluster.routing``) against random, least-loaded and unbounded consistent hashing. ``affine_slots`` is the
-served router's rule: the same, but a replica with a free batch slot keeps its documents whatever the others hold.
+hashing with bounded loads, ``app.cluster.routing``) against random, least-loaded and unbounded consistent
+hashing. ``affine_slots`` is the served router's rule: the same, but a replica with a free batch slot keeps its
+documents whatever the others hold.
 
 The model, a discrete-event simulation. Requests arrive as a Poisson stream; each asks about one of ``docs_per_replica
 x replicas`` documents drawn with Zipf popularity (exponent ``--zipf``). A replica runs ``--slots`` generations at once

@@ -153,9 +153,13 @@ class Catalogue:
     def close(self) -> None:
         self._engine.dispose()
 
-    def insert(self, record: DocumentRecord) -> None:
+    def insert(self, record: DocumentRecord, *, job: bool = False) -> None:
+        """A new row; with ``job``, its ingestion job too, in the same transaction (never a queued document that
+        no worker would ever take)."""
         with self._engine.begin() as conn:
             conn.execute(documents.insert().values({c: getattr(record, c) for c in _COLUMNS}))
+            if job:
+                conn.execute(ingest_jobs.insert().values(doc_id=record.id, created_at=record.created_at))
 
     def row(self, doc_id: str) -> DocumentRecord | None:
         with self._engine.connect() as conn:
@@ -199,11 +203,27 @@ class Catalogue:
             if conn.execute(sa.select(ingest_jobs.c.doc_id).where(ingest_jobs.c.doc_id == doc_id)).first() is None:
                 conn.execute(ingest_jobs.insert().values(doc_id=doc_id, created_at=time.time()))
 
-    def claim(self, owner: str, lease_s: float, max_attempts: int, doc_id: str | None = None) -> Claim | str | None:
+    def add_missing_jobs(self) -> builtins.list[str]:
+        """Jobs for queued / indexing documents that have none (queued before jobs existed); their ids. Another
+        process adding the same one at once is no error."""
+        waiting = (sa.select(documents.c.id).where(documents.c.status.in_(["queued", "indexing"]))
+                   .where(~sa.exists().where(ingest_jobs.c.doc_id == documents.c.id)))
+        with self._engine.connect() as conn:
+            ids = [str(r[0]) for r in conn.execute(waiting)]
+        for doc_id in ids:
+            try:
+                self.add_job(doc_id)
+            except sa.exc.IntegrityError:
+                continue
+        return ids
+
+    def claim(self, owner: str, lease_s: float, max_attempts: int, doc_id: str | None = None,
+              gave_up: str = "") -> Claim | str | None:
         """Take the oldest job (``doc_id``'s only, when given) that nobody holds or whose lease ran out; write
         ``owner`` and a lease of ``lease_s``. Returns the claim; the id of a document whose job has been claimed
-        ``max_attempts`` times already (its job deleted: the caller fails the document); None when there is none.
-        A job whose document is gone or no longer queued / indexing is deleted on the way.
+        ``max_attempts`` times already (its job deleted and the document failed with ``gave_up``, in one
+        transaction); None when there is none. A job whose document is gone or no longer queued / indexing is
+        deleted on the way.
 
         PostgreSQL skips rows other workers are claiming (``FOR UPDATE SKIP LOCKED``); on both backends the update
         only succeeds if the row is still claimable, so two workers never hold one job."""
@@ -221,11 +241,14 @@ class Catalogue:
                 if row is None:
                     return None
                 job = ingest_jobs.c.doc_id == row.doc_id
-                if row.status not in ("queued", "indexing") or row.attempts >= max_attempts:
+                if row.status not in ("queued", "indexing"):
                     conn.execute(ingest_jobs.delete().where(job))
-                    if row.status is not None and row.attempts >= max_attempts:
-                        return str(row.doc_id)
                     continue
+                if row.attempts >= max_attempts:
+                    conn.execute(ingest_jobs.delete().where(job))
+                    conn.execute(documents.update().where(documents.c.id == row.doc_id).values(
+                        status="failed", progress=0.0, message=gave_up, updated_at=now))
+                    return str(row.doc_id)
                 taken = conn.execute(ingest_jobs.update().where(job, claimable).values(
                     owner=owner, lease_until=now + lease_s, attempts=row.attempts + 1))
                 if taken.rowcount == 1:

@@ -107,3 +107,8 @@ class IndexDamaged(RetrievalError):  # noqa: N818 (domain names)
 class CatalogueUnavailable(RetrievalError):  # noqa: N818 (domain names)
     """The catalogue's database cannot be reached or used (a wrong URL, a server down, no driver): a configuration
     error at start-up, its message naming the database (never its password)."""
+
+
+class IngestAbandoned(RetrievalError):  # noqa: N818 (domain names)
+    """An ingest whose job another worker took over (this one's lease ran out): its work is dropped, the document
+    left to the new holder."""

@@ -41,7 +41,7 @@ from retrieval.catalogue import Catalogue, Claim, DocumentRecord, DocumentStatus
 from retrieval.chunking import Chunk, Tokenizer, chunk_text, passage_spans, tokenize
 from retrieval.doc_files import PASSAGES_FILE, fsync_tree, remove
 from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder
-from retrieval.errors import DocumentNotFound, DocumentNotReady, EmptyDocument, RetrievalError
+from retrieval.errors import DocumentNotFound, DocumentNotReady, EmptyDocument, IngestAbandoned, RetrievalError
 from retrieval.index import IndexConfig, VectorIndex
 from retrieval.lexical import LEXICAL_FILE, LexicalIndex
 from retrieval.parsing import parse_document
@@ -126,6 +126,10 @@ class DocumentStore:
         return RecoveryReport(removed_temp=removed_temp, removed_orphans=removed_orphans, failed=failed)
 
     def _recover_shared(self) -> RecoveryReport:
+        with self._lock:
+            queued = self._db.add_missing_jobs()
+        if queued:
+            logger.info("ingestion jobs added for %d documents waiting without one", len(queued))
         cutoff = time.time() - SHARED_TEMP_AGE_S
         removed = 0
         for entry in self._tmp.iterdir():
@@ -149,13 +153,12 @@ class DocumentStore:
         """Claim the oldest ingestion job nobody holds, or whose holder's lease ran out (``doc_id``'s only, when
         given); None when there is none. A document whose job was claimed ``max_attempts`` times already (each
         holder died) becomes failed rather than taking down the next worker too."""
+        gave_up = f"ingestion stopped {max_attempts} times without finishing (its workers died)"
         while True:
             with self._lock:
-                got = self._db.claim(owner, lease_s, max_attempts, doc_id)
-                if not isinstance(got, str):
-                    return got
-                self._update(got, status="failed", progress=0.0,
-                             message=f"ingestion stopped {max_attempts} times without finishing (its workers died)")
+                got = self._db.claim(owner, lease_s, max_attempts, doc_id, gave_up=gave_up)
+            if not isinstance(got, str):
+                return got
             logger.warning("document %s failed: its ingestion was cut %d times", got, max_attempts)
 
     def renew_ingest(self, claim: Claim, lease_s: float) -> bool:
@@ -194,7 +197,7 @@ class DocumentStore:
                     created_at=now, updated_at=now,
                 )
                 try:
-                    self._db.insert(record)
+                    self._db.insert(record, job=True)
                 except BaseException:
                     remove(self._doc_dir(doc_id))
                     raise
@@ -213,6 +216,7 @@ class DocumentStore:
         progress: Callable[[float], None] | None = None,
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        holds: Callable[[], bool] | None = None,
     ) -> DocumentRecord:
         """Tokenize (once), chunk, embed and index a stored document; status indexing -> ready.
 
@@ -220,6 +224,8 @@ class DocumentStore:
         behind, and the error is raised again. Re-ingesting a ready document replaces its index.
         ``progress`` gets the fraction done after the row is written at each stage (0.0 as chunking starts)
         and embedding batch, then 1.0 once ready, so a caller reading the row sees the stage of each call.
+        ``holds``: asked before the result is put in place; False (another worker took the job over) drops the
+        work and raises ``IngestAbandoned``, leaving the row to that worker.
         """
         self._update(doc_id, status="indexing", progress=0.0, message=STAGE_CHUNKING)
         reporter = _ProgressReporter(self, doc_id, progress)
@@ -244,6 +250,8 @@ class DocumentStore:
             index = VectorIndex.build(vectors, embedder_name=embedder.name, config=self.index_config)
             doc_files.write_derived(work / "derived", chunks, tokens, passages, lexical, index)
             fsync_tree(work)
+            if holds is not None and not holds():
+                raise IngestAbandoned(doc_id)
             with self._lock:
                 self.get(doc_id)  # deleted meanwhile -> DocumentNotFound, work dir is dropped
                 self._swap_in(work / "derived", self._derived_dir(doc_id))
@@ -251,6 +259,8 @@ class DocumentStore:
                                       n_chunks=len(chunks), n_tokens=len(tokens), embedder=embedder.name)
         except BaseException as exc:
             remove(work)
+            if isinstance(exc, IngestAbandoned):
+                raise
             with self._lock:
                 if self._row(doc_id) is not None:
                     self._update(doc_id, status="failed", progress=0.0, message=_describe(exc))

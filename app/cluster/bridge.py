@@ -3,9 +3,11 @@
 The cluster's ingress receives a request, turns it into a ``WireRequest`` (a dict: method, path, query, headers,
 body, client) and hands it to an engine replica, which runs its own copy of the one-process app on it
 (``play``): the response comes back as a stream of items, first ``{"status", "headers", "replica"}``, then the
-body's byte chunks as the app sends them (SSE frames one by one). So every route, error, auth and tenancy rule
-behaves in a cluster exactly as in one process: the same app answers. When the caller stops reading (the client
-went away), the app sees ``http.disconnect`` as under uvicorn and cancels its generation.
+body's byte chunks as the app sends them (SSE frames one by one), and ``ABORTED`` if the app failed after its
+answer began (the ingress then cuts the connection, as uvicorn would, rather than end a truncated answer cleanly).
+So every route, error, auth and tenancy rule behaves in a cluster exactly as in one process: the same app answers.
+When the caller stops reading (the client went away), the app sees ``http.disconnect`` as under uvicorn and cancels
+its generation.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
                         "proxy-authorization", "proxy-connection"})
 
 
+ABORTED = {"aborted": True}
+
+
 class WireRequest(TypedDict):
     method: str
     path: str
@@ -37,9 +42,10 @@ class WireRequest(TypedDict):
 def wire_request(method: str, path: str, query: str, headers: Mapping[str, str] | list[tuple[str, str]],
                  body: bytes, client: tuple[str, int] | None) -> WireRequest:
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return WireRequest(method=method.upper(), path=path, query=query,
-                       headers=[(k.lower(), v) for k, v in items if k.lower() not in HOP_BY_HOP],
-                       body=body, client=client)
+    kept = [(k.lower(), v) for k, v in items if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"]
+    if body:  # the body as it arrives, whole: its real length (a chunked request had none)
+        kept.append(("content-length", str(len(body))))
+    return WireRequest(method=method.upper(), path=path, query=query, headers=kept, body=body, client=client)
 
 
 def _scope(request: WireRequest) -> dict[str, Any]:
@@ -78,17 +84,21 @@ async def play(app: Any, request: WireRequest, replica: str) -> AsyncIterator[An
     async def send(message: dict[str, Any]) -> None:
         await out.put(message)
 
+    failed = False
+
     async def run() -> None:
+        nonlocal failed
         try:
             await app(_scope(request), receive, send)
         except Exception:  # the app's error middleware has answered 500 when it could
+            failed = True
             logger.exception("%s %s failed on replica %s", request["method"], request["path"], replica)
         finally:
             await out.put(None)
 
     task = asyncio.create_task(run())
     try:
-        started = False
+        started = complete = False
         while (message := await out.get()) is not None:
             if message["type"] == "http.response.start":
                 started = True
@@ -98,8 +108,11 @@ async def play(app: Any, request: WireRequest, replica: str) -> AsyncIterator[An
                 if message.get("body"):
                     yield bytes(message["body"])
                 if not message.get("more_body", False):
+                    complete = True
                     break
-        if not started:  # the app failed before it answered
+        if started and not complete and failed:
+            yield ABORTED
+        elif not started:  # the app failed before it answered
             yield {"status": 500, "headers": [("content-type", "application/json")], "replica": replica}
             yield b'{"error":{"code":"internal_error","message":"the replica failed to answer"}}'
     finally:

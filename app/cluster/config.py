@@ -19,10 +19,10 @@ def check_cluster_settings(settings: Settings) -> None:
         raise ClusterConfigError("RAGSPEC_CLUSTER_REPLICAS must be at least 1")
 
 
-def replica_settings(settings: Settings, replica: int) -> Settings:
+def replica_settings(settings: Settings, replica: str) -> Settings:
     """A replica's settings: the shared documents dir and models, its own data dir (KV cache, prefix registry)."""
     return settings.model_copy(update={
-        "data_dir": settings.data_dir / "replicas" / str(replica),
+        "data_dir": settings.data_dir / "replicas" / replica,
         "documents_dir": settings.documents_dir,
         "models_dir": settings.models_dir,
         "shared_store": True,

@@ -31,10 +31,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError
 
 from app.auth import KeyRing
-from app.cluster.bridge import WireRequest, play, wire_request
+from app.cluster.bridge import ABORTED, WireRequest, play, wire_request
 from app.cluster.config import check_cluster_settings, replica_settings
 from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
 from app.errors import ServiceError, error_body
@@ -120,7 +120,9 @@ class EngineReplica:
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
         base = Settings()  # type: ignore[call-arg]  # from the environment Ray gave the replica
-        self.app = create_app(replica_settings(base, context.rank.rank if context.rank else 0))
+        rank = context.rank.rank if context.rank else 0
+        self._lock, own = _own_dir(base.data_dir / "replicas", str(rank), self.name)
+        self.app = create_app(replica_settings(base, own))
         self._stack = contextlib.AsyncExitStack()
         await self._stack.enter_async_context(self.app.router.lifespan_context(self.app))
         logger.info("engine replica %s ready", self.name)
@@ -138,11 +140,28 @@ class EngineReplica:
 
     async def __del__(self) -> None:
         await self._stack.aclose()
+        self._lock.close()
 
 
-def _error(status: int, code: str, message: str) -> StreamingResponse:
+def _own_dir(root: Path, rank: str, name: str) -> tuple[Any, str]:
+    """The replica's data dir under ``root``: its rank's, held by a lock while it lives (Serve may give a live
+    replica's rank to a new one), else one named after the replica. The open lock file and the dir's name."""
+    import fcntl
+
+    for dirname in (rank, name):
+        (root / dirname).mkdir(parents=True, exist_ok=True)
+        handle = (root / dirname / ".replica.lock").open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle, dirname
+        except BlockingIOError:
+            handle.close()
+    raise RuntimeError(f"replica {name}: its data dir under {root} is held by another process")
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> StreamingResponse:
     body = json.dumps(error_body(code, message)).encode()
-    return StreamingResponse(iter([body]), status_code=status, media_type="application/json")
+    return StreamingResponse(iter([body]), status_code=status, media_type="application/json", headers=headers)
 
 
 # Serve pickles the ingress's FastAPI app when the class below is decorated: what its route calls is defined above
@@ -176,6 +195,13 @@ class Ingress:
     @http.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
                     include_in_schema=False)
     async def proxy(self, request: Request, path: str) -> StreamingResponse:
+        if request.method in ("POST", "PUT", "PATCH"):  # no body is read for a caller the replica would refuse
+            try:
+                self.keys.tenant(_bearer([(k.lower(), v) for k, v in request.headers.items()]))
+            except ServiceError as exc:
+                return _error(exc.status, exc.code, exc.message, getattr(exc, "headers", None))
+            if int(request.headers.get("content-length") or 0) > self.max_body:
+                return _error(413, "payload_too_large", f"the request body is larger than {self.max_body} bytes")
         client = (request.client.host, request.client.port) if request.client else None
         raw = bytearray()
         async for chunk in request.stream():
@@ -191,16 +217,21 @@ class Ingress:
             try:
                 head = await stream.__anext__()
                 break
-            except RayActorError as exc:
+            except ActorDiedError as exc:  # died: it will not answer (an unreachable one might still be running)
                 logger.warning("engine replica unavailable (attempt %d): %s", attempt, exc)
                 if not retry or attempt == ATTEMPTS:
                     return _error(503, "replica_unavailable", "the engine replica serving this request stopped; "
                                   "try again")
                 await asyncio.sleep(0.5 * attempt)
+            except BaseException:  # the caller went away before the answer began: the replica stops too
+                stream.cancel()
+                raise
 
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in stream:
+                    if chunk == ABORTED:
+                        raise RuntimeError("the replica failed in the middle of its answer")
                     yield chunk
             finally:
                 stream.cancel()
@@ -245,7 +276,15 @@ def app_builder(args: dict[str, Any]) -> Any:
         os.environ[f"RAGSPEC_{name.upper()}"] = str(value)
     settings = Settings()  # type: ignore[call-arg]
     check_cluster_settings(settings)
+    _migrate(settings)
     return build_app(settings)
+
+
+def _migrate(settings: Settings) -> None:
+    """The catalogue reached and migrated once, here, before the replicas start (not by all of them at once)."""
+    from retrieval.catalogue import Catalogue
+
+    Catalogue(str(settings.database_url)).close()
 
 
 def _router_base() -> type:
@@ -323,13 +362,17 @@ def run_cluster(settings: Settings, host: str, port: int) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": host, "port": port})
+        _migrate(settings)
         serve.run(build_app(settings), name=APP_NAME, route_prefix="/")
         logger.info("serving on http://%s:%d (%d engine replicas, data dir %s)", host, port,
                     settings.cluster_replicas, settings.data_dir)
         stop.wait()
     finally:
         with contextlib.suppress(Exception):
-            serve.shutdown()
+            if settings.ray_address:  # a cluster others may use: only our application goes
+                serve.delete(APP_NAME)
+            else:
+                serve.shutdown()
         ray.shutdown()
     return 0
 

@@ -16,10 +16,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.auth import KeyRing, tenant_of_key
-from app.cluster.bridge import play, wire_request
+from app.cluster.bridge import ABORTED, play, wire_request
 from app.cluster.config import ClusterConfigError, check_cluster_settings, replica_settings
 from app.cluster.routing import AffinityRouter, routing_key
-from app.cluster.serve import DocumentRouter, route_key
+from app.cluster.serve import DocumentRouter, _own_dir, route_key
 from app.sessions import Turn
 
 
@@ -41,6 +41,14 @@ def _app(seen: dict[str, Any]) -> FastAPI:
                     await asyncio.sleep(0.01)
             finally:
                 seen["disconnected"] = await request.is_disconnected()
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    @app.get("/half")
+    async def half() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"data: 0\n\n"
+            raise RuntimeError("mid-answer")
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
@@ -79,6 +87,18 @@ def test_a_stream_arrives_chunk_by_chunk_and_a_caller_that_stops_disconnects_the
     items = asyncio.run(_collect(_app(seen), "GET", "/stream", limit=4))
     assert items[1:] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]  # one SSE frame an item
     assert seen["disconnected"] is True
+
+
+def test_an_answer_cut_by_an_error_ends_aborted_not_clean() -> None:
+    items = asyncio.run(_collect(_app({}), "GET", "/half"))
+    assert items[0]["status"] == 200 and items[1:] == [b"data: 0\n\n", ABORTED]
+
+
+def test_the_wire_request_carries_its_body_s_real_length() -> None:
+    chunked = wire_request("POST", "/v1/ask", "", {"Transfer-Encoding": "chunked", "Content-Length": "3"}, b"{}",
+                           None)
+    assert ("content-length", "2") in chunked["headers"] and all(k != "transfer-encoding" for k, _ in
+                                                                   chunked["headers"])
 
 
 def test_an_app_error_is_a_500_from_the_replica() -> None:
@@ -183,7 +203,7 @@ def test_a_replica_reads_the_shared_documents_and_keeps_its_own_data_dir(tmp_pat
     from app.settings import Settings
 
     base = Settings(data_dir=tmp_path, database_url="postgresql://x@h/db", redis_url="redis://h")  # type: ignore[call-arg]
-    one, two = replica_settings(base, 0), replica_settings(base, 1)
+    one, two = replica_settings(base, "0"), replica_settings(base, "1")
     assert one.documents_dir == two.documents_dir == tmp_path / "documents"
     assert one.models_dir == two.models_dir == tmp_path / "models"
     assert one.data_dir != two.data_dir and one.data_dir.parent == tmp_path / "replicas"
@@ -191,3 +211,15 @@ def test_a_replica_reads_the_shared_documents_and_keeps_its_own_data_dir(tmp_pat
     check_cluster_settings(base)
     with pytest.raises(ClusterConfigError, match="RAGSPEC_REDIS_URL"):
         check_cluster_settings(base.model_copy(update={"redis_url": None}))
+
+
+def test_a_replica_takes_its_rank_s_dir_unless_a_live_one_holds_it(tmp_path: Path) -> None:
+    first, name = _own_dir(tmp_path, "0", "abc")
+    assert name == "0"
+    second, other = _own_dir(tmp_path, "0", "def")  # rank 0 reassigned while the first still lives
+    assert other == "def"
+    first.close()
+    third, again = _own_dir(tmp_path, "0", "ghi")  # the first is gone: its dir (and KV) is reused
+    assert again == "0"
+    second.close()
+    third.close()

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from retrieval.catalogue import Catalogue, Claim, DocumentRecord
 from retrieval.embedding import Embedder
-from retrieval.errors import CatalogueUnavailable, DocumentNotFound
+from retrieval.errors import CatalogueUnavailable, DocumentNotFound, IngestAbandoned
 from retrieval.store import DocumentStore
 from tests.conftest import PostgresServer, free_port
 
@@ -156,8 +156,10 @@ def test_a_job_is_given_up_after_its_attempts_and_dropped_with_its_document(cata
     for attempt in (1, 2):
         assert catalogue.claim(f"w{attempt}", 0.0, 2) == Claim("doc01", f"w{attempt}", attempt)
         time.sleep(0.01)
-    assert catalogue.claim("w3", 60.0, 2) == "doc01"  # cut twice: the caller fails the document
+    assert catalogue.claim("w3", 60.0, 2, gave_up="cut twice") == "doc01"  # cut twice: the document fails
     assert catalogue.jobs() == []
+    failed = catalogue.row("doc01")
+    assert failed is not None and (failed.status, failed.message) == ("failed", "cut twice")
     catalogue.insert(record(2))
     catalogue.add_job("doc02")
     catalogue.update("doc02", status="ready")  # finished by a worker that died before deleting its job
@@ -165,6 +167,16 @@ def test_a_job_is_given_up_after_its_attempts_and_dropped_with_its_document(cata
     catalogue.add_job("doc03")
     catalogue.delete("doc03")
     assert catalogue.claim("w1", 60.0, 2) is None and catalogue.jobs() == []
+
+
+def test_a_document_inserted_with_its_job_and_waiting_ones_given_theirs(catalogue: Catalogue) -> None:
+    catalogue.insert(record(1), job=True)
+    assert catalogue.jobs() == [("doc01", None, 0)]
+    catalogue.insert(record(2))  # queued before jobs existed
+    catalogue.insert(record(3, status="ready"))
+    assert catalogue.add_missing_jobs() == ["doc02"]
+    assert [j[0] for j in catalogue.jobs()] == ["doc01", "doc02"]
+    assert catalogue.add_missing_jobs() == []
 
 
 def test_workers_racing_for_jobs_hold_each_one_once(catalogue: Catalogue) -> None:
@@ -186,3 +198,29 @@ def test_workers_racing_for_jobs_hold_each_one_once(catalogue: Catalogue) -> Non
     for t in threads:
         t.join()
     assert sorted(c.doc_id for c in held) == [f"doc{i:02d}" for i in range(12)]
+
+
+def test_an_ingest_whose_job_was_taken_over_drops_its_work(tmp_path: Path, target_tokenizer: Any,
+                                                           minilm: Embedder) -> None:
+    store = DocumentStore(tmp_path / "store")
+    rec = store.create("t1", "Keeper", "keeper.txt", "text/plain", b"The keeper climbs the stairs at dusk. " * 20)
+    with pytest.raises(IngestAbandoned):
+        store.ingest(rec.id, target_tokenizer, minilm, chunk_tokens=32, holds=lambda: False)
+    after = store.get(rec.id)
+    assert after.status == "indexing" and after.message != "failed"  # left to the worker holding the job now
+    assert not (tmp_path / "store" / "docs" / rec.id / "derived").exists()
+    assert list((tmp_path / "store" / "tmp").iterdir()) == []
+    store.close()
+
+
+def test_a_shared_store_starts_without_failing_others_ingests(tmp_path: Path) -> None:
+    store = DocumentStore(tmp_path / "store")
+    busy = store.create("t1", None, "a.txt", "text/plain", b"some text to keep")
+    store._update(busy.id, status="indexing")  # another replica is ingesting it
+    with store._lock:
+        store._db.insert(record(7))  # queued before ingestion jobs existed: no job
+    report = store.recover(shared=True)
+    assert report.failed == [] and store.get(busy.id).status == "indexing"
+    with store._lock:
+        assert sorted(j[0] for j in store._db.jobs()) == sorted([busy.id, "doc07"])  # each will be taken
+    store.close()
