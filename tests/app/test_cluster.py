@@ -222,12 +222,28 @@ def _kill_replica(cluster: Cluster, name: str) -> None:
     os.kill(int(found[0].stem.rsplit("-", 1)[1]), signal.SIGKILL)
 
 
-def test_a_replica_killed_its_next_request_is_served_by_the_other(cluster: Cluster, documents: list[str]) -> None:
+LONG_QUESTION = "List every record of the granite quarry, one per line, with its crates and its day."
+
+
+def test_a_replica_killed_mid_answer_its_next_request_is_served_by_the_other(cluster: Cluster,
+                                                                             documents: list[str]) -> None:
     with cluster.client() as client:
         before = _ask_stream(client, question=QUESTION, document_ids=[documents[0]])
-        _kill_replica(cluster, before["replica"])
+        body = {"question": LONG_QUESTION, "document_ids": [documents[0]], "max_tokens": 400, "stream": True}
+        events: list[str] = []
+        with client.stream("POST", "/v1/ask", json=body) as response:
+            victim = response.headers[REPLICA]
+            assert victim == before["replica"]  # the document's owner
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("event: token"):
+                    break
+            _kill_replica(cluster, victim)
+            with contextlib.suppress(httpx.HTTPError):  # the connection is cut, or the stream ends early
+                events = [line for line in lines if line.startswith("event:")]
+        assert "event: done" not in events  # that answer did not finish as if nothing happened
         after = _ask_stream(client, question=QUESTION, document_ids=[documents[0]])
-        assert after["replica"] != before["replica"]
+        assert after["replica"] != victim
         assert after["text"] == before["text"]
 
 
