@@ -2,11 +2,11 @@
 
 Status and progress live in the document store's rows (queued -> indexing -> ready | failed, with a
 message on failure), so they survive restarts. Each queued document also has a job row in the catalogue
-(``DocumentStore.queue_ingest``): the worker claims it with a lease, renews the lease while it works and deletes
-the row when done. Several processes sharing one catalogue (cluster replicas) therefore ingest each document once,
-and a job whose worker died (its lease ran out) is taken over by the next worker that polls. In one process the
-store's ``recover()`` at start-up turns an ingest cut by a crash into ``failed`` instead. ``on_ready`` runs after
-a successful ingest (the app warms the document's KV prefix).
+(written with the document by ``DocumentStore.create``): the worker claims it with a lease, renews the lease
+while it works and deletes the row when done. Several processes sharing one catalogue (cluster replicas) therefore
+ingest each document once, and a job whose worker died (its lease ran out) is taken over by the next worker that
+polls. In one process the store's ``recover()`` at start-up turns an ingest cut by a crash into ``failed``
+instead. ``on_ready`` runs after a successful ingest (the app warms the document's KV prefix).
 """
 
 from __future__ import annotations
@@ -101,11 +101,6 @@ class IndexingJobs:
 
     def _run_claimed(self, doc_id: str | None) -> None:
         """Claim ``doc_id``'s job (or, None, any job up for grabs) and ingest it; one held elsewhere is left."""
-        if doc_id is not None:
-            try:
-                self.store.queue_ingest(doc_id)  # its job, if it has none yet (a no-op after store.create)
-            except DocumentNotFound:
-                return
         while True:
             claim = self.store.claim_ingest(self.name, self.config.lease_s, self.config.max_attempts, doc_id)
             if claim is None:

@@ -13,7 +13,7 @@ catalogue's row is written after the files. So a crash leaves either nothing, or
 queued / failed document), or a complete ``derived/`` (a ready document). ``recover()`` at start-up
 deletes ``tmp/`` leftovers and document dirs without a row, and marks documents that were queued or
 indexing as failed ("interrupted by restart"); a store shared by several processes (``recover(shared=True)``)
-leaves that to the ingestion jobs' leases (``queue_ingest`` / ``claim_ingest``), which hand a dead worker's
+leaves that to the ingestion jobs' leases (written by ``create``, taken by ``claim_ingest``), which hand a dead worker's
 document to another.
 
 Thread-safe: one lock guards SQLite and the renames; the slow part of ingestion (tokenize, embed,
@@ -142,12 +142,6 @@ class DocumentStore:
         return RecoveryReport(removed_temp=removed, removed_orphans=0, failed=[])
 
     # --- ingestion jobs -------------------------------------------------------------------------
-
-    def queue_ingest(self, doc_id: str) -> None:
-        """Record that the document waits for ingestion (a job any worker sharing the catalogue may claim)."""
-        with self._lock:
-            self.get(doc_id)
-            self._db.add_job(doc_id)
 
     def claim_ingest(self, owner: str, lease_s: float, max_attempts: int, doc_id: str | None = None) -> Claim | None:
         """Claim the oldest ingestion job nobody holds, or whose holder's lease ran out (``doc_id``'s only, when

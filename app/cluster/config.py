@@ -10,13 +10,12 @@ class ClusterConfigError(Exception):
 
 
 def check_cluster_settings(settings: Settings) -> None:
-    """What replicas must share: the catalogue (PostgreSQL) and sessions (Redis); at least one replica."""
+    """What replicas must share: the catalogue (PostgreSQL) and sessions (Redis). (At least one replica: the
+    settings' own check.)"""
     if not settings.database_url:
         raise ClusterConfigError("RAGSPEC_DATABASE_URL is not set: the replicas share one catalogue, in PostgreSQL")
     if not settings.redis_url:
         raise ClusterConfigError("RAGSPEC_REDIS_URL is not set: the replicas share sessions and drafts through Redis")
-    if settings.cluster_replicas < 1:
-        raise ClusterConfigError("RAGSPEC_CLUSTER_REPLICAS must be at least 1")
 
 
 def replica_settings(settings: Settings, replica: str) -> Settings:

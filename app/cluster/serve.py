@@ -32,12 +32,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from ray.exceptions import ActorDiedError
+from ray.serve.request_router import RequestRouter
 
 from app.auth import KeyRing
 from app.cluster.bridge import ABORTED, WireRequest, play, wire_request
 from app.cluster.config import check_cluster_settings, replica_settings
 from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
 from app.errors import ServiceError, error_body
+from app.sessions import last_documents
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -83,10 +85,7 @@ async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str |
     session_id = body.get("session_id")
     if not ids and path == "/v1/ask" and isinstance(session_id, str) and sessions is not None:
         with contextlib.suppress(Exception):  # the replica answers a session it cannot find
-            for turn in reversed(await sessions.history(tenant, session_id)):
-                if turn.documents:
-                    ids = list(turn.documents)
-                    break
+            ids = last_documents(await sessions.history(tenant, session_id))
     return routing_key(ids, tenant)
 
 
@@ -287,13 +286,7 @@ def _migrate(settings: Settings) -> None:
     Catalogue(str(settings.database_url)).close()
 
 
-def _router_base() -> type:
-    from ray.serve.request_router import RequestRouter
-
-    return RequestRouter  # type: ignore[no-any-return]
-
-
-class DocumentRouter(_router_base()):  # type: ignore[misc]
+class DocumentRouter(RequestRouter):  # type: ignore[misc]
     """Serve's request router for the engine: the owner of the request's route key first (within its load cap),
     then the other replicas in ring order; Serve then takes the first of a rank that accepts the request."""
 
@@ -362,7 +355,6 @@ def run_cluster(settings: Settings, host: str, port: int) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": host, "port": port})
-        _migrate(settings)
         serve.run(build_app(settings), name=APP_NAME, route_prefix="/")
         logger.info("serving on http://%s:%d (%d engine replicas, data dir %s)", host, port,
                     settings.cluster_replicas, settings.data_dir)

@@ -25,7 +25,7 @@ from app.sampling import logprobs_asked, sampling_params
 from app.scheduler import Queued
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
-from app.sessions import Turn
+from app.sessions import Turn, last_documents
 from app.sse import comment, frame, sse_response
 from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
@@ -136,9 +136,8 @@ def _logprobs(services: Services, entries: Sequence[TokenLogprob]) -> list[dict[
 
 def _conversation_documents(turns: Sequence[Turn], session_id: str | None) -> list[str]:
     """A follow-up that names no documents asks about its conversation's last ones."""
-    for turn in reversed(turns):
-        if turn.documents:
-            return list(turn.documents)
+    if documents := last_documents(turns):
+        return documents
     if session_id is None:
         raise InvalidRequest("document_ids: name at least one document (or continue a conversation with session_id)")
     raise InvalidRequest(
