@@ -538,11 +538,13 @@ static inline __attribute__((always_inline)) void rows_dot16(const int RB, const
     __m512 s[DOT16_ROWS][4];
     for (int r = 0; r < RB; ++r)
         for (int g = 0; g < 4; ++g) s[r][g] = _mm512_setzero_ps();
+    const int pf_qk = (lines + 16 * nc - 1) / (16 * nc), pf_pv = (lines + np - 1) / np; /* lines a step */
+    int pf_next = 0;
     for (int c = 0; c < nc; ++c)
         for (int p = 0; p < 16; ++p) {
             if (pf_k)
-                for (int e = (16 * c + p) * lines / (16 * nc); e < (16 * c + p + 1) * lines / (16 * nc); ++e)
-                    _mm_prefetch(pf_k + 64 * e, _MM_HINT_T0);
+                for (const int e1 = pf_next + pf_qk < lines ? pf_next + pf_qk : lines; pf_next < e1; ++pf_next)
+                    _mm_prefetch(pf_k + 64 * pf_next, _MM_HINT_T0);
             __m512bh qb[DOT16_ROWS];
             for (int r = 0; r < RB; ++r) qb[r] = (__m512bh)_mm512_set1_epi32((int)qa[r][16 * c + p]);
 #pragma GCC unroll 4
@@ -577,9 +579,11 @@ static inline __attribute__((always_inline)) void rows_dot16(const int RB, const
         __m512 acc[DOT16_ROWS][4];
         for (int r = 0; r < RB; ++r)
             for (int d = 0; d < 4; ++d) acc[r][d] = _mm512_setzero_ps();
+        pf_next = 0;
         for (int t = 0; t < np; ++t) {
             if (pf_v && c0 == 0)
-                for (int e = t * lines / np; e < (t + 1) * lines / np; ++e) _mm_prefetch(pf_v + 64 * e, _MM_HINT_T0);
+                for (const int e1 = pf_next + pf_pv < lines ? pf_next + pf_pv : lines; pf_next < e1; ++pf_next)
+                    _mm_prefetch(pf_v + 64 * pf_next, _MM_HINT_T0);
             const uint16_t *vt = vp + ((long)((t / 16) * (D / 16) + c0) * TILE_U16 + 32 * (t % 16));
             __m512bh vv[4];
 #pragma GCC unroll 4
@@ -611,12 +615,19 @@ static void rows_blocks_dot16(int R, const float *const *q, int D, int cnt, floa
     for (int r = 0, ti = 0; r < R; r += DOT16_ROWS, ++ti) {
         const int l0 = ti * pf_lines / tiles, n = (ti + 1) * pf_lines / tiles - l0;
         const char *fk = pf_k && n ? pf_k + 64 * l0 : 0, *fv = pf_v && n ? pf_v + 64 * l0 : 0;
-        switch (R - r < DOT16_ROWS ? R - r : DOT16_ROWS) {
-        case 1: rows_dot16(1, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n); break;
-        case 2: rows_dot16(2, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n); break;
-        case 3: rows_dot16(3, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n); break;
-        default: rows_dot16(4, q + r, D, cnt, scale, kt, vp, part + r, m + r, l + r, fk, fv, n);
-        }
+        const int rb = R - r < DOT16_ROWS ? R - r : DOT16_ROWS;
+#define ROWS_DOT16(RB, DD, CNT) rows_dot16(RB, q + r, DD, CNT, scale, kt, vp, part + r, m + r, l + r, fk, fv, n)
+        if (D == 64 && cnt == KEY_BLOCK && rb == DOT16_ROWS) /* the common case, unrolled whole by the compiler */
+            ROWS_DOT16(DOT16_ROWS, 64, KEY_BLOCK);
+        else if (rb == 1)
+            ROWS_DOT16(1, D, cnt);
+        else if (rb == 2)
+            ROWS_DOT16(2, D, cnt);
+        else if (rb == 3)
+            ROWS_DOT16(3, D, cnt);
+        else
+            ROWS_DOT16(4, D, cnt);
+#undef ROWS_DOT16
     }
 }
 #pragma GCC pop_options

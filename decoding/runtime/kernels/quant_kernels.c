@@ -647,33 +647,27 @@ static void store_kv(const float *x, int D, void *buf, long off, int kv_mode) {
     }
 }
 
-void rope_store_part(const float *qkv, int M, int H, int G, int D, const int64_t *pos, const float *cos_t,
-                     const float *sin_t, float *q, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long start,
-                     int kv_mode) {
+static void rope_store_row(const float *row, int H, int G, int D, int64_t pos, const float *cos_t,
+                           const float *sin_t, float *q, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long at,
+                           int kv_mode) {
     const int half = D / 2;
-    const long width = (long)(H + 2 * G) * D;
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; ++m) {
-        const float *row = qkv + m * width;
-        const float *c = cos_t + pos[m] * half, *s = sin_t + pos[m] * half;
-        float kr[256];
-        for (int h = 0; h < H + G; ++h) {
-            const float *src = row + (long)h * D;
-            float *dst = h < H ? q + (long)m * H * D + (long)h * D : kr;
-            for (int t = 0; t < half; ++t) {
-                const float a = src[t], b = src[t + half];
-                dst[t] = a * c[t] - b * s[t];
-                dst[t + half] = b * c[t] + a * s[t];
-            }
-            if (h >= H) {
-                const long off = (long)(h - H) * kv_sh + (start + m) * kv_sn;
-                store_kv(kr, D, kbuf, off, kv_mode);
-                store_kv(row + (long)(H + G) * D + (long)(h - H) * D, D, vbuf, off, kv_mode);
-            }
+    const float *c = cos_t + pos * half, *s = sin_t + pos * half;
+    float kr[256];
+    for (int h = 0; h < H + G; ++h) {
+        const float *src = row + (long)h * D;
+        float *dst = h < H ? q + (long)h * D : kr;
+        for (int t = 0; t < half; ++t) {
+            const float a = src[t], b = src[t + half];
+            dst[t] = a * c[t] - b * s[t];
+            dst[t + half] = b * c[t] + a * s[t];
+        }
+        if (h >= H) {
+            const long off = (long)(h - H) * kv_sh + at * kv_sn;
+            store_kv(kr, D, kbuf, off, kv_mode);
+            store_kv(row + (long)(H + G) * D + (long)(h - H) * D, D, vbuf, off, kv_mode);
         }
     }
 }
-
 
 /* a[m, t] = silu(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8). */
 void silu_mul_part(const float *gu, int M, int I, float *a) {
@@ -764,6 +758,11 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     const int tk = kv_mode == 3 && D % 32 == 0 ? rs_tile_keys() : 0; /* keys per block kept laid out (0: none) */
     const int tiles_path = tk && rs_attention_tiles();
     att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (on the tiles: per sequence, below) */
+    int total = 0, row0[n > 0 ? n : 1];
+    for (int i = 0; i < n; ++i) row0[i] = total, total += seq[i].rows;
+    int row_seq[total > 0 ? total : 1]; /* the sequence of each row */
+    for (int i = 0; i < n; ++i)
+        for (int m = 0; m < seq[i].rows; ++m) row_seq[row0[i] + m] = i;
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
         const rs_kv_layer *c = s->kv + l;
@@ -782,13 +781,13 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         rmsnorm_part(x, E, M, E, L->attn_norm, S->eps, T->h, E);
         quantize_part(T->h, E, M, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
-        for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
+#pragma omp for schedule(static) /* rotary embedding, keys and values stored: every row of every sequence */
+        for (int r = 0; r < M; ++r) {
+            const int i = row_seq[r], m = r - row0[i];
             const rs_kv_layer *c = seq[i].kv + l;
-            rope_store_part(T->qkv + (long)r * QKV, seq[i].rows, H, G, D, seq[i].pos, cos_t, sin_t,
-                            T->q + (long)r * H * D, c->kbuf, c->vbuf, c->kv_sh, c->kv_sn, seq[i].start - c->split,
-                            kv_mode);
+            rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], cos_t, sin_t, T->q + (long)r * H * D,
+                           c->kbuf, c->vbuf, c->kv_sh, c->kv_sn, seq[i].start - c->split + m, kv_mode);
         }
-#pragma omp barrier
         if (tiles_path) {
             for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
                 const rs_sequence *s = seq + i;
