@@ -601,21 +601,27 @@ void rs_dequant_rows(const uint8_t *w, int wtype, long ldg, int K, const int64_t
 /* ---- norms, rotary embedding, activation ---------------------------------------------------------------- */
 
 /* y = x * rsqrt(mean(x^2) + eps) * weight, per row (sum of squares in 8 fixed lanes, then hsum). */
-void rmsnorm_part(const float *x, long ldx, int M, int K, const float *weight, float eps, float *y, long ldy) {
+static void rmsnorm_row(const float *xr, int K, const float *weight, float eps, float *yr) {
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_loadu_ps(xr + k);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float ss = hsum8(acc);
+    for (; k < K; ++k) ss += xr[k] * xr[k];
+    const float r = 1.0f / sqrtf(ss / (float)K + eps);
+    for (k = 0; k < K; ++k) yr[k] = (xr[k] * r) * weight[k];
+}
+
+/* Each row of x [M, K] normalized (rmsnorm_row into y) and quantized as quantize_part does, one row at a time: one
+   pass and one barrier where the two would take two. */
+void norm_quantize_part(const float *x, long ldx, int M, int K, const float *weight, float eps, float *y, long ldy,
+                        int8_t *xq, float *xd, float *xs) {
 #pragma omp for schedule(static)
     for (int m = 0; m < M; ++m) {
-        const float *xr = x + m * ldx;
-        float *yr = y + m * ldy;
-        __m256 acc = _mm256_setzero_ps();
-        int k = 0;
-        for (; k + 8 <= K; k += 8) {
-            __m256 v = _mm256_loadu_ps(xr + k);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float ss = hsum8(acc);
-        for (; k < K; ++k) ss += xr[k] * xr[k];
-        const float r = 1.0f / sqrtf(ss / (float)K + eps);
-        for (k = 0; k < K; ++k) yr[k] = (xr[k] * r) * weight[k];
+        rmsnorm_row(x + m * ldx, K, weight, eps, y + m * ldy);
+        quantize_row(y + m * ldy, K, xq + (long)m * K, xd + (long)m * (K / QK), xs + (long)m * (K / QK));
     }
 }
 
@@ -669,8 +675,9 @@ static void rope_store_row(const float *row, int H, int G, int D, int64_t pos, c
     }
 }
 
-/* a[m, t] = silu(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8). */
-void silu_mul_part(const float *gu, int M, int I, float *a) {
+/* a[m, t] = silu(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8), each row then
+   quantized as quantize_part does (xq, xd, xs). */
+void silu_mul_quantize_part(const float *gu, int M, int I, float *a, int8_t *xq, float *xd, float *xs) {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
 #pragma omp for schedule(static)
     for (int m = 0; m < M; ++m) {
@@ -684,6 +691,7 @@ void silu_mul_part(const float *gu, int M, int I, float *a) {
             __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
             _mm256_storeu_ps(o + t, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + t)));
         }
+        quantize_row(o, I, xq + (long)m * I, xd + (long)m * (I / QK), xs + (long)m * (I / QK));
     }
 }
 
@@ -778,8 +786,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        rmsnorm_part(x, E, M, E, L->attn_norm, S->eps, T->h, E);
-        quantize_part(T->h, E, M, E, T->xq, T->xd, T->xs);
+        norm_quantize_part(x, E, M, E, L->attn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
 #pragma omp for schedule(static) /* rotary embedding, keys and values stored: every row of every sequence */
         for (int r = 0; r < M; ++r) {
@@ -802,11 +809,9 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
-        rmsnorm_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E);
-        quantize_part(T->h, E, M, E, T->xq, T->xd, T->xs);
+        norm_quantize_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
-        silu_mul_part(T->gu, M, I, T->act);
-        quantize_part(T->act, I, M, I, T->xq, T->xd, T->xs);
+        silu_mul_quantize_part(T->gu, M, I, T->act, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
     }
     for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */
@@ -829,8 +834,7 @@ void rs_head(const float *x, int M, int keep, int E, const float *norm, float ep
     const float *xs = x + (long)(M - keep) * E;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        rmsnorm_part(xs, E, keep, E, norm, eps, T->h, E);
-        quantize_part(T->h, E, keep, E, T->xq, T->xd, T->xs);
+        norm_quantize_part(xs, E, keep, E, norm, eps, T->h, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->xq, T->xd, T->xs, keep, E, w, wtype, ldw, V, logits, V, 0, 0, 0);
     }
 }
