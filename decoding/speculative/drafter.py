@@ -60,16 +60,17 @@ class VerifyOutcome:
     excluded) in path order; ``new_tokens`` the tokens appended to the output by this step: the accepted
     node tokens followed by the next root (bonus / recovered token). ``node_topk`` is the target's
     top-k prediction after the root (row 0) and after every node (row i + 1), ``[n + 1, k]`` long:
-    rejected nodes included, for logit-cue tables. ``generated`` is the output before this step's new
-    tokens (``root`` last, as in ``DraftRequest``; empty when the caller does not say): the context of the
-    root and of every node.
+    rejected nodes included, for logit-cue tables; None unless a drafter of the request asked for it
+    (``uses_node_topk``: a top-k over the vocabulary at every verified row is host work each step pays).
+    ``generated`` is the output before this step's new tokens (``root`` last, as in ``DraftRequest``; empty
+    when the caller does not say): the context of the root and of every node.
     """
 
     root: int
     tree: DraftTree
     accepted_nodes: Sequence[int]
     new_tokens: Sequence[int]
-    node_topk: torch.Tensor
+    node_topk: torch.Tensor | None
     generated: Sequence[int] = ()
 
 
@@ -78,12 +79,14 @@ class Drafter(Protocol):
     """A source of draft tokens. ``name`` labels its nodes in stats (``accepted_by_source``).
 
     ``step_cost_s``: measured seconds per drafted token (0: free, never rationed); ``max_depth``: the deepest
-    chain a costed drafter offers (its gamma; 0 for a free drafter, whose depth the budget alone bounds).
+    chain a costed drafter offers (its gamma; 0 for a free drafter, whose depth the budget alone bounds);
+    ``uses_node_topk``: whether ``observe`` reads ``VerifyOutcome.node_topk`` (only then is it computed).
     """
 
     name: str
     step_cost_s: float
     max_depth: int
+    uses_node_topk: bool
 
     def begin(self, prompt: PromptInfo) -> None:
         """Start a request over ``prompt`` (called once, after the target's prefill)."""
@@ -107,6 +110,7 @@ class BaseDrafter:
     name = "base"
     step_cost_s = 0.0  # measured seconds per drafted token (0: free, never rationed)
     max_depth = 0  # the deepest chain a costed drafter offers (its gamma)
+    uses_node_topk = False  # observe reads the target's top-k at every verified row
 
     def begin(self, prompt: PromptInfo) -> None:
         return None

@@ -271,8 +271,9 @@ class Engine:
         first = self._judge(DraftTree(), read.last[None], sampling, generator, noise, 0, None,
                             RowShaping(shaper, (), config.logprobs))
         root = first.verdict.bonus
+        node_topk = self.config.node_topk if any(d.uses_node_topk for d in drafters) else None
         run = _Run(config, sampling, generator, noise, cache, drafters, TreeSelector(self.policy), stats, max_new,
-                   root, output=answer.ids, shaper=shaper, logprobs=first.logprobs)
+                   root, output=answer.ids, node_topk=node_topk, shaper=shaper, logprobs=first.logprobs)
 
         text = answer.add([root])
         stats.ttft_s = t_first = time.perf_counter() - t0
@@ -317,7 +318,7 @@ class Engine:
         base, t = run.cache.length, time.perf_counter()
         verdict, node_topk, logprobs = self.verify(
             run.root, tree, run.cache, run.sampling, run.generator, run.noise, len(run.output),
-            self.config.node_topk if run.drafters else None, RowShaping(run.shaper, run.output, run.config.logprobs))
+            run.node_topk, RowShaping(run.shaper, run.output, run.config.logprobs))
         if run.logprobs is not None and logprobs is not None:
             run.logprobs.extend(logprobs)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
@@ -377,7 +378,6 @@ class Engine:
         if not run.drafters:
             return
         run.selector.observe(tree, verdict.accepted_nodes)
-        assert node_topk is not None
         outcome = VerifyOutcome(
             root=run.root,
             tree=tree,
@@ -457,6 +457,7 @@ class _Run:
     max_new: int
     root: int  # the last token, not yet in the cache: every step's forward starts with it
     output: list[int]  # the answer's tokens so far (``AnswerText.ids``, the same list)
+    node_topk: int | None = None  # the target's top-k kept at every verified row, for drafters that read it
     shaper: LogitShaper | None = None
     logprobs: list[TokenLogprob] | None = None  # one per emitted token (may run past ``output``), when asked for
     sent: int = 0  # logprobs already handed out in events

@@ -67,6 +67,7 @@ class RacerDrafter(BaseDrafter):
     """RACER as a ``Drafter``: one instance per request (cheap); the table and caches are shared."""
 
     name = "racer"
+    uses_node_topk = True  # its logit-cue table learns the target's top-k at every verified row
 
     def __init__(
         self,
@@ -128,7 +129,8 @@ class RacerDrafter(BaseDrafter):
         return merged
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        self.table.update([int(outcome.root), *outcome.tree.tokens], outcome.node_topk)
+        if outcome.node_topk is not None:
+            self.table.update([int(outcome.root), *outcome.tree.tokens], outcome.node_topk)
 
     def end(self, output_ids: Sequence[int]) -> None:
         if self.tier is not None:

@@ -96,10 +96,11 @@ class Recorder(BaseDrafter):
     """Records what the engine hands a drafter: the prompt's top-k and every step's node top-k."""
 
     name = "recorder"
+    uses_node_topk = True
 
     def __init__(self) -> None:
         self.prompt_topk: list[torch.Tensor | None] = []
-        self.node_topk: list[torch.Tensor] = []
+        self.node_topk: list[torch.Tensor | None] = []
 
     def begin(self, prompt: PromptInfo) -> None:
         self.prompt_topk.append(prompt.prompt_topk)
@@ -162,7 +163,18 @@ def test_node_topk_reaches_drafters_on_the_host(target: TinyTarget) -> None:
     assert set(TRANSFERS[1:]) == {2}  # each step: [argmax, top-k] in one fetch
     none = Recorder()  # node_topk=0: drafters still get a (k = 0) top-k
     _generate(SimEngine(target, config=EngineConfig(node_topk=0)), SAMPLINGS["greedy"], [none])
-    assert none.node_topk and all(t.shape[1] == 0 for t in none.node_topk)
+    assert none.node_topk and all(t is not None and t.shape[1] == 0 for t in none.node_topk)
+
+
+def test_node_topk_is_computed_only_for_drafters_that_read_it(target: TinyTarget) -> None:
+    """A top-k over the vocabulary at every verified row is host work each step would pay: with no drafter that
+    reads it (prompt lookup, RAPID) the step's transfer is the argmax rows alone and drafters see None."""
+    quiet = Recorder()
+    quiet.uses_node_topk = False
+    _generate(SimEngine(target, config=EngineConfig(node_topk=5)), SAMPLINGS["greedy"],
+              [PromptLookupDrafter(branches=2), quiet])
+    assert quiet.node_topk and all(t is None for t in quiet.node_topk)
+    assert set(TRANSFERS[1:]) == {1}  # each step: the argmax rows only
 
 
 def test_sampling_never_hands_a_device_tensor_to_a_cpu_generator(
