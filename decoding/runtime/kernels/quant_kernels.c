@@ -762,27 +762,25 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
                         const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
-    int M = 0, valid[n > 0 ? n : 1];
+    int M = 0, valid[n > 0 ? n : 1], row0[n > 0 ? n : 1]; /* rows in all; each sequence's first row */
+    for (int i = 0; i < n; ++i) row0[i] = M, M += seq[i].rows;
+    int row_seq[M > 0 ? M : 1]; /* the sequence of each row */
+    for (int i = 0; i < n; ++i)
+        for (int m = 0; m < seq[i].rows; ++m) row_seq[row0[i] + m] = i;
     const int tk = kv_mode == 3 && D % 32 == 0 ? rs_tile_keys() : 0; /* keys per block kept laid out (0: none) */
     const int tiles_path = tk && rs_attention_tiles();
     att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (on the tiles: per sequence, below) */
-    int total = 0, row0[n > 0 ? n : 1];
-    for (int i = 0; i < n; ++i) row0[i] = total, total += seq[i].rows;
-    int row_seq[total > 0 ? total : 1]; /* the sequence of each row */
-    for (int i = 0; i < n; ++i)
-        for (int m = 0; m < seq[i].rows; ++m) row_seq[row0[i] + m] = i;
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
         const rs_kv_layer *c = s->kv + l;
         const long own = s->start - c->split; /* the sequence's own rows from here on are rewritten: stale blocks */
         if (tk && c->tiles && *c->tiled > own / tk) *c->tiled = (int32_t)(own / tk);
         valid[i] = tk && c->tiles ? *c->tiled : 0;
-        const att_seq a = {T->q + (long)M * H * D, T->att + (long)M * H * D, s->rows, s->past, s->path, s->path_off,
+        const att_seq a = {T->q + (long)row0[i] * H * D, T->att + (long)row0[i] * H * D, s->rows, s->past, s->path, s->path_off,
                            c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split,
                            tk ? c->tiles : 0, tk ? c->tiles0 : 0, c->tiles_sh, c->tiles0_sh, valid[i],
                            tk && c->tiles0 ? *c->tiled0 : 0};
         att[i] = a;
-        M += s->rows;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
