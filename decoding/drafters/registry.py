@@ -77,8 +77,7 @@ MODES: dict[str, tuple[str, ...]] = {
     "racer": ("racer",),
     "rapid": ("rapid",),
     "rapid_kv": ("rapid_kv",),
-    # the cheapest first: a costlier drafter is credited (and kept drafting) only for the nodes the others miss
-    "combined": ("prompt_lookup", "racer", "rapid_kv"),
+    "combined": ("rapid_kv", "racer", "prompt_lookup"),
     # the tenant's earlier answers first (they only draft where the text retraces one: a repeated question),
     # then the benchmark's best on the CPU runtime (docs/benchmarks.md)
     "auto": ("cross_session", "prompt_lookup"),

@@ -21,9 +21,7 @@ prefix of it that maximises expected tokens per second:
   this request's own counts, which take over as they accumulate.
 
 N = 0 is plain autoregressive decoding: when the drafts are not worth their cost the step verifies
-nothing, so speculation is never slower than autoregressive decoding beyond the drafting time; and that
-time is bounded too: a drafter whose measured yield does not pay for its own drafting time and rows sits
-out its steps (``TreeSelector.worth_drafting``, per drafter, alone or in a batch). Every
+nothing, so speculation is never slower than autoregressive decoding beyond the drafting time. Every
 ``explore_every`` steps a step that would verify nothing verifies the best two nodes anyway, so a kind
 whose estimate fell low gets re-measured (bounded cost: one small verify per ``explore_every`` steps); and
 a first-level node of a kind the engine has never verified is always added once, so a new source (e.g. the
@@ -192,28 +190,8 @@ def _slope(costs: dict[int, float], known: Sequence[int]) -> float:
     return max(0.0, (costs[b] - costs[a]) / (b - a))
 
 
-WARMUP = 4  # drafting steps a generation measures per drafter before worth_drafting may skip one
+WARMUP = 4  # drafting steps a generation measures before worth_drafting may skip one
 DRAFT_EWMA = 0.2  # weight of the newest drafting step in its moving means
-FREE_SHARE = 0.02  # a drafter spending less than this share of a step per drafting step is never skipped
-
-
-@dataclass
-class DraftLedger:
-    """One drafter's drafting steps in a generation (``worth_drafting``): moving means of its host seconds, its
-    nodes verified and its nodes accepted per drafting step (the first ``WARMUP`` steps averaged)."""
-
-    steps: int = 0
-    host_s: float = 0.0
-    rows: float = 0.0
-    accepted: float = 0.0
-    skipped: int = 0  # drafting steps skipped in a row
-
-    def add(self, host_s: float, rows: int, accepted: int) -> None:
-        self.steps += 1
-        a = max(1.0 / self.steps, DRAFT_EWMA)
-        self.host_s += a * (host_s - self.host_s)
-        self.rows += a * (rows - self.rows)
-        self.accepted += a * (accepted - self.accepted)
 
 
 @dataclass
@@ -224,7 +202,12 @@ class TreeSelector:
     request_weight: float = 8.0  # engine-wide rate counts as this many of this request's observations
     step: int = 0
     _local: dict[str, list[float]] = field(default_factory=dict)  # kind -> [accepted, tested] this request
-    ledgers: dict[int, DraftLedger] = field(default_factory=dict)  # per drafter (its index in the generation)
+    # drafting steps measured (worth_drafting): their host seconds, verified rows and accepted tokens (moving means)
+    drafted: int = 0
+    draft_host_s: float = 0.0
+    draft_rows: float = 0.0
+    draft_accepted: float = 0.0
+    skipped: int = 0  # drafting steps skipped in a row
 
     def probability(self, kind: str) -> float:
         rate, _ = self.policy.acceptance.rate(kind)
@@ -282,37 +265,34 @@ class TreeSelector:
             return tree
         return tree.subset(sorted(keep))
 
-    def worth_drafting(self, drafter: int, context: int | None, batch: int, batch_s: float | None) -> bool:
-        """Whether ``drafter`` (its index in the generation) should draft this step. Everything it spends delays
-        the tokens: the host time of its drafting (an LM drafter's forwards included) and the rows of its nodes the
-        target verifies; alone, a step's forward costs ``cost(0)``, beside ``batch - 1`` others whose shared
-        forward takes ``batch_s`` the spend delays all of them. So a drafter drafts only while its measured
-        accepted tokens per drafting step beat that rate for its spend,
+    def worth_drafting(self, context: int | None, batch: int, batch_s: float | None) -> bool:
+        """Whether this step should draft at all. Beside ``batch - 1`` others whose shared forward takes ``batch_s``,
+        everything a step spends on speculation delays all of them: the host time of drafting and picking (the
+        generations' Python runs one at a time) and the rows it verifies. So it drafts only while its measured
+        accepted tokens per step beat the batch's own rate for that spend,
 
-            accepted / (rows * row_cost + host_s) > batch / step_s,
+            accepted / (rows * row_cost + host_s) > batch / batch_s,
 
-        and a skipped step is a plain one for it (the others still draft). A drafter whose spend stays below
-        ``FREE_SHARE`` of the step drafts always: skipping it could save no more, and its drafts come in bursts
-        (prompt lookup finds nothing for a while, then a copied passage). Before ``WARMUP`` drafting steps are
-        measured it drafts; one that stopped probes again every ``explore_every`` steps, so a falling batch or
-        drafts that start landing turn it back on."""
-        ledger = self.ledgers.setdefault(drafter, DraftLedger())
-        if ledger.steps < WARMUP:
+        which turns speculation off as the batch grows or its drafts stop landing, and a skipped step is a plain
+        one. Alone (or before ``WARMUP`` drafting steps are measured) it always drafts (``select`` sizes the tree);
+        a generation that stopped drafting probes again every ``explore_every`` steps, so a falling batch or a
+        draft that starts landing turns it back on."""
+        if batch <= 1 or batch_s is None or self.drafted < WARMUP:
             return True
-        alone = batch <= 1 or batch_s is None
-        step_s = self.policy.cost(0, context) if alone else float(batch_s)  # type: ignore[arg-type]
-        batch = 1 if alone else batch
         row = max(self.policy.cost(1, context) - self.policy.cost(0, context), 0.0)
-        spend = ledger.rows * row + ledger.host_s
-        if batch * spend <= FREE_SHARE * step_s or ledger.accepted * step_s > batch * spend:
-            ledger.skipped = 0
+        if self.draft_accepted * batch_s > batch * (self.draft_rows * row + self.draft_host_s):
+            self.skipped = 0
             return True
-        ledger.skipped += 1
-        return ledger.skipped % self.policy.explore_every == 0
+        self.skipped += 1
+        return self.skipped % self.policy.explore_every == 0
 
-    def observe_drafting(self, drafter: int, host_s: float, rows: int, accepted: int) -> None:
-        """One drafting step of ``drafter``: its host seconds, its nodes verified and accepted."""
-        self.ledgers.setdefault(drafter, DraftLedger()).add(host_s, rows, accepted)
+    def observe_drafting(self, host_s: float, rows: int, accepted: int) -> None:
+        """One drafting step's spend and yield (``worth_drafting``'s moving means, the first WARMUP steps averaged)."""
+        self.drafted += 1
+        a = max(1.0 / self.drafted, DRAFT_EWMA)
+        self.draft_host_s += a * (host_s - self.draft_host_s)
+        self.draft_rows += a * (rows - self.draft_rows)
+        self.draft_accepted += a * (accepted - self.draft_accepted)
 
     def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None) -> int:
         """How many tokens (0..gamma) a drafter that costs ``step_cost`` seconds per drafted token should chain

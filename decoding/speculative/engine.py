@@ -311,13 +311,10 @@ class Engine:
         """One step after ``run.root``: the drafters' tree, the part of it worth verifying, one target forward
         over root + that part, the accepted path's KV kept; returns the new tokens (accepted + bonus)."""
         batch, batch_s = self._batch_now()
-        fixed = run.config.draft_budget is not None
-        active = [i for i in range(len(run.drafters))
-                  if fixed or run.selector.worth_drafting(i, run.cache.length, batch, batch_s)]
+        drafting = run.config.draft_budget is not None or run.selector.worth_drafting(run.cache.length, batch, batch_s)
         t = time.perf_counter()
-        drafted = self._draft(run, active)
-        tree = self._pick_tree(run, drafted.tree, batch, batch_s) if active else drafted.tree
-        pick_s = time.perf_counter() - t - sum(drafted.seconds)
+        tree = self._pick_tree(run, self._draft(run), batch, batch_s) if drafting else DraftTree()
+        host_s = time.perf_counter() - t
         base, t = run.cache.length, time.perf_counter()
         verdict, node_topk, logprobs = self.verify(
             run.root, tree, run.cache, run.sampling, run.generator, run.noise, len(run.output),
@@ -328,27 +325,23 @@ class Engine:
         if self.batcher is None or self.batcher.last_batch_size() == 1:  # a batch's time is not this tree's cost
             self.policy.observe_cost(len(tree), time.perf_counter() - t, base)
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
-        for k, i in enumerate(active):  # each drafter's spend and yield this step (the pick's time shared)
-            mine = [drafted.owners.get(src) == i for src in tree.sources]
-            run.selector.observe_drafting(i, drafted.seconds[k] + pick_s / len(active), sum(mine),
-                                          sum(mine[j] for j in verdict.accepted_nodes))
+        if drafting and run.drafters:
+            run.selector.observe_drafting(host_s, len(tree), len(accepted))
         self._observe(run, tree, verdict, node_topk, accepted)
         run.root = verdict.bonus
         return [*accepted, verdict.bonus]
 
-    def _draft(self, run: _Run, active: Sequence[int]) -> _Drafted:
-        """The trees of the drafters ``active`` (indices into the generation's), merged. A drafter that pays per
-        drafted token (an LM) is told how deep to go (planned from its measured cost, the verify-cost curve and
-        its learned acceptance, unless the request fixed the budget)."""
+    def _draft(self, run: _Run) -> DraftTree:
+        """Every drafter's tree, merged. A drafter that pays per drafted token (an LM) is told how deep to go
+        (planned from its measured cost, the verify-cost curve and its learned acceptance, unless the request
+        fixed the budget)."""
         budget = run.config.draft_budget if run.config.draft_budget is not None else self.policy.max_budget
         budget = min(budget, run.max_new - len(run.output))
-        drafted = _Drafted(DraftTree(), {}, [0.0] * len(active))
-        if budget <= 0:
-            return drafted
+        if not run.drafters or budget <= 0:
+            return DraftTree()
         context = run.cache.length
         trees = []
-        for k, i in enumerate(active):
-            d, t = run.drafters[i], time.perf_counter()
+        for d in run.drafters:
             depth = None
             gamma = d.max_depth
             if run.config.draft_budget is None and gamma > 0:
@@ -356,11 +349,7 @@ class Engine:
                 depth = run.selector.plan_depth(d.name, step, gamma, context)
             request = DraftRequest(root=run.root, generated=run.output, budget=budget, max_depth=depth)
             trees.append(d.propose(request))
-            for source in trees[-1].sources:
-                drafted.owners.setdefault(source, i)
-            drafted.seconds[k] = time.perf_counter() - t
-        drafted.tree = merge_trees(trees, budget)
-        return drafted
+        return merge_trees(trees, budget)
 
     def _batch_now(self) -> tuple[int, float | None]:
         """The batch this step's forward will likely join: the generations present now, at the last batched
@@ -451,16 +440,6 @@ class Engine:
         path = [0, *(i + 1 for i in verdict.accepted_nodes)]  # row r predicts the token emitted after it
         emitted = [*(tree.tokens[i] for i in verdict.accepted_nodes), verdict.bonus]
         return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, rows.logprobs))
-
-
-@dataclass
-class _Drafted:
-    """A step's drafts: the merged tree, which drafter (its index) each node source came from, and each active
-    drafter's seconds drafting."""
-
-    tree: DraftTree
-    owners: dict[str, int]
-    seconds: list[float]
 
 
 @dataclass

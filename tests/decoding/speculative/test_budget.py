@@ -73,29 +73,21 @@ def test_in_a_batch_speculation_shrinks_as_the_batch_grows() -> None:
     assert len(sel.select(chain(8, "sure"), batch=16, batch_s=sel.policy.cost(15))) > 0  # certain tokens still pay
 
 
-def test_a_drafter_drafts_only_while_its_drafts_pay() -> None:
-    """Drafting's host time and rows delay the tokens (in a batch, every sequence's): each drafter of a generation
-    drafts while its accepted tokens per drafting step beat the step's rate for its spend, stops when they do not
-    (probing every ``explore_every`` steps), and before it has measured WARMUP drafting steps, or while its spend is
-    a sliver of a step, always drafts. Drafters are judged apart."""
+def test_in_a_batch_a_generation_drafts_only_while_its_drafts_pay_for_the_batch() -> None:
+    """Drafting's host time and rows delay every sequence of a batch: a generation drafts while its accepted tokens
+    per step beat the batch's rate for that spend, stops when they do not (probing every ``explore_every`` steps),
+    and alone or before it has measured WARMUP drafting steps always drafts."""
     sel = TreeSelector(policy(CPU, explore_every=8))  # costs relative to a step: a row 0.04
-    assert sel.worth_drafting(0, None, 1, None) and sel.worth_drafting(0, None, 8, 8.0)  # nothing measured yet
+    assert sel.worth_drafting(None, 1, None) and sel.worth_drafting(None, 8, 8.0)  # nothing measured yet
     for _ in range(WARMUP):
-        sel.observe_drafting(0, host_s=0.05, rows=2, accepted=1)  # 1 token for 0.13 of a step
-    assert sel.worth_drafting(0, None, 1, None) and sel.worth_drafting(0, None, 2, CPU[1])  # pays alone, beside 1
-    assert not sel.worth_drafting(0, None, 16, 1.9)  # not beside 15
+        sel.observe_drafting(host_s=0.05, rows=2, accepted=1)  # 1 token for 0.13 of a step
+    assert sel.worth_drafting(None, 2, CPU[1]) and not sel.worth_drafting(None, 16, 1.9)  # pays beside 1, not 15
     for _ in range(30):
-        sel.observe_drafting(0, host_s=0.3, rows=2, accepted=0)  # its drafts stop landing
-    for batch, batch_s in ((4, 1.15), (1, None)):  # in a batch and alone
-        decisions = [sel.worth_drafting(0, None, batch, batch_s) for _ in range(16)]
-        probes = [i for i, d in enumerate(decisions) if d]
-        assert len(probes) == 2 and probes[1] - probes[0] == 8, (batch, decisions)
-    assert sel.worth_drafting(1, None, 1, None)  # another drafter of the generation: judged on its own steps
-    for _ in range(WARMUP):
-        sel.observe_drafting(1, host_s=0.01, rows=0, accepted=0)  # finds nothing, for 1% of a step
-    assert all(sel.worth_drafting(1, None, 1, None) for _ in range(16))  # too cheap to skip: its drafts come in bursts
-    sel.observe_drafting(1, host_s=0.05, rows=1, accepted=0)
-    assert not sel.worth_drafting(1, None, 1, None)
+        sel.observe_drafting(host_s=0.3, rows=2, accepted=0)  # its drafts stop landing
+    decisions = [sel.worth_drafting(None, 4, 1.15) for _ in range(16)]
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert len(probes) == 2 and probes[1] - probes[0] == 8, decisions
+    assert sel.worth_drafting(None, 1, None)  # alone: the selector sizes the tree
 
 
 def test_tree_keeps_likely_nodes_with_their_ancestors() -> None:
