@@ -48,6 +48,7 @@ from bench.decode_cases import RagContext, make_cases
 from bench.decode_measure import (
     TTFT_DOC,
     gguf_of,
+    lm_drafter_costs,
     measure_prefill,
     measure_ttft_repeat,
     noise,
@@ -168,6 +169,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "prefill": measure_prefill(bench, longest, 1 if args.quick else 2),
             "verify_cost": verify_curve(bench, len(longest.prompt.ids), 3 if args.quick else 5),
         }
+        contexts[str(context)]["lm_drafter_costs"] = lm_drafter_costs(
+            subset, names, contexts[str(context)]["verify_cost"]["ours_vs_step"])
         logger.info("context %d: %s", context, {k: v for k, v in contexts[str(context)].items() if k.startswith("vs_")})
 
     [ttft_doc] = qa_documents([TTFT_DOC])

@@ -97,6 +97,63 @@ def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str
             "drafted_by_source": _sum_sources([r.drafted_by_source for r in reps]),
             "decode_tokens_per_s_reps": [round(r.decode_tps, 3) for r in reps],  # the spread behind the median
         }
+        if any(r.draft_forwards for r in reps):  # an LM drafter: what its drafting cost
+            out[name]["drafter"] = {
+                "forwards": median([r.draft_forwards for r in reps]),
+                "ms_per_forward": round(1000 * median([r.draft_s / r.draft_forwards
+                                                       for r in reps if r.draft_forwards]), 3),
+                "prefill_s": round(median([r.draft_prefill_s for r in reps]), 4),
+                "share_of_decode": round(median([(r.draft_s + r.draft_prefill_s) / r.decode_s for r in reps
+                                                 if r.decode_s > 0]), 4),
+            }
+    return out
+
+
+def _relative_verify(curve: dict[str, float], nodes: int) -> float:
+    """A verify over ``nodes`` draft nodes relative to a plain step, from ``verify_cost.ours_vs_step`` (linear
+    between the measured sizes; 0 nodes is the step itself)."""
+    known = {0: 1.0, **{int(k): v for k, v in curve.items()}}
+    if nodes in known:
+        return known[nodes]
+    lo = max(k for k in known if k < nodes)
+    hi = min((k for k in known if k > nodes), default=lo)
+    return known[lo] if hi == lo else known[lo] + (nodes - lo) / (hi - lo) * (known[hi] - known[lo])
+
+
+def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
+                     verify: dict[str, float]) -> dict[str, Any]:
+    """Why an LM drafter the target's own size pays or not here: per method (medians over prompts), the target's
+    plain step, one drafter forward, its acceptance per drafted token, its own prefill, and what chains of g tokens
+    would give at best with those figures, every step drafting (tokens per step 1 + a + ... + a^g, time per step
+    1 + g * forward / step + (verify(g) - 1), in steps; the drafter's prefill and catch-up not counted)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        rows = [r["methods"][name] for r in results if "drafter" in r["methods"].get(name, {})]
+        if not rows:
+            continue
+        ar = [r["methods"]["autoregressive"] for r in results if "drafter" in r["methods"].get(name, {})]
+        step_ms = median([1000.0 / row["decode_tokens_per_s"] for row in ar if row["decode_tokens_per_s"] > 0])
+        forward_ms = median([row["drafter"]["ms_per_forward"] for row in rows])
+        drafted = sum(sum(row["drafted_by_source"].values()) for row in rows)
+        accepted = sum(sum(row["accepted_by_source"].values()) for row in rows)
+        a = accepted / drafted if drafted else 0.0
+        ratio = forward_ms / step_ms if step_ms else 0.0
+        best_g, best = 0, 1.0
+        for g in range(1, 17):
+            tokens = 1.0 + sum(a**d for d in range(1, g + 1))
+            rate = tokens / (1.0 + g * ratio + _relative_verify(verify, g) - 1.0)
+            if rate > best:
+                best_g, best = g, rate
+        out[name] = {
+            "target_step_ms": round(step_ms, 3),
+            "drafter_forward_ms": round(forward_ms, 3),
+            "forward_vs_step": round(ratio, 3),
+            "acceptance_per_drafted_token": round(a, 4),
+            "drafter_prefill_s": round(median([row["drafter"]["prefill_s"] for row in rows]), 4),
+            "drafting_share_of_decode": round(median([row["drafter"]["share_of_decode"] for row in rows]), 4),
+            "speedup_vs_ar_measured": round(median([row["speedup_vs_ar"] for row in rows]), 4),
+            "chain_model": {"best_depth": best_g, "speedup_bound": round(best, 4)},
+        }
     return out
 
 

@@ -28,6 +28,7 @@ from decoding.drafters.racer import (
     RacerConfig,
     RacerFactory,
 )
+from decoding.drafters.rapid import RapidDrafter
 from decoding.drafters.registry import DraftingKit, DraftLM, build_drafters
 from decoding.runtime.models import LoadedModel
 from decoding.speculative.drafter import Drafter
@@ -162,6 +163,10 @@ class Run:
     acceptance_length: float
     drafted_by_source: dict[str, int] = field(default_factory=dict)  # nodes verified, per source
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    # an LM drafter's spend (RAPID, rapid_kv): its forwards, their seconds, its own prefill (inside decode_s)
+    draft_forwards: int = 0
+    draft_s: float = 0.0
+    draft_prefill_s: float = 0.0
 
     @property
     def decode_tps(self) -> float:
@@ -175,6 +180,7 @@ def run_engine(bench: Bench, case: Case, drafters: Sequence[Drafter]) -> Run:
     config = GenerationConfig(max_new_tokens=bench.max_new_tokens)
     done = next(e for e in bench.engine.generate(case.prompt, config, drafters) if isinstance(e, DoneEvent))
     s = done.stats
+    lms = [d for d in drafters if isinstance(d, RapidDrafter)]
     return Run(
         tokens=list(done.token_ids),
         ttft_s=s.ttft_s,
@@ -185,6 +191,9 @@ def run_engine(bench: Bench, case: Case, drafters: Sequence[Drafter]) -> Run:
         acceptance_length=s.acceptance_length or 1.0,
         drafted_by_source=dict(s.drafted_by_source),
         accepted_by_source=dict(s.accepted_by_source),
+        draft_forwards=sum(d.forwards for d in lms),
+        draft_s=sum(d.draft_s for d in lms),
+        draft_prefill_s=sum(d.prefill_s for d in lms),
     )
 
 

@@ -132,6 +132,7 @@ class RapidDrafter(BaseDrafter):
         self.step_cost_s = 0.0  # measured per request: the first chain sets it
         self.prefill_s = 0.0
         self.forwards = 0
+        self.draft_s = 0.0  # seconds in its drafting forwards (catch-up and chain), over the request
         self._generator: torch.Generator | None = None
         self.reset()
 
@@ -245,6 +246,7 @@ class RapidDrafter(BaseDrafter):
     def _time(self, seconds: float, forwards: int) -> None:
         per = seconds / max(1, forwards)
         self.forwards += forwards
+        self.draft_s += seconds
         old = self.step_cost_s
         self.step_cost_s = per if old == 0.0 else (1 - self.cost_ema) * old + self.cost_ema * per
 
