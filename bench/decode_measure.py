@@ -123,7 +123,8 @@ def _relative_verify(curve: dict[str, float], nodes: int) -> float:
 def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
                      verify: dict[str, float]) -> dict[str, Any]:
     """Why an LM drafter the target's own size pays or not here: per method (medians over prompts), the target's
-    plain step, one drafter forward, its acceptance per drafted token, its own prefill, and what chains of g tokens
+    plain step, one drafter forward, its acceptance per drafted token (its own nodes: sources ``rapid*``, in a
+    mode that merges other drafters too), its own prefill, and what chains of g tokens
     would give at best with those figures, every step drafting (tokens per step 1 + a + ... + a^g, time per step
     1 + g * forward / step + (verify(g) - 1), in steps; the drafter's prefill and catch-up not counted)."""
     out: dict[str, Any] = {}
@@ -134,8 +135,8 @@ def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
         ar = [r["methods"]["autoregressive"] for r in results if "drafter" in r["methods"].get(name, {})]
         step_ms = median([1000.0 / row["decode_tokens_per_s"] for row in ar if row["decode_tokens_per_s"] > 0])
         forward_ms = median([row["drafter"]["ms_per_forward"] for row in rows])
-        drafted = sum(sum(row["drafted_by_source"].values()) for row in rows)
-        accepted = sum(sum(row["accepted_by_source"].values()) for row in rows)
+        drafted = sum(n for row in rows for src, n in row["drafted_by_source"].items() if src.startswith("rapid"))
+        accepted = sum(n for row in rows for src, n in row["accepted_by_source"].items() if src.startswith("rapid"))
         a = accepted / drafted if drafted else 0.0
         ratio = forward_ms / step_ms if step_ms else 0.0
         best_g, best = 0, 1.0
@@ -148,6 +149,7 @@ def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
             "target_step_ms": round(step_ms, 3),
             "drafter_forward_ms": round(forward_ms, 3),
             "forward_vs_step": round(ratio, 3),
+            "drafted_tokens": drafted,  # the LM drafter's own nodes verified (the acceptance's sample)
             "acceptance_per_drafted_token": round(a, 4),
             "drafter_prefill_s": round(median([row["drafter"]["prefill_s"] for row in rows]), 4),
             "drafting_share_of_decode": round(median([row["drafter"]["share_of_decode"] for row in rows]), 4),

@@ -35,7 +35,8 @@ def test_a_drafter_forward_half_a_step_pays_in_two_token_chains() -> None:
     assert list(split) == ["rapid_kv"]
     row = split["rapid_kv"]
     assert row["target_step_ms"] == 10.0 and row["forward_vs_step"] == 0.5
-    assert row["acceptance_per_drafted_token"] == 0.9 and row["speedup_vs_ar_measured"] == 0.8
+    assert row["drafted_tokens"] == 10 and row["acceptance_per_drafted_token"] == 0.9
+    assert row["speedup_vs_ar_measured"] == 0.8
     # g = 1: 1.9 / (1 + 0.5 + 0.1) = 1.19; g = 2: 2.71 / (1 + 1.0 + 0.2) = 1.23; g = 3: 3.44 / 2.8 = 1.23-
     assert row["chain_model"]["best_depth"] == 2
     assert row["chain_model"]["speedup_bound"] == pytest.approx(2.71 / 2.2, abs=1e-4)
