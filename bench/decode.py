@@ -49,6 +49,7 @@ from bench.decode_measure import (
     TTFT_DOC,
     gguf_of,
     lm_drafter_costs,
+    lm_forward_vs_step,
     measure_prefill,
     measure_ttft_repeat,
     noise,
@@ -169,8 +170,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "prefill": measure_prefill(bench, longest, 1 if args.quick else 2),
             "verify_cost": verify_curve(bench, len(longest.prompt.ids), 3 if args.quick else 5),
         }
+        timed = lm_forward_vs_step(bench, longest, 15 if args.quick else 30) if "rapid_kv" in names else None
+        contexts[str(context)]["rapid_kv_forward"] = timed
         contexts[str(context)]["lm_drafter_costs"] = lm_drafter_costs(
-            subset, names, contexts[str(context)]["verify_cost"]["ours_vs_step"])
+            subset, names, contexts[str(context)]["verify_cost"]["ours_vs_step"], timed)
         logger.info("context %d: %s", context, {k: v for k, v in contexts[str(context)].items() if k.startswith("vs_")})
 
     [ttft_doc] = qa_documents([TTFT_DOC])

@@ -5,6 +5,7 @@ cold prefill, the verify-cost curve and TTFT of a repeated question."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from bench.decode_cases import make_cases
 from bench.decode_methods import ENGINE_CONFIG, LLAMA_REFS, REFERENCES, Bench, Case, Run
 from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
+from decoding.drafters.rapid import RapidKVDrafter
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import CpuLlama
 from decoding.runtime.models import LoadedModel
 from decoding.speculative.calibration import time_verifies, verify_costs
+from decoding.speculative.drafter import DraftRequest, PromptInfo
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 
@@ -109,6 +112,39 @@ def summarize_case(runs: dict[str, list[Run]], reference: list[int]) -> dict[str
     return out
 
 
+def lm_forward_vs_step(bench: Bench, case: Case, repeats: int) -> dict[str, Any] | None:
+    """What one token drafted by ``rapid_kv`` costs against a plain step, timed directly (interleaved, ``repeats``
+    of each) on one cache holding the case's prompt: its drafting call for one token (one row over the prompt rows
+    it reads: the system prompt, the retrieved chunks, the question) and a plain one-row forward. Independent of how
+    often the budget policy let the drafter draft in the runs. None when the case has no retrieved rows."""
+    prompt = case.prompt
+    if prompt.draft_rows is None:
+        return None
+    engine, model = bench.engine, bench.target.model
+    cache = SlotCache(engine.num_layers, engine.cache_rows(len(prompt.ids), GenerationConfig(max_new_tokens=8)))
+    engine.prefill(prompt.ids, cache)
+    drafter = RapidKVDrafter(model)
+    drafter.begin(PromptInfo(prompt_ids=prompt.ids, draft_rows=prompt.draft_rows, target_cache=cache))
+    root, length = int(prompt.ids[-1]), cache.length
+    step: list[float] = []
+    draft: list[float] = []
+    for _ in range(repeats + 2):  # the first of each warms up
+        pos = torch.tensor([length], device=bench.target.device)
+        t = time.perf_counter()
+        model(input_ids=torch.tensor([[root]], device=pos.device), position_ids=pos[None], past_key_values=cache,
+              cache_position=pos, use_cache=True, logits_to_keep=1)
+        step.append(time.perf_counter() - t)
+        cache.truncate(length)
+        t = time.perf_counter()
+        drafter.propose(DraftRequest(root=root, generated=[root], budget=1, max_depth=1))  # one forward, cut back
+        draft.append(time.perf_counter() - t)
+        assert cache.length == length
+    plain_s, draft_s = median(step[2:]), median(draft[2:])
+    return {"context_tokens": length, "visible_rows": sum(min(b, length) - max(a, 0) for a, b in prompt.draft_rows),
+            "step_ms": round(1000 * plain_s, 3), "drafted_token_ms": round(1000 * draft_s, 3),
+            "forward_vs_step": round(draft_s / plain_s, 3)}
+
+
 def _relative_verify(curve: dict[str, float], nodes: int) -> float:
     """A verify over ``nodes`` draft nodes relative to a plain step, from ``verify_cost.ours_vs_step`` (linear
     between the measured sizes; 0 nodes is the step itself)."""
@@ -120,13 +156,26 @@ def _relative_verify(curve: dict[str, float], nodes: int) -> float:
     return known[lo] if hi == lo else known[lo] + (nodes - lo) / (hi - lo) * (known[hi] - known[lo])
 
 
+def _chain_model(a: float, ratio: float, verify: dict[str, float]) -> dict[str, Any]:
+    """The best chain depth g (0: none) and its speedup: tokens 1 + a + .. + a^g per 1 + g * ratio + verify(g) - 1
+    steps."""
+    best_g, best = 0, 1.0
+    for g in range(1, 17):
+        rate = (1.0 + sum(a**d for d in range(1, g + 1))) / (1.0 + g * ratio + _relative_verify(verify, g) - 1.0)
+        if rate > best:
+            best_g, best = g, rate
+    return {"best_depth": best_g, "speedup_bound": round(best, 4)}
+
+
 def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
-                     verify: dict[str, float]) -> dict[str, Any]:
+                     verify: dict[str, float], timed: dict[str, Any] | None = None) -> dict[str, Any]:
     """Why an LM drafter the target's own size pays or not here: per method (medians over prompts), the target's
     plain step, one drafter forward, its acceptance per drafted token (its own nodes: sources ``rapid*``, in a
     mode that merges other drafters too), its own prefill, and what chains of g tokens
     would give at best with those figures, every step drafting (tokens per step 1 + a + ... + a^g, time per step
-    1 + g * forward / step + (verify(g) - 1), in steps; the drafter's prefill and catch-up not counted)."""
+    1 + g * forward / step + (verify(g) - 1), in steps; the drafter's prefill and catch-up not counted). With
+    ``timed`` (``lm_forward_vs_step``), modes drafting with ``rapid_kv`` also get ``chain_model_timed``: the same
+    on the forward's directly timed cost."""
     out: dict[str, Any] = {}
     for name in names:
         rows = [r["methods"][name] for r in results if "drafter" in r["methods"].get(name, {})]
@@ -139,12 +188,6 @@ def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
         accepted = sum(n for row in rows for src, n in row["accepted_by_source"].items() if src.startswith("rapid"))
         a = accepted / drafted if drafted else 0.0
         ratio = forward_ms / step_ms if step_ms else 0.0
-        best_g, best = 0, 1.0
-        for g in range(1, 17):
-            tokens = 1.0 + sum(a**d for d in range(1, g + 1))
-            rate = tokens / (1.0 + g * ratio + _relative_verify(verify, g) - 1.0)
-            if rate > best:
-                best_g, best = g, rate
         out[name] = {
             "target_step_ms": round(step_ms, 3),
             "drafter_forward_ms": round(forward_ms, 3),
@@ -154,8 +197,11 @@ def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
             "drafter_prefill_s": round(median([row["drafter"]["prefill_s"] for row in rows]), 4),
             "drafting_share_of_decode": round(median([row["drafter"]["share_of_decode"] for row in rows]), 4),
             "speedup_vs_ar_measured": round(median([row["speedup_vs_ar"] for row in rows]), 4),
-            "chain_model": {"best_depth": best_g, "speedup_bound": round(best, 4)},
+            "chain_model": _chain_model(a, ratio, verify),
         }
+        if timed is not None and any(src.startswith("rapid_kv") for row in rows for src in row["drafted_by_source"]):
+            # the drafter's cost timed directly (lm_forward_vs_step): robust where the runs drafted little
+            out[name]["chain_model_timed"] = _chain_model(a, timed["forward_vs_step"], verify)
     return out
 
 

@@ -46,3 +46,37 @@ def test_a_drafter_forward_as_dear_as_a_step_cannot_pay() -> None:
     row = lm_drafter_costs([_case(0.010)], ["autoregressive", "rapid_kv"], VERIFY)["rapid_kv"]
     assert row["forward_vs_step"] == 1.0
     assert row["chain_model"] == {"best_depth": 0, "speedup_bound": 1.0}  # 1.9 / 2.1 at best: plain decoding wins
+
+
+def test_the_timed_forward_drives_a_second_chain_model() -> None:
+    timed = {"forward_vs_step": 0.5}
+    row = lm_drafter_costs([_case(0.010)], ["autoregressive", "rapid_kv"], VERIFY, timed)["rapid_kv"]
+    assert row["chain_model"]["best_depth"] == 0  # the runs' forwards cost a step each
+    assert row["chain_model_timed"]["best_depth"] == 2  # timed at half a step: as in the first test
+
+
+def test_rapid_kv_forward_is_timed_against_a_plain_step_on_one_cache() -> None:
+    """On the tiny quantized model: the drafter's one-token call and a plain step, on a cache of the prompt, which
+    is left as it was (the drafter's row cut back)."""
+    from decoding.runtime import kernels
+
+    if kernels.load() is None:
+        pytest.skip("CPU kernels unavailable: no quantized runtime")
+    import torch
+
+    from bench.decode_measure import lm_forward_vs_step
+    from bench.decode_methods import Bench, Case
+    from decoding.speculative.engine import Engine
+    from decoding.speculative.generation import Prompt
+    from tests.decoding.conftest import VOCAB, tiny_target
+
+    target = tiny_target(0, quantized=True)
+    ids = torch.randint(0, VOCAB, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    rows = [(0, 10), (100, 164), (280, 300)]
+    case = Case("tiny", "", "", Prompt(prefix_ids=ids[:-3], suffix_ids=ids[-3:], prefix_key=None, draft_rows=rows))
+    out = lm_forward_vs_step(Bench(target, Engine(target), 8), case, 3)  # type: ignore[arg-type]
+    assert out is not None and out["context_tokens"] == 300 and out["visible_rows"] == 94
+    assert out["step_ms"] > 0 and out["drafted_token_ms"] > 0
+    assert out["forward_vs_step"] == pytest.approx(out["drafted_token_ms"] / out["step_ms"], rel=0.01)
+    no_rows = Case("tiny", "", "", Prompt(prefix_ids=ids[:-3], suffix_ids=ids[-3:], prefix_key=None))
+    assert lm_forward_vs_step(Bench(target, Engine(target), 8), no_rows, 3) is None  # type: ignore[arg-type]
