@@ -21,6 +21,7 @@ from decoding.drafters.rapid import RapidKVDrafter
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import CpuLlama
 from decoding.runtime.models import LoadedModel
+from decoding.speculative.budget import _interpolate
 from decoding.speculative.calibration import time_verifies, verify_costs
 from decoding.speculative.drafter import DraftRequest, PromptInfo
 from decoding.speculative.engine import Engine
@@ -146,14 +147,9 @@ def lm_forward_vs_step(bench: Bench, case: Case, repeats: int) -> dict[str, Any]
 
 
 def _relative_verify(curve: dict[str, float], nodes: int) -> float:
-    """A verify over ``nodes`` draft nodes relative to a plain step, from ``verify_cost.ours_vs_step`` (linear
-    between the measured sizes; 0 nodes is the step itself)."""
-    known = {0: 1.0, **{int(k): v for k, v in curve.items()}}
-    if nodes in known:
-        return known[nodes]
-    lo = max(k for k in known if k < nodes)
-    hi = min((k for k in known if k > nodes), default=lo)
-    return known[lo] if hi == lo else known[lo] + (nodes - lo) / (hi - lo) * (known[hi] - known[lo])
+    """A verify over ``nodes`` draft nodes relative to a plain step, from ``verify_cost.ours_vs_step`` (0 nodes is
+    the step itself), interpolated as the budget policy interpolates its cost table."""
+    return _interpolate({0: 1.0, **{int(k): v for k, v in curve.items()}}, nodes, extrapolate=True)
 
 
 def _chain_model(a: float, ratio: float, verify: dict[str, float]) -> dict[str, Any]:
@@ -171,9 +167,8 @@ def lm_drafter_costs(results: Sequence[dict[str, Any]], names: Sequence[str],
                      verify: dict[str, float], timed: dict[str, Any] | None = None) -> dict[str, Any]:
     """Why an LM drafter the target's own size pays or not here: per method (medians over prompts), the target's
     plain step, one drafter forward, its acceptance per drafted token (its own nodes: sources ``rapid*``, in a
-    mode that merges other drafters too), its own prefill, and what chains of g tokens
-    would give at best with those figures, every step drafting (tokens per step 1 + a + ... + a^g, time per step
-    1 + g * forward / step + (verify(g) - 1), in steps; the drafter's prefill and catch-up not counted). With
+    mode that merges other drafters too), its own prefill, and what chains of g tokens would give at best with
+    those figures, every step drafting (``_chain_model``; the drafter's prefill and catch-up not counted). With
     ``timed`` (``lm_forward_vs_step``), modes drafting with ``rapid_kv`` also get ``chain_model_timed``: the same
     on the forward's directly timed cost."""
     out: dict[str, Any] = {}
