@@ -43,10 +43,6 @@ class InvalidRequest(ServiceError):  # noqa: N818 (the API's error names)
     status, code = 422, "invalid_request"
 
 
-class ContextTooLong(ServiceError):  # noqa: N818 (the API's error names)
-    status, code = 400, "context_too_long"
-
-
 class NotAvailableYet(ServiceError):  # noqa: N818 (the API's error names)
     """A decoding mode whose drafter is not part of this build yet (never answered by a stand-in)."""
 

@@ -21,13 +21,13 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from app.auth import KeyRing
-from app.deps import TenantDep
+from app.api.deps import TenantDep
+from app.api.middleware import GatePolicy, RequestGate, RequestMetricsMiddleware
+from app.api.routes import ask, capabilities, documents, health, openai, sessions
 from app.errors import install_error_handlers
-from app.gate import GatePolicy, RequestGate
-from app.metrics import Metrics, RequestMetricsMiddleware
-from app.routes import ask, capabilities, documents, health, openai, sessions
 from app.services import Services, load_services
+from app.serving.auth import KeyRing
+from app.serving.metrics import Metrics
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)

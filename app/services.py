@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.auth import KeyRing
+from app.answering.drafters import Drafters, DraftingConfig
+from app.answering.logprobs import LogprobText
+from app.answering.prompts import PromptBuilder, document_texts
 from app.config import ServiceConfig
-from app.drafting import Drafters, DraftingConfig
-from app.indexing import IndexingConfig, IndexingJobs
-from app.kv_tags import PrefixRegistry
-from app.kv_tuning import (
+from app.serving.auth import KeyRing
+from app.serving.indexing import IndexingConfig, IndexingJobs
+from app.serving.kv_tuning import (
     RecalibrationBackoff,
     available_ram_bytes,
     check_window_fits,
@@ -27,12 +28,11 @@ from app.kv_tuning import (
     schedule_recalibration,
     start_calibration,
 )
-from app.metrics import Metrics
-from app.prompts import PromptBuilder, document_texts
-from app.redis_link import RedisLink
-from app.sampling import LogprobText
-from app.scheduler import GenerationScheduler
-from app.sessions import SessionStore
+from app.serving.metrics import Metrics
+from app.serving.prefix_registry import PrefixRegistry
+from app.serving.redis_link import RedisLink
+from app.serving.scheduler import GenerationScheduler
+from app.serving.sessions import SessionStore
 from app.settings import Settings
 from decoding.cache.prefix import PrefixCache
 from decoding.errors import ModelLoadError
@@ -113,7 +113,7 @@ class Services:
 
     def recalibrate_if_due(self) -> None:
         """After a generation, on a GPU: queue a verify-cost calibration at the cache lengths requests now run
-        at, if well beyond the calibrated ones (``app.kv_tuning.schedule_recalibration``). A CPU keeps its
+        at, if well beyond the calibrated ones (``app.serving.kv_tuning.schedule_recalibration``). A CPU keeps its
         start-up calibration (its costs grow along the fitted line; a long prefill would hold up questions).
         One that requests keep cutting short is held back for a while (``self.recalibration``)."""
         if self.settings.calibrate and self.engine.device.type == "cuda":

@@ -1,4 +1,4 @@
-"""Citation attribution on bench/data's QA set: lexical support (app/citations.py) against the embedder.
+"""Citation attribution on bench/data's QA set: lexical support (app/answering/citations.py) against the embedder.
 
     python -m bench.citations [--json PATH]
 
@@ -14,7 +14,7 @@ the wrong candidates are the document's most similar chunks. Sentences to attrib
 
 For each method and threshold: ``cited`` (share of sentences cited), ``precision`` (share of the citations
 that name the chunk holding the passage; for off_topic, the share cited is the false-citation rate).
-Methods: ``lexical`` (``app.citations.attribute``'s weighted content-word support) and ``embedder``
+Methods: ``lexical`` (``app.answering.citations.attribute``'s weighted content-word support) and ``embedder``
 (cosine similarity between the sentence and the source's best sentence, bundled MiniLM).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app import citations
+from app.answering import citations
 from bench.common import out
 from bench.datasets import load_qa
 from bench.retrieval import load_target_tokenizer

@@ -62,7 +62,7 @@ def cluster(replicas: int, threads: int, database: str, redis_url: str, work: Pa
            "RAGSPEC_THREADS": str(threads), "RAGSPEC_CALIBRATE": "false", "RAGSPEC_RAY_TEMP_DIR": str(ray_dir),
            "RAY_USAGE_STATS_ENABLED": "0"}
     log = (work / "cluster.log").open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--cluster", "--port", str(port)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--cluster", "--port", str(port)], cwd=REPO,
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from app.kv_tuning import START_CONTEXTS
+from app.serving.kv_tuning import START_CONTEXTS
 from bench.common import REPO, load_target, machine_info, median, out, qa_documents, write_json
 from bench.decode_cases import make_cases
 from bench.decode_measure import gguf_of

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.prompts import DocumentText, PromptBuilder
+from app.answering.prompts import DocumentText, PromptBuilder
 from bench.common import REPO, load_target, machine_info, median, write_json
 from bench.datasets import DATA_DIR, DECODING_DOCS, load_qa, passage_pattern
 from decoding.cache.prefix import PrefixCache, segment_keys

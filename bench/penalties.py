@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from app.prompts import SYSTEM_PROMPT
+from app.answering.prompts import SYSTEM_PROMPT
 from bench.common import REPO, load_target, machine_info, write_json
 from bench.datasets import load_qa
 from bench.decode_cases import RagContext

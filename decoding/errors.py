@@ -16,9 +16,14 @@ class VocabularyMismatch(DecodingError):  # noqa: N818  (the name the service us
 
 
 class ContextTooLong(DecodingError, ValueError):  # noqa: N818
-    """The prompt (plus room for new tokens) does not fit the model's context window."""
+    """The prompt (plus room for new tokens) does not fit the model's context window: the one such error, raised by
+    the engine and by the service's prompt fitting alike (``app`` answers it 400 ``context_too_long``)."""
 
-    def __init__(self, tokens: int, limit: int, what: str = "prompt") -> None:
-        super().__init__(f"{what} needs {tokens} tokens but the context window holds {limit}")
+    def __init__(self, message: str, *, tokens: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
         self.tokens = tokens
         self.limit = limit
+
+    @classmethod
+    def of_prompt(cls, tokens: int, limit: int) -> ContextTooLong:
+        return cls(f"prompt needs {tokens} tokens but the context window holds {limit}", tokens=tokens, limit=limit)

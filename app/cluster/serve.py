@@ -12,8 +12,9 @@
   request may name a replica (header ``X-Ragspec-Replica``, for diagnostics); every answer says which replica
   served it in the same header.
 
-Ingestion needs nothing of Ray: the replicas claim the catalogue's ingestion jobs with leases (``app.indexing``),
-so a document is ingested once and one whose worker died is taken over. Ray itself is imported here only.
+Ingestion needs nothing of Ray: the replicas claim the catalogue's ingestion jobs with leases
+(``app.serving.indexing``), so a document is ingested once and one whose worker died is taken over. Ray itself is
+imported here only.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the ingress route's annotations through Serve's wrapper
@@ -34,12 +35,12 @@ from fastapi.responses import StreamingResponse
 from ray.exceptions import ActorDiedError
 from ray.serve.request_router import RequestRouter
 
-from app.auth import KeyRing
 from app.cluster.bridge import ABORTED, WireRequest, play, wire_request
-from app.cluster.config import check_cluster_settings, replica_settings
+from app.cluster.checks import check_cluster_settings, replica_settings
 from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
 from app.errors import ServiceError, error_body
-from app.sessions import last_documents
+from app.serving.auth import KeyRing
+from app.serving.sessions import last_documents
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def _replica_logging() -> None:
     level = os.environ.get("RAGSPEC_LOG_LEVEL", "INFO").upper()
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("app", "retrieval", "decoding"):  # ragspec's packages (app.cli's OWN_LOGGERS)
+    for name in ("app", "retrieval", "decoding"):  # ragspec's packages (app.cli.main's OWN_LOGGERS)
         own = logging.getLogger(name)
         if not own.handlers:
             own.addHandler(handler)
@@ -179,8 +180,8 @@ class Ingress:
 
     def __init__(self, engine: Any) -> None:
         from app.config import ServiceConfig
-        from app.redis_link import RedisLink
-        from app.sessions import SessionStore
+        from app.serving.redis_link import RedisLink
+        from app.serving.sessions import SessionStore
 
         self.engine = engine.options(stream=True)
         settings = Settings()  # type: ignore[call-arg]

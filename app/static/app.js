@@ -649,7 +649,7 @@
   // ---------------------------------------------------------------------------------------------
   // asking
 
-  // Citations and highlights come from the server (app/citations.py): spans are [start, end) offsets in
+  // Citations and highlights come from the server (app/answering/citations.py): spans are [start, end) offsets in
   // Unicode code points (Python string indices), so texts are sliced as arrays of code points here.
 
   /** `text` as a fragment with the spans [start, end) (whole words, chosen by the server) in <mark>. */

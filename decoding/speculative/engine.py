@@ -228,7 +228,7 @@ class Engine:
         ids = prompt.ids
         room = self.max_context - len(ids)
         if room < 1:
-            raise ContextTooLong(len(ids) + 1, self.max_context)
+            raise ContextTooLong.of_prompt(len(ids) + 1, self.max_context)
         max_new = max(1, min(config.max_new_tokens, room))
         with torch.inference_mode(), self._joined():
             for event in self._generate(prompt, config, max_new, list(drafters), cancel):

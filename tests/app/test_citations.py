@@ -11,7 +11,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from app.citations import attribute, cite, sentences, with_markers
+from app.answering.citations import attribute, cite, sentences, with_markers
 from app.schemas import Source
 from tests.app.live import LIGHTHOUSE, upload_text, wait_indexed
 from tests.conftest import make_pdf

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import SUBCOMMANDS, build_parser, main
+from app.cli.main import SUBCOMMANDS, build_parser, main
 from decoding.runtime.bundled import MARKER_NAME
 from tests.conftest import DATA_DIR
 
 
 def ragspec_command() -> list[str]:
     script = Path(sys.executable).parent / "ragspec"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli.main"]
 
 
 def run_cli(*args: str, data_dir: Path = DATA_DIR) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
 """``ragspec ingest`` / ``reindex`` / ``ask`` / ``list`` / ``delete`` (over HTTP and in process), run through
-``app.cli.main`` or as the console script, and ``ragspec serve``'s start-up log."""
+``app.cli.main.main`` or as the console script, and ``ragspec serve``'s start-up log."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli import SUBCOMMANDS, main
-from app.remote import follow
+from app.cli.main import SUBCOMMANDS, main
+from app.cli.remote import follow
 from retrieval.embedding import DEFAULT_BATCH_SIZE
 from retrieval.store import DocumentStore
 from tests.app.live import (

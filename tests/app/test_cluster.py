@@ -55,7 +55,7 @@ class Cluster:
 
 def _start(env: dict[str, str], log: Path, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--cluster", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "app.cli.main", "serve", "--cluster", "--host", "127.0.0.1", "--port", str(port)],
         cwd=REPO, env={**os.environ, **env}, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 
@@ -277,7 +277,7 @@ def test_an_ingestion_worker_killed_mid_ingest_the_document_still_gets_ready(clu
 ])
 def test_bad_cluster_configuration_is_one_clear_line(tmp_path: Path, env: dict[str, str], message: str) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGSPEC_")}
-    done = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--cluster"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "app.cli.main", "serve", "--cluster"], cwd=REPO,
                           env={**clean, "RAGSPEC_DATA_DIR": str(tmp_path), **env}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2, done.stderr

@@ -15,12 +15,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app.auth import KeyRing, tenant_of_key
 from app.cluster.bridge import ABORTED, play, wire_request
-from app.cluster.config import ClusterConfigError, check_cluster_settings, replica_settings
+from app.cluster.checks import ClusterConfigError, check_cluster_settings, replica_settings
 from app.cluster.routing import AffinityRouter, routing_key
 from app.cluster.serve import DocumentRouter, _own_dir, route_key
-from app.sessions import Turn
+from app.serving.auth import KeyRing, tenant_of_key
+from app.serving.sessions import Turn
 
 
 def _app(seen: dict[str, Any]) -> FastAPI:

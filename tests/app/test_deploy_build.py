@@ -30,7 +30,7 @@ def test_health_route_and_cli_match_the_image() -> None:
     `ragspec serve --host --port`, `ragspec models`."""
     from fastapi.testclient import TestClient
 
-    from app.cli import build_parser
+    from app.cli.main import build_parser
     from app.main import create_app
     from app.settings import Settings
 
@@ -45,7 +45,7 @@ def test_health_route_and_cli_match_the_image() -> None:
     assert (args.host, args.port) == ("0.0.0.0", 8000)
     assert build_parser().parse_args(["models"]).command == "models"
     console = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert console["ragspec"] == "app.cli:main"
+    assert console["ragspec"] == "app.cli.main:main"
 
 
 # ---- the image's kernels: built where a compiler is, loaded where none is -------------------------------
@@ -78,7 +78,7 @@ def test_prebuilt_kernels_load_where_the_compiler_is_gone(tmp_path: Path) -> Non
     compiler.unlink()  # the runtime stage: no compiler at all
     runtime = (
         "import os, sys\n"
-        "from app.cli import main\n"
+        "from app.cli.main import main\n"
         "from app.services import configure_kernels\n"
         "from app.settings import Settings\n"
         "from decoding.runtime import kernels\n"

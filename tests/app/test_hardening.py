@@ -21,8 +21,8 @@ import httpx
 import pytest
 import uvicorn
 
-from app.auth import tenant_of_key
 from app.main import serve_config
+from app.serving.auth import tenant_of_key
 from app.settings import Settings
 from tests.app.live import (
     LANDMARKS,
@@ -296,7 +296,7 @@ def test_forwarded_for_is_ignored_unless_the_proxy_is_trusted(
     settings = service_settings(tmp_path, api_keys=KEY_A, trusted_proxies=trusted)
     server, thread, port = _served(settings, monkeypatch)
     try:
-        with caplog.at_level(logging.INFO, logger="app.gate"):
+        with caplog.at_level(logging.INFO, logger="app.api.middleware"):
             response = httpx.get(
                 f"http://127.0.0.1:{port}/v1/documents", headers={"X-Forwarded-For": "203.0.113.7"}
             )
@@ -304,7 +304,7 @@ def test_forwarded_for_is_ignored_unless_the_proxy_is_trusted(
         server.should_exit = True
         thread.join(60)
     assert response.status_code == 401
-    refusals = [r.getMessage() for r in caplog.records if r.name == "app.gate"]
+    refusals = [r.getMessage() for r in caplog.records if r.name == "app.api.middleware"]
     assert refusals, "the refusal was not logged"
     seen_as = "203.0.113.7" if trusted else "127.0.0.1"  # the control case shows the test can tell them apart
     assert f"from {seen_as}:" in refusals[-1], refusals

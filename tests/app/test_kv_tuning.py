@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-import app.kv_tuning as kv_tuning
-from app.kv_tuning import (
+import app.serving.kv_tuning as kv_tuning
+from app.serving.kv_tuning import (
     available_ram_bytes,
     calibration_contexts,
     check_window_fits,
@@ -20,7 +20,7 @@ from app.kv_tuning import (
     schedule_recalibration,
     start_calibration,
 )
-from app.scheduler import GenerationScheduler
+from app.serving.scheduler import GenerationScheduler
 from app.settings import Settings
 from decoding.cache.memory import device_kv_budget, kv_bytes_per_token
 from decoding.errors import ModelLoadError
@@ -177,7 +177,7 @@ def test_a_recalibration_is_queued_once_requests_run_beyond_the_calibrated_lengt
 
 
 def test_the_host_tier_bytes_are_a_gauge() -> None:
-    from app.metrics import LiveCollector
+    from app.serving.metrics import LiveCollector
 
     live = {"queue_waiting": 0, "generation_running": False, "kv_cache_bytes": 1, "kv_disk_bytes": 2,
             "kv_host_bytes": 3, "kv_cache_hits": 0, "kv_cache_misses": 0, "indexing_jobs": {}, "redis_up": None}

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from app.answering import Question, plan
+from app.answering.pipeline import Question, plan
 from decoding.speculative.generation import SamplingParams
 from retrieval.store import DEFAULT_TENANT
 from tests.app.live import ThreadServer, metric, upload_text, wait_for, wait_indexed

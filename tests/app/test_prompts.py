@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from app.errors import ContextTooLong, InvalidRequest
-from app.prompts import SYSTEM_PROMPT, DocumentText, PromptBuilder
-from app.routes.openai import conversation
+from app.answering.prompts import SYSTEM_PROMPT, DocumentText, PromptBuilder
+from app.api.routes.openai import conversation
+from app.errors import InvalidRequest
 from app.schemas import ChatMessage
+from decoding.errors import ContextTooLong
 from decoding.speculative.prompt import build_prompt
 from retrieval.retriever import Hit
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.queue_wait import typical_duration_s, wait_estimate_s
-from app.scheduler import GenerationScheduler, Queued
+from app.serving.queue_wait import typical_duration_s, wait_estimate_s
+from app.serving.scheduler import GenerationScheduler, Queued
 from tests.app.test_scheduler import collect, gated, instant
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from app.kv_tuning import RecalibrationBackoff, schedule_recalibration
 from app.services import Services
+from app.serving.kv_tuning import RecalibrationBackoff, schedule_recalibration
 from app.settings import Settings
 from decoding.speculative.budget import BudgetPolicy
 from decoding.speculative.calibration import calibrate

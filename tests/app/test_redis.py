@@ -13,7 +13,7 @@ import pytest
 import redis
 from httpx_sse import connect_sse
 
-from app.redis_link import RedisLink
+from app.serving.redis_link import RedisLink
 from tests.app.live import wait_for
 from tests.conftest import RedisServer
 

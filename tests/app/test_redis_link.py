@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 import pytest
 from redis.asyncio import Redis
 
-from app.redis_link import RedisLink, RedisUnavailable
+from app.serving.redis_link import RedisLink, RedisUnavailable
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -109,7 +109,7 @@ def test_no_part_of_a_password_reaches_the_log(caplog: pytest.LogCaptureFixture)
     async def answered(client: object) -> int:
         return 1
 
-    with caplog.at_level(logging.INFO, logger="app.redis_link"):
+    with caplog.at_level(logging.INFO, logger="app.serving.redis_link"):
         assert asyncio.run(link.run(answered)) == 1
     assert "redis://***@127.0.0.1:1/0" in caplog.text
     assert "pa@" not in caplog.text and "w0rd" not in caplog.text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.kv_tags import PrefixRegistry
+from app.serving.prefix_registry import PrefixRegistry
 from decoding.cache.prefix import PrefixCache, PrefixEntry
 from tests.app.live import (
     LANDMARKS,

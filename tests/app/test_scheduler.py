@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from app.errors import Overloaded, PayloadTooLarge
-from app.scheduler import GenerationScheduler, Queued
+from app.serving.scheduler import GenerationScheduler, Queued
 
 
 def gated(gate: threading.Event, started: threading.Event, steps: int = 3):  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from app.auth import tenant_of_key
+from app.serving.auth import tenant_of_key
 from tests.app.live import LANDMARKS, ThreadServer, upload_text, wait_indexed
 
 pytestmark = pytest.mark.real_model

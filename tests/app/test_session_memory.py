@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from app.redis_link import RedisLink
-from app.sessions import SessionStore, Turn
+from app.serving.redis_link import RedisLink
+from app.serving.sessions import SessionStore, Turn
 
 
 class Clock:

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from app.redis_link import RedisLink
-from app.sessions import SessionStore, Turn
+from app.serving.redis_link import RedisLink
+from app.serving.sessions import SessionStore, Turn
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.redis

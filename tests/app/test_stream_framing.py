@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Iterator
 
 from sse_starlette import ServerSentEvent
 
-from app.answering import Plan, Question
-from app.routes import ask as ask_route
-from app.routes import openai as openai_route
-from app.scheduler import GenerationScheduler
+from app.answering.pipeline import Plan, Question
+from app.api.routes import ask as ask_route
+from app.api.routes import openai as openai_route
+from app.api.sse import comment, encode, frame
 from app.schemas import Source
-from app.sse import comment, encode, frame
+from app.serving.scheduler import GenerationScheduler
 from decoding.speculative.generation import GenerationConfig, Prompt, SamplingParams, TokenEvent
 
 

@@ -83,8 +83,8 @@ process.stdout.write(JSON.stringify(results));
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_sse_parser_handles_any_chunking() -> None:
-    from app.sse import encode
-    from app.sse import frame as sse_frame
+    from app.api.sse import encode
+    from app.api.sse import frame as sse_frame
 
     def frame(data: Any, event: str | None = None) -> str:  # the server's frames, as they go on the wire
         return encode(sse_frame(data, event))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.kv_tuning import free_device_bytes, kv_budgets
+from app.serving.kv_tuning import free_device_bytes, kv_budgets
 from decoding.cache.prefix import PrefixCache, PrefixEntry
 from decoding.runtime.models import LoadedModel
 from decoding.speculative.engine import Engine, EngineConfig

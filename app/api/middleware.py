@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth import KeyRing
 from app.errors import Unauthorized, error_body
+from app.serving.auth import KeyRing
+from app.serving.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 TENANT = "ragspec.tenant"  # scope key: the caller's tenant ("none" when refused before one was known)
 METRICS_VIEW = "ragspec.metrics_view"  # scope key on /metrics: "total", "all" or "tenant"
 NO_TENANT = "none"
+ARRIVED = "ragspec.arrived"  # scope key: time.perf_counter() when the request reached the app (ttft counts from it)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/", "/docs"})  # no key needed (no tenant data)
 PUBLIC_PREFIXES = ("/static/",)
@@ -149,3 +152,35 @@ async def _reply(send: Send, status: int, code: str, message: str, headers: dict
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+class RequestMetricsMiddleware:
+    """Pure ASGI middleware (keeps streaming and disconnects intact): counts and times every request."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = scope[ARRIVED] = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or (
+                "static" if scope["path"].startswith("/static") else "unmatched"
+            )
+            tenant = str(scope.get(TENANT, NO_TENANT))
+            self.metrics.requests.labels(tenant, path, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(tenant, path).observe(time.perf_counter() - t0)

@@ -19,15 +19,15 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from app.citations import cite
-from app.drafting import needs_draft_prompt, needs_draft_rows
+from app.answering.citations import cite
+from app.answering.drafters import needs_draft_prompt, needs_draft_rows
+from app.answering.followup import retrieval_queries
+from app.answering.prompts import SYSTEM_PROMPT, document_texts
 from app.errors import InvalidRequest, Overloaded
-from app.followup import retrieval_queries
-from app.prompts import SYSTEM_PROMPT, document_texts
-from app.scheduler import JobHandle, Queued
 from app.schemas import AskStats, Citations, Source, Usage
 from app.services import Services
-from app.sessions import Turn
+from app.serving.scheduler import JobHandle, Queued
+from app.serving.sessions import Turn
 from decoding.drafters.registry import MODES
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.generation import (
@@ -263,7 +263,7 @@ async def complete(services: Services, p: Plan, request: Request) -> DoneEvent:
 
 
 async def finish(services: Services, p: Plan) -> None:
-    """After the last event: the answer's citations (app/citations.py), the session's history and the
+    """After the last event: the answer's citations (app/answering/citations.py), the session's history and the
     tenant's cross-session draft cache."""
     done = p.done
     if done is None:

@@ -12,9 +12,9 @@ from pathlib import Path
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from app.deps import ServicesDep
+from app.api.deps import ServicesDep
+from app.api.middleware import METRICS_VIEW, TENANT
 from app.errors import Unauthorized
-from app.gate import METRICS_VIEW, TENANT
 from app.schemas import Health, Readiness
 from app.services import Services
 

@@ -2,7 +2,7 @@
 
 Subcommands live in ``SUBCOMMANDS``: name -> builder that adds its argparse sub-parser and sets
 ``handler(args, settings) -> exit code``. Adding one is one function and one entry; the service commands
-(``ingest``, ``ask``, ``reindex``, ``list``, ``delete``) come from ``app.commands``. Heavy imports (torch,
+(``ingest``, ``ask``, ``reindex``, ``list``, ``delete``) come from ``app.cli.local``. Heavy imports (torch,
 transformers, uvicorn) happen inside handlers, so ``ragspec models`` is quick once the assets are in place.
 
 Logs go to stderr: ragspec's own at ``RAGSPEC_LOG_LEVEL``, other libraries' (httpx's line per request,
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.commands import SERVICE_SUBCOMMANDS
+from app.cli.local import SERVICE_SUBCOMMANDS
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not settings.ray_address:  # a local Ray on loopback: Ray resolves 127.0.0.1 to the machine's address
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # unless told (before import) no cluster
-        from app.cluster.config import ClusterConfigError, check_cluster_settings
+        from app.cluster.checks import ClusterConfigError, check_cluster_settings
 
         try:
             check_cluster_settings(settings)
@@ -141,7 +141,7 @@ def add_serve(sub: SubParsers) -> None:
 SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "models": add_models,
     "serve": add_serve,
-    **SERVICE_SUBCOMMANDS,  # ingest, ask, reindex (app.commands)
+    **SERVICE_SUBCOMMANDS,  # ingest, ask, reindex (app.cli.local)
 }
 
 

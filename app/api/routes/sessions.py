@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from app.deps import ServicesDep, TenantDep
+from app.api.deps import ServicesDep, TenantDep
 from app.errors import ServiceError
 from app.schemas import ID_PATTERN, ErrorResponse
-from app.sessions import Conversation
+from app.serving.sessions import Conversation
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

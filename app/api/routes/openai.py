@@ -21,15 +21,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
-from app import answering
-from app.answering import Plan, Question
-from app.deps import ServicesDep, TenantDep
+from app.answering import pipeline as answering
+from app.answering.pipeline import Plan, Question
+from app.answering.prompts import SYSTEM_PROMPT
+from app.answering.sampling import logprobs_asked, sampling_params
+from app.api.deps import ServicesDep, TenantDep, arrival
+from app.api.openapi import ERRORS
+from app.api.sse import comment, frame, sse_response
 from app.errors import InvalidRequest, translate
-from app.prompts import SYSTEM_PROMPT
-from app.routes.ask import arrival
-from app.routes.documents import ERRORS
-from app.sampling import logprobs_asked, sampling_params
-from app.scheduler import Queued
 from app.schemas import (
     ChatChoice,
     ChatChoiceMessage,
@@ -42,7 +41,7 @@ from app.schemas import (
     ModelList,
 )
 from app.services import Services
-from app.sse import comment, frame, sse_response
+from app.serving.scheduler import Queued
 from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""``ragspec`` subcommands that talk to a running server over HTTP (plugged into ``app.cli`` through
-``app.commands``): ``ingest --url`` (upload, then follow the indexing progress until ready or failed),
+"""``ragspec`` subcommands that talk to a running server over HTTP (plugged into ``app.cli.main`` through
+``app.cli.local``): ``ingest --url`` (upload, then follow the indexing progress until ready or failed),
 ``list``, ``delete`` and ``ask --url``.
 
 The server is ``--url``, else ``http://RAGSPEC_HOST:RAGSPEC_PORT`` (``http://127.0.0.1:8000`` by default; a
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TextIO
 
-from app.progress import ACTIVE, ProgressLine
+from app.cli.progress import ACTIVE, ProgressLine
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _detail(doc: dict[str, Any]) -> str:
 
 def follow(client: httpx.Client, doc_id: str, name: str, out: TextIO, poll_s: float = POLL_S) -> dict[str, Any]:
     """Poll the document until it is ready or failed, writing its progress to ``out`` whenever it moves
-    (``app.progress``: on a terminal one line rewritten in place, else one line per change); returns the
+    (``app.cli.progress``: on a terminal one line rewritten in place, else one line per change); returns the
     last record."""
     line = ProgressLine(name, out)
     while True:

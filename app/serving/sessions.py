@@ -30,7 +30,7 @@ from typing import Any
 
 from cachetools import Cache, TTLCache
 
-from app.redis_link import RedisLink, RedisUnavailable
+from app.serving.redis_link import RedisLink, RedisUnavailable
 
 logger = logging.getLogger(__name__)
 

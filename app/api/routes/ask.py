@@ -7,7 +7,6 @@ and pings (comments) every ``RAGSPEC_SSE_PING_S`` keep it alive until the first 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -15,18 +14,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
-from app import answering
-from app.answering import Plan, Question
-from app.deps import ServicesDep, TenantDep
+from app.answering import pipeline as answering
+from app.answering.pipeline import Plan, Question
+from app.answering.sampling import logprobs_asked, sampling_params
+from app.api.deps import ServicesDep, TenantDep, arrival
+from app.api.openapi import ERRORS
+from app.api.sse import comment, frame, sse_response
 from app.errors import InvalidRequest, error_body, translate
-from app.metrics import ARRIVED
-from app.routes.documents import ERRORS
-from app.sampling import logprobs_asked, sampling_params
-from app.scheduler import Queued
 from app.schemas import AskRequest, AskResponse
 from app.services import Services
-from app.sessions import Turn, last_documents
-from app.sse import comment, frame, sse_response
+from app.serving.scheduler import Queued
+from app.serving.sessions import Turn, last_documents
 from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -83,13 +81,6 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
     )
 
 
-def arrival(request: Request) -> float:
-    """``time.perf_counter()`` when the request reached the app (stamped by the outermost middleware), else
-    now."""
-    stamp = request.scope.get(ARRIVED)
-    return stamp if isinstance(stamp, float) else time.perf_counter()
-
-
 async def _stream(
     services: Services, prepare: Callable[[], Awaitable[Plan]], session_id: str
 ) -> AsyncIterator[ServerSentEvent]:
@@ -110,7 +101,7 @@ async def _stream(
         if plan.done is not None:
             if plan.done.logprobs and sent < len(plan.done.logprobs):  # tokens whose text never showed (a stop)
                 yield frame({"text": "", "logprobs": _logprobs(services, plan.done.logprobs[sent:])}, "token")
-            yield frame(answering.citations_of(plan).model_dump(), "citations")  # app/citations.py
+            yield frame(answering.citations_of(plan).model_dump(), "citations")  # app/answering/citations.py
             yield frame(answering.stats_out(plan.done.stats, plan.question.mode).model_dump(), "stats")
             usage = answering.usage_out(plan.done.stats).model_dump()
             yield frame(

@@ -27,7 +27,7 @@ from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
 
-from app.errors import ContextTooLong
+from decoding.errors import ContextTooLong
 from decoding.speculative.generation import Prompt
 from decoding.speculative.prompt import build_prompt, context_rows
 from retrieval.retriever import Hit, Ranking, Retriever, hit_pieces

@@ -1,7 +1,7 @@
 """Service subcommands of ``ragspec``: ``ingest``, ``ask``, ``reindex``, ``kernels``, and from
-``app.remote`` ``list`` and ``delete`` (plugged into ``app.cli``).
+``app.cli.remote`` ``list`` and ``delete`` (plugged into ``app.cli.main``).
 
-``ingest`` and ``ask`` talk HTTP to a running server with ``--url`` (``app.remote``). Without it, ``ingest``
+``ingest`` and ``ask`` talk HTTP to a running server with ``--url`` (``app.cli.remote``). Without it, ``ingest``
 and ``reindex`` work directly on the document store under the data dir (no server needed; the target's
 tokenizer and the embedder are loaded, not the target model) and ``ask`` loads the whole service in process.
 """
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
-from app.progress import ProgressLine
-from app.remote import REMOTE_SUBCOMMANDS, ask_http, ingest_http
+from app.cli.progress import ProgressLine
+from app.cli.remote import REMOTE_SUBCOMMANDS, ask_http, ingest_http
 from app.schemas import AskMode
 from app.settings import BUNDLED, Settings
 
@@ -34,7 +34,7 @@ def say(text: str) -> None:
 
 
 def _tenant(api_key: str | None) -> str:
-    from app.auth import tenant_of_key
+    from app.serving.auth import tenant_of_key
     from retrieval.store import DEFAULT_TENANT
 
     return tenant_of_key(api_key) if api_key else DEFAULT_TENANT
@@ -187,10 +187,10 @@ def _print_answer(body: dict[str, Any], as_json: bool) -> None:
 
 
 def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
-    from app import answering
-    from app.answering import Question
+    from app.answering import pipeline as answering
+    from app.answering.pipeline import Question
+    from app.answering.sampling import sampling_params
     from app.errors import translate
-    from app.sampling import sampling_params
     from app.schemas import LogitControls
     from app.services import load_services
     from decoding.speculative.generation import TokenEvent
@@ -287,5 +287,5 @@ SERVICE_SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "ask": add_ask,
     "reindex": add_reindex,
     "kernels": add_kernels,
-    **REMOTE_SUBCOMMANDS,  # list, delete (app.remote)
+    **REMOTE_SUBCOMMANDS,  # list, delete (app.cli.remote)
 }

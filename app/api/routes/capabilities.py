@@ -9,7 +9,7 @@ from typing import get_args
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from app.deps import ServicesDep, TenantDep
+from app.api.deps import ServicesDep, TenantDep
 from app.errors import NotAvailableYet
 from app.schemas import AskMode
 

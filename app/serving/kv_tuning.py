@@ -40,7 +40,7 @@ from decoding.speculative.calibration import calibrate
 from decoding.speculative.engine import Engine
 
 if TYPE_CHECKING:  # annotations only: the GPU checks import this module where fastapi / pydantic are absent
-    from app.scheduler import GenerationScheduler
+    from app.serving.scheduler import GenerationScheduler
     from app.settings import Settings
 
 logger = logging.getLogger(__name__)

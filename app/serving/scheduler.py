@@ -10,7 +10,7 @@ Past ``queue_size`` waiting generations, ``submit`` raises ``Overloaded`` (429 w
 that goes away sets its cancel event: a waiting job leaves the queue at once, a running one stops within one
 decode step. A job that has to wait gets a ``Queued`` event first and another each time its place in the queue
 changes, so a stream can tell its client where it stands before the first token, with an estimate of the wait
-(``app.queue_wait``) once a generation has been timed: only foreground generations that ran to their end are
+(``app.serving.queue_wait``) once a generation has been timed: only foreground generations that ran to their end are
 timed (not warm-ups or calibrations, nor jobs cut short or failed), on the injectable ``clock``.
 
 Background jobs (warming a document's KV prefix, calibrating) run alone: only when no generation runs or waits,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import Overloaded, PayloadTooLarge
-from app.queue_wait import wait_estimate_s
+from app.serving.queue_wait import wait_estimate_s
 
 logger = logging.getLogger(__name__)
 

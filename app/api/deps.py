@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app.api.middleware import ARRIVED
 from app.errors import ServiceUnavailable
 from app.services import Services
 
@@ -30,3 +32,10 @@ def get_tenant(
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]
+
+
+def arrival(request: Request) -> float:
+    """``time.perf_counter()`` when the request reached the app (stamped by the outermost middleware), else
+    now."""
+    stamp = request.scope.get(ARRIVED)
+    return stamp if isinstance(stamp, float) else time.perf_counter()

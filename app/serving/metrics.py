@@ -12,7 +12,6 @@ another tenant).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -21,13 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.gate import NO_TENANT, TENANT
 from decoding.speculative.stats import GenerationStats
 
 TENANT_LABEL = "tenant"
-ARRIVED = "ragspec.arrived"  # scope key: time.perf_counter() when the request reached the app (ttft counts from it)
 View = Literal["all", "total", "tenant"]
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -203,35 +199,3 @@ class LiveCollector(Collector):
         yield jobs
         if live.get("redis_up") is not None:
             yield GaugeMetricFamily("ragspec_redis_up", "1 when Redis answers", 1 if live["redis_up"] else 0)
-
-
-class RequestMetricsMiddleware:
-    """Pure ASGI middleware (keeps streaming and disconnects intact): counts and times every request."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = scope[ARRIVED] = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or (
-                "static" if scope["path"].startswith("/static") else "unmatched"
-            )
-            tenant = str(scope.get(TENANT, NO_TENANT))
-            self.metrics.requests.labels(tenant, path, scope["method"], str(status)).inc()
-            self.metrics.latency.labels(tenant, path).observe(time.perf_counter() - t0)

@@ -11,7 +11,8 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Message
 
-from app.deps import ServicesDep, TenantDep
+from app.api.deps import ServicesDep, TenantDep
+from app.api.openapi import ERRORS
 from app.errors import InvalidRequest, PayloadTooLarge
 from app.schemas import (
     MAX_TITLE_CHARS,
@@ -20,7 +21,6 @@ from app.schemas import (
     DocumentOut,
     DocumentTextIn,
     DocumentTitleIn,
-    ErrorResponse,
 )
 from retrieval.errors import UnsupportedDocumentType
 from retrieval.store import DocumentRecord
@@ -47,9 +47,6 @@ UPLOAD_BODY: dict[str, Any] = {
             "application/json": {"schema": DocumentTextIn.model_json_schema()},
         },
     }
-}
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (401, 404, 409, 413, 415, 422, 429)
 }
 
 
