@@ -239,7 +239,7 @@ def open_prefix_cache(settings: Settings, target: LoadedModel) -> PrefixCache | 
         if target.device.type == "cuda":
             check_window_fits(target)  # kv_budgets checks it otherwise: one generation at the window must fit
         return None
-    device_bytes, host_bytes = kv_budgets(settings, target)
+    device_bytes, host_bytes = kv_budgets(target, settings.kv_cache_bytes, settings.kv_host_bytes)
     persist = settings.kv_cache_persist and settings.kv_disk_bytes > 0
     return PrefixCache(
         device_bytes,

@@ -165,3 +165,55 @@ def test_only_the_bench_tests_import_the_bench() -> None:
     found = [str(path.relative_to(REPO)) for path in sorted((REPO / "tests").rglob("*.py"))
              if not path.is_relative_to(REPO / "tests" / "bench") and "bench" in _imported_packages(path.read_text())]
     assert not found, found
+
+
+APP_ROOMS = ("api", "answering", "serving")  # app's rooms, each importing only itself and those after it
+APP_SHARED = {"app.errors", "app.schemas", "app.config"}  # domain errors, bodies, frozen configs: any room's
+RUNNING_STATE = "app.services"  # the loaded services: handed to the routes and to answer()
+
+
+def _app_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "app" and parts[1] in APP_ROOMS else None
+
+
+def _app_rooms_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, deps in graph.items():
+        room = _app_room(module)
+        if room is None:
+            continue
+        for dep in sorted(d for d in deps if d.startswith("app.")):
+            dep_room = _app_room(dep)
+            if dep_room is not None:
+                ok = APP_ROOMS.index(dep_room) >= APP_ROOMS.index(room)
+                if room == dep_room == "api" and module.startswith("app.api.routes."):
+                    ok = not dep.startswith("app.api.routes.")  # routes never import each other
+            else:
+                ok = dep in APP_SHARED or (dep == RUNNING_STATE and room in ("api", "answering"))
+            if not ok:
+                bad.append(f"{module} -> {dep}")
+    return bad
+
+
+def test_the_rooms_check_sees_a_wrong_way_import() -> None:
+    graph = {
+        "app.serving.scheduler": {"app.answering.pipeline", "app.errors"},  # serving -> answering: up
+        "app.answering.pipeline": {"app.serving.scheduler", "app.services", "app.cli.local"},  # cli: an entry
+        "app.api.routes.openai": {"app.api.routes.ask", "app.api.deps"},  # a route importing a route
+        "app.serving.sessions": {"app.services"},  # the running state is not serving's to import
+    }
+    assert _app_rooms_violations(graph) == [
+        "app.serving.scheduler -> app.answering.pipeline", "app.answering.pipeline -> app.cli.local",
+        "app.api.routes.openai -> app.api.routes.ask", "app.serving.sessions -> app.services",
+    ]
+
+
+def test_app_rooms_import_one_way() -> None:
+    """api -> answering -> serving -> the libraries: a room imports only itself, the rooms after it, the shared
+    modules (errors, schemas, configs) and, for api and answering, the loaded services; routes never import each
+    other; nothing in the rooms imports the entries (cli, cluster, main)."""
+    graph = _import_graph(_module_names())
+    assert "app.serving.scheduler" in graph["app.answering.pipeline"]  # the graph is read
+    violations = _app_rooms_violations(graph)
+    assert not violations, violations

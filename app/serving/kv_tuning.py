@@ -23,7 +23,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -41,7 +41,6 @@ from decoding.speculative.engine import Engine
 
 if TYPE_CHECKING:  # annotations only: the GPU checks import this module where fastapi / pydantic are absent
     from app.serving.scheduler import GenerationScheduler
-    from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -111,17 +110,19 @@ def free_device_bytes(device: torch.device) -> int:
     return int(free)
 
 
-def kv_budgets(settings: Settings, target: LoadedModel) -> tuple[int, int]:
-    """(device tier bytes, host tier bytes) of the prefix cache: the settings' byte counts, or for ``auto``
+def kv_budgets(
+    target: LoadedModel, kv_cache_bytes: int | Literal["auto"], kv_host_bytes: int | Literal["auto"]
+) -> tuple[int, int]:
+    """(device tier bytes, host tier bytes) of the prefix cache: the given byte counts, or for ``"auto"``
     sized from the target's device as the module says. Call once every model is loaded: on CUDA it raises
     ``ModelLoadError`` when the window does not fit the device (``check_window_fits``)."""
     on_cuda = target.device.type == "cuda"
     per_token = kv_bytes_per_token(target.model.config, target.dtype) if on_cuda else 0
     free = check_window_fits(target) if on_cuda else 0
-    device_bytes = settings.kv_cache_bytes
+    device_bytes = kv_cache_bytes
     if device_bytes == "auto":
         device_bytes = device_kv_budget(free, per_token, target.max_context) if on_cuda else CPU_KV_BYTES
-    host_bytes = settings.kv_host_bytes
+    host_bytes = kv_host_bytes
     if not on_cuda:
         host_bytes = 0
     elif host_bytes == "auto":

@@ -21,7 +21,6 @@ from app.serving.kv_tuning import (
     start_calibration,
 )
 from app.serving.scheduler import GenerationScheduler
-from app.settings import Settings
 from decoding.cache.memory import device_kv_budget, kv_bytes_per_token
 from decoding.errors import ModelLoadError
 from decoding.runtime.models import LoadedModel
@@ -99,11 +98,11 @@ def test_a_window_that_does_not_fit_the_gpu_stops_the_start(monkeypatch: pytest.
     target = llama_8b_on_cuda(131072)  # one generation: 16 GiB of KV, plus the 2 GiB margin
     monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 7 * GIB)  # a 24 GB GPU after the weights
     with pytest.raises(ModelLoadError, match=r"RAGSPEC_MAX_CONTEXT=40960 \(the largest") as err:
-        kv_budgets(Settings(), target)  # type: ignore[call-arg]
+        kv_budgets(target, "auto", "auto")
     assert "16.0 GiB of KV" in str(err.value) and "7.0 GiB is free" in str(err.value)
     assert "smaller model" in str(err.value) and "more memory" in str(err.value)
     with pytest.raises(ModelLoadError, match="RAGSPEC_MAX_CONTEXT=40960"):  # whatever the tiers' settings
-        kv_budgets(Settings(kv_cache_bytes=GIB, kv_host_bytes=0), target)  # type: ignore[call-arg]
+        kv_budgets(target, GIB, 0)
     monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 18 * GIB - 1)  # one byte short
     with pytest.raises(ModelLoadError, match="RAGSPEC_MAX_CONTEXT=130048 "):
         check_window_fits(target)
@@ -115,15 +114,15 @@ def test_a_window_that_does_not_fit_the_gpu_stops_the_start(monkeypatch: pytest.
     monkeypatch.setattr(kv_tuning, "available_ram_bytes", lambda: 26 * GIB)
     assert check_window_fits(target) == 18 * GIB
     # device tier: 0.9 x (18 - 16 - 2) GiB = 0; host tier: 0.4 x (26 GiB - one 16 GiB entry) = 4 GiB
-    assert kv_budgets(Settings(), target) == (0, 4 * GIB)  # type: ignore[call-arg]
+    assert kv_budgets(target, "auto", "auto") == (0, 4 * GIB)
     monkeypatch.setattr(kv_tuning, "available_ram_bytes", lambda: 10 * GIB)  # less than one entry: no host tier
-    assert kv_budgets(Settings(), target) == (0, 0)  # type: ignore[call-arg]
+    assert kv_budgets(target, "auto", "auto") == (0, 0)
 
 
 def test_kv_budgets_on_a_cpu_are_two_gib_and_no_host_tier() -> None:
     target = loaded("cpu")
-    assert kv_budgets(Settings(), target) == (2 * GIB, 0)  # type: ignore[call-arg]
-    assert kv_budgets(Settings(kv_cache_bytes=123, kv_host_bytes=456), target) == (123, 0)  # type: ignore[call-arg]
+    assert kv_budgets(target, "auto", "auto") == (2 * GIB, 0)
+    assert kv_budgets(target, 123, 456) == (123, 0)
 
 
 def test_kv_budgets_on_cuda_follow_free_device_memory_and_ram(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,11 +130,11 @@ def test_kv_budgets_on_cuda_follow_free_device_memory_and_ram(monkeypatch: pytes
     monkeypatch.setattr(kv_tuning, "free_device_bytes", lambda device: 40 * GIB)
     monkeypatch.setattr(kv_tuning, "available_ram_bytes", lambda: 100 * GIB)
     per_token = kv_bytes_per_token(target.model.config, torch.bfloat16)
-    device, host = kv_budgets(Settings(), target)  # type: ignore[call-arg]
+    device, host = kv_budgets(target, "auto", "auto")
     assert device == device_kv_budget(40 * GIB, per_token, 4096) and 0 < device < 40 * GIB
     # the tiny model's KV is 2 layers x 2 KV heads x 16 x 2 x 2 bytes = 256 bytes a token: 1 MiB at 4096 set aside
     assert host == int((100 * GIB - (1 << 20)) * 0.4)
-    assert kv_budgets(Settings(kv_cache_bytes=GIB, kv_host_bytes=0), target) == (GIB, 0)  # type: ignore[call-arg]
+    assert kv_budgets(target, GIB, 0) == (GIB, 0)
 
 
 def test_calibration_lengths_by_device() -> None:

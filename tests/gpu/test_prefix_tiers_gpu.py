@@ -5,7 +5,6 @@ and the device tier sized from the device's free memory."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,5 +67,5 @@ def test_the_device_tier_is_sized_from_free_device_memory(device: torch.device) 
     target = LoadedModel(model=model, tokenizer=None, name="tiny", device=device, dtype=torch.bfloat16,
                          eos_token_ids=(), max_context=1024, vocab_size=VOCAB)
     free = free_device_bytes(device)
-    device_bytes, host_bytes = kv_budgets(SimpleNamespace(kv_cache_bytes="auto", kv_host_bytes="auto"), target)  # type: ignore[arg-type]
+    device_bytes, host_bytes = kv_budgets(target, "auto", "auto")
     assert 0 < device_bytes < free and host_bytes > 0
