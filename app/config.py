@@ -34,10 +34,28 @@ class SessionConfig:
 
 
 @dataclass(frozen=True)
+class StreamingConfig:
+    sse_ping_s: float  # keep-alive comments on an SSE stream until its first token
+
+
+@dataclass(frozen=True)
+class RapidConfig:
+    context_tokens: int  # the retrieved chunks RAPID's drafter reads, at most
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    min_free_disk_bytes: int  # /readyz reports not ready below this much free disk under the data dir
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     limits: RequestLimits
     sessions: SessionConfig
     api_keys: tuple[str, ...]
+    streaming: StreamingConfig
+    rapid: RapidConfig
+    health: HealthConfig
     penalties: PenaltyDefaults = PenaltyDefaults()
 
     @classmethod
@@ -52,6 +70,9 @@ class ServiceConfig:
             ),
             sessions=SessionConfig(session_ttl_s=settings.session_ttl_s),
             api_keys=tuple(settings.api_keys),
+            streaming=StreamingConfig(sse_ping_s=settings.sse_ping_s),
+            rapid=RapidConfig(context_tokens=settings.rapid_context_tokens),
+            health=HealthConfig(min_free_disk_bytes=int(settings.min_free_disk_mb * 1024 * 1024)),
             penalties=PenaltyDefaults(settings.default_frequency_penalty, settings.default_presence_penalty,
                                       settings.default_repetition_penalty),
         )

@@ -161,7 +161,7 @@ def admit(
         # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows
         # of the target's cache
         if needs_draft_prompt(q.mode) or needs_draft_rows(q.mode):
-            budget = min(services.settings.rapid_context_tokens, services.retriever.budget_cap)
+            budget = min(services.config.rapid.context_tokens, services.retriever.budget_cap)
             rag = pack_hits(hits, budget, doc_ids)
         if needs_draft_prompt(q.mode):
             draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)

@@ -64,7 +64,7 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
     )
     prepare = answering.admit(services, tenant, question, arrived)  # 4xx here, before any streaming
     if body.stream:
-        return sse_response(_stream(services, prepare, session_id), services.settings.sse_ping_s)
+        return sse_response(_stream(services, prepare, session_id), services.config.streaming.sse_ping_s)
     plan = await prepare()
     answering.start(services, plan)
     done = await answering.complete(services, plan, request)

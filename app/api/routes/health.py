@@ -56,7 +56,7 @@ async def readiness(request: Request) -> tuple[int, Readiness]:
     checks = {
         "models": "ok",
         "store": await asyncio.to_thread(
-            _writable, services.store.root, int(services.settings.min_free_disk_mb * MIB)
+            _writable, services.store.root, services.config.health.min_free_disk_bytes
         ),
         "generation_worker": "ok" if services.scheduler.alive else "error: stopped",
         "indexing_worker": "ok" if services.indexing.alive else "error: stopped",

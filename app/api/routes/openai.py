@@ -139,7 +139,7 @@ async def chat_completions(
     if body.stream:
         usage_chunk = body.stream_options is not None and body.stream_options.include_usage
         stream = _stream(services, prepare, completion_id, created, usage_chunk)
-        return sse_response(stream, services.settings.sse_ping_s)
+        return sse_response(stream, services.config.streaming.sse_ping_s)
     plan = await prepare()
     answering.start(services, plan)
     done = await answering.complete(services, plan, request)
