@@ -128,7 +128,7 @@ def install_error_handlers(app: FastAPI) -> None:
         unknown = _unknown_fields(exc)
         if unknown:  # a parameter we do not implement: refused by name, never ignored (as OpenAI does)
             message = (f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
-                       "(the README's API section lists what ragspec supports)")
+                       "(docs/api.md lists what ragspec supports)")
             return JSONResponse(error_body("unsupported_parameter", message, unknown[0]), status_code=400)
         return _json(422, "invalid_request", _validation_message(exc))
 

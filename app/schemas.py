@@ -146,8 +146,8 @@ class AskRequest(LogitControls):
     eta: float = Field(
         0.0, ge=0.0, le=50.0,
         description="RAPID knowledge transfer, NOT lossless: > 0 lets the RAG drafter's distribution shift the "
-        "target's, so the answer no longer follows the target's distribution (5-20 for a same-size drafter). "
-        "Needs temperature > 0, no seed, and a mode with the RAG drafter (rapid, rapid_kv, combined).",
+        "target's, so the answer no longer follows the target's distribution (docs/benchmarks.md, RAPID's knowledge "
+        "transfer). Needs temperature > 0, no seed, and a mode with the RAG drafter (rapid, rapid_kv, combined).",
     )
 
     @model_validator(mode="after")

@@ -163,7 +163,7 @@ def answers_agree(one: dict[str, list[str]], two: dict[str, list[str]]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=4)
-    parser.add_argument("--words", type=int, default=1100, help="words a document (~1.8 tokens a word)")
+    parser.add_argument("--words", type=int, default=1100, help="words a document")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--asks", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)

@@ -15,9 +15,8 @@ the replicas' work is (busiest replica's requests over the mean), and whether th
 last quarter's mean wait under twice the first quarter's plus a second; an unstable policy's waits grow with the run,
 so its figures are a lower bound).
 
-Defaults from this repo's measurements on the bundled model (2 cores): a 3.5K-token document read at ~450 prompt
-tokens/s (``--prefill-s`` 7.8), a warm prefix's question prefilled and first token in ~0.3 s, 64 tokens in a batch of 4
-at ~35 tokens/s each (``--decode-s`` 1.8).
+The defaults model the bundled model on the benchmark box (``--prefill-s``, ``--hit-s``, ``--decode-s``; where
+they come from: docs/benchmarks.md#routing-replicas-by-document).
 
     python -m bench.routing [--replicas 10 100 1000] [--rho 0.5 0.9 1.5] [--seed 0]
 

@@ -1,6 +1,6 @@
 """Decoding for ragspec: the target, its drafters and lossless speculative generation.
 
-Rooms, each importing only the ones after it (``tests/test_imports.py`` keeps it so):
+Rooms, each importing only the ones after it (``tests/test_libraries.py`` keeps it so):
 
 - ``drafters/``: the registry of decoding modes and the drafters (prompt lookup, RACER, RAPID);
 - ``speculative/``: the Drafter protocol, request and event types, prompt layout, prefill, draft trees,

@@ -4,10 +4,10 @@ BM25 needs corpus statistics (how many chunks hold a term, the mean chunk length
 a set of documents, so each document stores raw term counts (postings) and :func:`bm25_scores` computes the
 statistics over exactly the documents asked, at query time: a per-document index with its own statistics
 (as a ready-made BM25 library builds one) scores a term by its rarity within that document only, which
-ranked chunks across documents far worse on the repo's QA set (see README, Retrieval).
+ranks chunks across documents against each other on no common scale (docs/benchmarks.md#retrieval).
 
-Terms: lowercased runs of two or more word characters, English stop words dropped, no stemming (stemming
-measured worse on the QA set).
+Terms: lowercased runs of two or more word characters, English stop words dropped, no stemming (why:
+docs/benchmarks.md#retrieval).
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ The measurements live here (free device memory, available RAM, the device's kind
 ``decoding.cache.memory`` and the calibration itself in ``decoding.speculative.calibration``.
 
 - Device tier (``RAGSPEC_KV_CACHE_BYTES``, ``auto``): on CUDA, what ``decoding.cache.memory.device_kv_budget``
-  leaves of the device memory free once every model is loaded; on a CPU 2 GiB, as before (the models and
+  leaves of the device memory free once every model is loaded; on a CPU 2 GiB (the models and
   the working caches share that RAM with everything else on the machine, so a fixed, modest share).
 - Host tier (``RAGSPEC_KV_HOST_BYTES``, ``auto``): on CUDA, ``HOST_FRACTION`` of the RAM available at
   start-up less one full-window entry (the disk writer's host copy); on a CPU none (the device is the host).
 - Window check: on CUDA the start stops (``check_window_fits``) when one generation's KV at the window does
   not fit the free device memory, naming the largest window that does.
-- Calibration: at start-up 256 and 2048 tokens (cheap on a CPU, as before), and on a GPU also longer caches
+- Calibration: at start-up 256 and 2048 tokens (cheap on a CPU), and on a GPU also longer caches
   up to the window; on a GPU, once requests run on caches well beyond the longest calibrated one, a
   calibration at that length is queued as a background job between requests (``schedule_recalibration``);
   one cut short by a request is not queued again for ``RECALIBRATE_BACKOFF`` generations (``RecalibrationBackoff``).

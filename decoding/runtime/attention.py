@@ -3,7 +3,7 @@
 transformers' ``sdpa`` attention repeats the key/value heads to the query-head count whenever a mask is
 given (CUDA's fused kernels need that). Every verify pass of a draft tree carries a mask, so on a CPU each
 step would copy the whole KV cache (3 -> 9 heads for SmolLM2) in every layer. torch's CPU SDPA handles
-``enable_gqa`` with a mask directly, without the copy (docs/architecture.md has the measured difference).
+``enable_gqa`` with a mask directly, without the copy (docs/benchmarks.md, Decoding, has the measured difference).
 ``use_grouped_sdpa`` switches a model to it. On CUDA the same registered function runs
 ``decoding.runtime.attention_cuda`` instead (flash on the grouped heads, or the query heads folded onto their key/value
 head), and the model's mask function leaves plain causal masks to it; on a CPU both behave as described here.
