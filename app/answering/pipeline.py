@@ -1,9 +1,12 @@
-"""One answer: check the request, rank the documents' chunks once (sources, the target's window, RAPID's
-context), build the target's prompt, queue the generation, and
-account for it afterwards (session history, cross-session draft cache, metrics).
+"""One answer, the same for ``/v1/ask``, ``/v1/chat/completions`` and the CLI's ``ask``: the request's checks,
+then, as its events are read, the documents' chunks ranked once (sources, the target's window, RAPID's context),
+the target's prompt, the queued generation, and its accounting (citations, session history, cross-session draft
+cache; the generation's metrics are observed where it runs, whoever reads it).
 
-Both APIs (``/v1/ask`` and ``/v1/chat/completions``) go through ``plan`` -> ``start`` -> events ->
-``finish``; they differ only in how they frame the events.
+``answer`` runs the checks when it is called, so that their 4xx errors are raised before any response starts,
+and returns the answer's events (``app.answering.events``) without doing more: a stream sends its first bytes,
+then reads the events, and only then does retrieval begin. The APIs differ only in how they frame the events;
+a JSON answer reads them to the end (``complete``), a stream reports a late error in band (``in_band``).
 """
 
 from __future__ import annotations
@@ -13,17 +16,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import TypeVar
-
-from starlette.requests import Request
 
 from app.answering.citations import cite
 from app.answering.drafters import needs_draft_prompt, needs_draft_rows
+from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Sources, Token, Waiting
 from app.answering.followup import retrieval_queries
 from app.answering.prompts import SYSTEM_PROMPT, document_texts
-from app.errors import InvalidRequest, Overloaded
+from app.errors import InvalidRequest, Overloaded, translate
 from app.schemas import AskStats, Citations, Source, Usage
 from app.services import Services
 from app.serving.scheduler import JobHandle, Queued
@@ -40,6 +42,7 @@ from decoding.speculative.generation import (
     TokenEvent,
 )
 from decoding.speculative.stats import GenerationStats
+from retrieval.catalogue import DocumentRecord
 from retrieval.errors import DocumentNotReady
 from retrieval.retriever import Hit, join_hits, pack_hits
 
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25
 T = TypeVar("T")
+Disconnected = Callable[[], Awaitable[bool]]  # whether the client has gone away (a JSON request's own check)
 
 
 @dataclass(frozen=True)
@@ -65,19 +69,39 @@ class Question:
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely tokens'
 
 
-@dataclass
+@dataclass(frozen=True)
+class Admission:
+    """A question whose checks passed: its effective ``max_tokens``, its drafters, its documents (ready, in upload
+    order) and when it arrived (``time.perf_counter()``, where ``ttft_ms`` counts from)."""
+
+    tenant: str
+    question: Question
+    max_tokens: int
+    drafters: tuple[Drafter, ...]
+    records: tuple[DocumentRecord, ...]
+    arrived: float
+
+
+@dataclass(frozen=True)
 class Plan:
+    """Everything the generation needs: the prompt (and RAPID's context in it), its config, its drafters and the
+    sources shown with the answer (best first)."""
+
     tenant: str
     question: Question
     prompt: Prompt
     config: GenerationConfig
-    drafters: list[Drafter]
-    sources: list[Source]
-    handle: JobHandle | None = None
-    done: DoneEvent | None = None
-    text: list[str] = field(default_factory=list)
-    citations: Citations | None = None  # set by ``finish`` (it also sets the sources' highlights)
-    arrived: float = field(default_factory=time.perf_counter)  # perf_counter() at the request's arrival
+    drafters: tuple[Drafter, ...]
+    sources: tuple[Source, ...]
+    arrived: float  # perf_counter() at the request's arrival
+
+
+class NeverRan(InvalidRequest):
+    """The generation was cancelled before it ran (its client went away while it waited, or the service is
+    stopping): nobody is waiting for this answer any more."""
+
+    def __init__(self) -> None:
+        super().__init__("the request was cancelled")
 
 
 def check_limits(
@@ -114,17 +138,25 @@ def source_of(hit: Hit) -> Source:
     )
 
 
-async def plan(services: Services, tenant: str, q: Question, arrived: float | None = None) -> Plan:
-    """Everything up to the generation (``admit``, then retrieval and the prompt)."""
-    return await admit(services, tenant, q, arrived)()
+# ---- the answer ------------------------------------------------------------------------------------
 
 
-def admit(
-    services: Services, tenant: str, q: Question, arrived: float | None = None
-) -> Callable[[], Awaitable[Plan]]:
-    """The request's checks, which raise its 4xx errors before any streaming starts; returns what builds the
-    plan (retrieval and the prompt), which a stream awaits after its first bytes have left. ``arrived``
-    (``time.perf_counter()`` at the request's arrival, default now) is where ``ttft_ms`` counts from."""
+def answer(
+    services: Services, tenant: str, q: Question, *, arrived: float | None = None,
+    disconnected: Disconnected | None = None,
+) -> AsyncGenerator[AnswerEvent, None]:
+    """The request's checks, now: their 4xx errors are raised by this call, before any response starts. Returns
+    the answer's events, which do nothing until read: ``Sources`` (retrieval and the prompt run then, off the
+    event loop), ``Waiting`` / ``Prefill`` while the generation waits and reads its prompt, ``Token``s, then
+    ``Finished`` once the accounting has run. ``arrived`` (``time.perf_counter()`` at the request's arrival,
+    default now) is where ``ttft_ms`` counts from; ``disconnected`` (polled while the generation is queued or
+    runs) cancels it when it turns true, as a consumer that stops reading does."""
+    return _answer(services, admit(services, tenant, q, arrived), disconnected)
+
+
+def admit(services: Services, tenant: str, q: Question, arrived: float | None = None) -> Admission:
+    """The request's checks, which raise its 4xx errors: limits, a question too long for the window, the mode,
+    a full queue, a cache too big for the working pool, unknown or unready documents."""
     arrived = time.perf_counter() if arrived is None else arrived
     max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
     # a question (with its history) too long for the window is the request's fault: a 400 before any stream
@@ -138,7 +170,6 @@ def admit(
     # one order for a set of documents, whatever order they are named in (upload order): the same prompt, so
     # the same cached prefix KV, and no second copy of it on disk for every permutation
     records.sort(key=lambda r: (r.created_at, r.id))
-    doc_ids = [r.id for r in records]
     not_ready = [r for r in records if r.status != "ready"]
     if not_ready:
         first = not_ready[0]
@@ -146,42 +177,131 @@ def admit(
             states = ", ".join(f"{r.id}: {r.status}" for r in not_ready)
             raise DocumentNotReady(first.id, first.status, f"documents not ready ({states})")
         raise DocumentNotReady(first.id, first.status, first.message)
-
-    def build() -> tuple[Prompt, list[Source]]:
-        # retrieval scored once: sources, the target's window (documents longer than it) and RAPID's context
-        ranking, hits = None, []
-        if doc_ids:
-            ranking = services.retriever.rank(retrieval_queries(q.question, q.history), doc_ids, tenant=tenant)
-            hits = ranking.relevant().hits
-        sources = [source_of(h) for h in sorted(hits, key=lambda h: -h.score)]  # best first
-        docs = document_texts(services.store, records)
-        prompt = services.prompts.fit(docs, q.question, q.history, max_tokens, ranking, system=q.system)
-        if prompt.prefix_key is not None and doc_ids:
-            services.prefixes.add(prompt.prefix_key, doc_ids)
-        # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows
-        # of the target's cache
-        if needs_draft_prompt(q.mode) or needs_draft_rows(q.mode):
-            budget = min(services.config.rapid.context_tokens, services.retriever.budget_cap)
-            rag = pack_hits(hits, budget, doc_ids)
-        if needs_draft_prompt(q.mode):
-            draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)
-            prompt = replace(prompt, draft_ids=draft)
-        if needs_draft_rows(q.mode) and not prompt.context_truncated:
-            prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
-        return prompt, sources
-
-    async def prepare() -> Plan:
-        prompt, sources = await asyncio.to_thread(build)
-        config = GenerationConfig(max_new_tokens=max_tokens, sampling=q.sampling, stop=q.stop, logprobs=q.logprobs)
-        return Plan(
-            tenant=tenant, question=q, prompt=prompt, config=config, drafters=drafters, sources=sources,
-            arrived=arrived,
-        )
-
-    return prepare
+    return Admission(tenant, q, max_tokens, tuple(drafters), tuple(records), arrived)
 
 
-def start(services: Services, p: Plan) -> JobHandle:
+def plan(services: Services, admission: Admission) -> Plan:
+    """Retrieval and the prompt (blocking: the answer runs it in a worker thread). Retrieval is scored once: the
+    sources, the target's window (documents longer than it) and RAPID's context all come from one ranking."""
+    q, tenant, records = admission.question, admission.tenant, admission.records
+    doc_ids = [r.id for r in records]
+    ranking, hits = None, []
+    if doc_ids:
+        ranking = services.retriever.rank(retrieval_queries(q.question, q.history), doc_ids, tenant=tenant)
+        hits = ranking.relevant().hits
+    sources = tuple(source_of(h) for h in sorted(hits, key=lambda h: -h.score))  # best first
+    docs = document_texts(services.store, records)
+    prompt = services.prompts.fit(docs, q.question, q.history, admission.max_tokens, ranking, system=q.system)
+    if prompt.prefix_key is not None and doc_ids:
+        services.prefixes.add(prompt.prefix_key, doc_ids)
+    # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows of the
+    # target's cache
+    if needs_draft_prompt(q.mode) or needs_draft_rows(q.mode):
+        budget = min(services.config.rapid.context_tokens, services.retriever.budget_cap)
+        rag = pack_hits(hits, budget, doc_ids)
+    if needs_draft_prompt(q.mode):
+        draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)
+        prompt = replace(prompt, draft_ids=draft)
+    if needs_draft_rows(q.mode) and not prompt.context_truncated:
+        prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
+    config = GenerationConfig(
+        max_new_tokens=admission.max_tokens, sampling=q.sampling, stop=q.stop, logprobs=q.logprobs
+    )
+    return Plan(tenant, q, prompt, config, admission.drafters, sources, admission.arrived)
+
+
+async def _answer(
+    services: Services, admission: Admission, disconnected: Disconnected | None
+) -> AsyncGenerator[AnswerEvent, None]:
+    planned = await asyncio.to_thread(plan, services, admission)
+    async with contextlib.aclosing(answer_plan(services, planned, disconnected)) as events:
+        async for event in events:
+            yield event
+
+
+async def answer_plan(
+    services: Services, p: Plan, disconnected: Disconnected | None = None
+) -> AsyncGenerator[AnswerEvent, None]:
+    """A planned answer's events: its ``Sources``, the queued generation's progress and tokens, then
+    ``Finished``. The accounting runs in ``finally``, so also when the consumer stops early or the generation
+    fails, with what the generation got to (``_account``: one that never finished adds nothing). A consumer
+    that stops reading, or ``disconnected()`` turning true, cancels the generation within one decode step or
+    one prefill chunk; one cancelled before it ran raises ``NeverRan``."""
+    yield Sources(p.sources)
+    handle = _start(services, p)
+    watcher = asyncio.create_task(_watch_disconnect(disconnected, handle)) if disconnected is not None else None
+    asked = p.question.logprobs is not None
+    done: DoneEvent | None = None
+    shown = 0  # log-probabilities the Token events carried
+    try:
+        async for event in handle.events():
+            if isinstance(event, DoneEvent):
+                done = event
+            elif isinstance(event, TokenEvent):
+                if event.text:  # a token whose text is held back (a stop string may follow) shows nothing yet
+                    shown += len(event.logprobs)
+                    yield Token(event.text, tuple(services.logprob_text(event.logprobs)) if asked else None)
+            elif isinstance(event, Queued):
+                yield Waiting(event.position, event.eta_s)
+            elif isinstance(event, PrefillEvent):
+                yield Prefill(event.done, event.total, event.reused)
+    finally:
+        handle.cancel()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        accounted = await _account(services, p, done)
+    if done is None or accounted is None:  # cancelled before it ran
+        raise NeverRan()
+    sources, citations = accounted
+    logprobs = None if done.logprobs is None else tuple(services.logprob_text(done.logprobs))
+    yield Finished(
+        text=done.text,
+        finish_reason=done.finish_reason,
+        sources=sources,
+        citations=citations,
+        stats=_ask_stats(done.stats, p.question.mode),
+        usage=Usage(prompt_tokens=done.stats.prompt_tokens, completion_tokens=done.stats.completion_tokens),
+        logprobs=logprobs,
+        trailing_logprobs=logprobs[shown:] if logprobs else (),
+    )
+
+
+async def complete(events: AsyncIterator[AnswerEvent]) -> Finished:
+    """Read an answer to its end (a JSON response): its ``Finished``; whatever it raised (``NeverRan`` when it
+    was cancelled before it ran) propagates."""
+    last: AnswerEvent | None = None
+    async for event in events:
+        last = event
+    if not isinstance(last, Finished):  # an answer ends with Finished or raises
+        raise RuntimeError(f"the answer ended with {type(last).__name__}, not Finished")
+    return last
+
+
+async def in_band(events: AsyncGenerator[AnswerEvent, None]) -> AsyncGenerator[AnswerEvent | Failed, None]:
+    """A stream's answer events, an error raised after its response began (its status already sent) turned into
+    a last ``Failed`` event: a domain error's code and message, a generation cancelled before it ran as
+    ``cancelled``, anything else (a bug: logged) as ``internal_error``."""
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                yield event
+        except NeverRan:
+            yield Failed("cancelled", "the generation was cancelled")
+        except Exception as exc:
+            err = translate(exc)
+            if err is None:
+                logger.exception("generation failed mid-stream")
+                yield Failed("internal_error", "generation failed")
+            else:
+                yield Failed(err.code, err.message)
+
+
+# ---- the generation and its accounting ---------------------------------------------------------------
+
+
+def _start(services: Services, p: Plan) -> JobHandle:
     """Queue the generation (raises ``Overloaded`` -> 429 when the queue is full)."""
     engine, metrics, mode = services.engine, services.metrics, p.question.mode
 
@@ -195,8 +315,7 @@ def start(services: Services, p: Plan) -> JobHandle:
         services.recalibrate_if_due()  # queued behind waiting questions: runs between requests
 
     kv_bytes = engine.kv_bytes(engine.cache_rows(len(p.prompt.ids), p.config))
-    p.handle = _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key, kv_bytes=kv_bytes))
-    return p.handle
+    return _counted(services, lambda: services.scheduler.submit(run, key=p.prompt.prefix_key, kv_bytes=kv_bytes))
 
 
 def _ttft_from_arrival(done: DoneEvent, before_s: float) -> DoneEvent:
@@ -215,89 +334,39 @@ def _counted(services: Services, admit: Callable[[], T]) -> T:
         raise
 
 
-async def events(
-    p: Plan, request: Request | None = None
-) -> AsyncIterator[TokenEvent | PrefillEvent | Queued]:
-    """The generation's text, queue and prefill-progress events; records the final ``DoneEvent`` on the plan. A
-    client that goes away (``request`` disconnects) cancels the generation within one decode step or one
-    prefill chunk."""
-    assert p.handle is not None
-    handle = p.handle
-    watcher = asyncio.create_task(_watch_disconnect(request, handle)) if request is not None else None
-    try:
-        async for event in handle.events():
-            if isinstance(event, DoneEvent):
-                p.done = event
-            elif isinstance(event, TokenEvent):
-                p.text.append(event.text)
-                yield event
-            elif isinstance(event, PrefillEvent | Queued):
-                yield event
-    finally:
-        handle.cancel()
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-
-
-async def _watch_disconnect(request: Request, handle: JobHandle) -> None:
+async def _watch_disconnect(disconnected: Disconnected, handle: JobHandle) -> None:
     while not handle.cancel_event.is_set():
-        if await request.is_disconnected():
+        if await disconnected():
             logger.info("client went away; cancelling its generation")
             handle.cancel()
             return
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-async def complete(services: Services, p: Plan, request: Request) -> DoneEvent:
-    """Run a non-streaming generation to its end (cancelled if the client goes away meanwhile)."""
-    try:
-        async for _ in events(p, request):
-            pass
-    finally:
-        await finish(services, p)
-    if p.done is None:  # cancelled before it ran: nobody is waiting for this answer any more
-        raise InvalidRequest("the request was cancelled")
-    return p.done
-
-
-async def finish(services: Services, p: Plan) -> None:
-    """After the last event: the answer's citations (app/answering/citations.py), the session's history and the
-    tenant's cross-session draft cache."""
-    done = p.done
+async def _account(
+    services: Services, p: Plan, done: DoneEvent | None
+) -> tuple[tuple[Source, ...], Citations] | None:
+    """After the last event: the answer's citations (app/answering/citations.py; they set the highlights of
+    copies of the sources, the plan's stay as shown first), then, unless the generation was cancelled (nobody
+    reads that answer), the tenant's cross-session draft cache and the session's history. Nothing for a
+    generation that never finished here: cancelled before it ran, failed, or left by its consumer."""
     if done is None:
-        return
-    p.citations = await asyncio.to_thread(cite, done.text, p.sources)
+        return None
+    sources = tuple(s.model_copy() for s in p.sources)
+    citations = await asyncio.to_thread(cite, done.text, sources)
     if done.finish_reason == "cancelled":
-        return
+        return sources, citations
     if "racer" not in MODES[p.question.mode]:  # RACER's drafter feeds the tier itself where it runs
         await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
     if p.question.session_id is not None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(
-            p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in p.sources),
-            p.citations.model_dump() if p.citations is not None else None,
+            p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in sources),
+            citations.model_dump(),
         ))
+    return sources, citations
 
 
-def citations_of(p: Plan) -> Citations:
-    """The plan's citations (none before ``finish`` has run, or for a generation that never ran)."""
-    if p.citations is not None:
-        return p.citations
-    text = p.done.text if p.done is not None else ""
-    return Citations(citations=[], cited_answer=text, highlights=[[] for _ in p.sources])
-
-
-def progress_out(event: PrefillEvent | Queued) -> dict[str, object]:
-    """The payload of a progress event: waiting for the engine (``position`` 1 runs next, ``eta_s`` the
-    estimated seconds until it starts, null until a generation has been timed), or the prompt's prefill,
-    ``done`` of ``total`` tokens (``reused`` of them from the KV prefix cache)."""
-    if isinstance(event, Queued):
-        return {"stage": "queued", "position": event.position, "eta_s": event.eta_s}
-    return {"stage": "prefill", "done": event.done, "total": event.total, "reused": event.reused}
-
-
-def stats_out(stats: GenerationStats, mode: str) -> AskStats:
+def _ask_stats(stats: GenerationStats, mode: str) -> AskStats:
     return AskStats(
         ttft_ms=round(stats.ttft_s * 1000, 3),
         tokens_per_second=round(stats.tokens_per_second, 3),
@@ -311,7 +380,3 @@ def stats_out(stats: GenerationStats, mode: str) -> AskStats:
         finish_reason=stats.finish_reason,
         mode=mode,
     )
-
-
-def usage_out(stats: GenerationStats) -> Usage:
-    return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens)

@@ -188,12 +188,12 @@ def _print_answer(body: dict[str, Any], as_json: bool) -> None:
 
 def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     from app.answering import pipeline as answering
+    from app.answering.events import Finished, Token
     from app.answering.pipeline import Question
     from app.answering.sampling import sampling_params
     from app.errors import translate
     from app.schemas import LogitControls
     from app.services import load_services
-    from decoding.speculative.generation import TokenEvent
 
     services = load_services(settings.model_copy(update={"calibrate": False}))
     tenant = _tenant(args.api_key)
@@ -207,21 +207,21 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     )
 
     async def run() -> dict[str, Any]:
-        plan = await answering.plan(services, tenant, question)
-        answering.start(services, plan)
-        async for event in answering.events(plan):
-            if args.stream and isinstance(event, TokenEvent):
+        done: Finished | None = None
+        async for event in answering.answer(services, tenant, question):
+            if isinstance(event, Token) and args.stream:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
-        await answering.finish(services, plan)
-        assert plan.done is not None
-        cited = answering.citations_of(plan)
+            elif isinstance(event, Finished):
+                done = event
+        if done is None:  # an answer ends with Finished or raises
+            raise RuntimeError("the answer ended without finishing")
         return {
-            "answer": plan.done.text,
-            "cited_answer": cited.cited_answer,
-            "citations": [c.model_dump() for c in cited.citations],
-            "sources": [s.model_dump() for s in plan.sources],
-            "stats": answering.stats_out(plan.done.stats, plan.question.mode).model_dump(),
+            "answer": done.text,
+            "cited_answer": done.citations.cited_answer,
+            "citations": [c.model_dump() for c in done.citations.citations],
+            "sources": [s.model_dump() for s in done.sources],
+            "stats": done.stats.model_dump(),
         }
 
     try:

@@ -4,7 +4,6 @@ engine at once (bundled SmolLM2 on one thread, a 4K window read whole)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
@@ -13,7 +12,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from app.answering.pipeline import Question, plan
+from app.answering.pipeline import Question, admit, plan
 from decoding.speculative.generation import SamplingParams
 from retrieval.store import DEFAULT_TENANT
 from tests.app.live import ThreadServer, metric, upload_text, wait_for, wait_indexed
@@ -101,7 +100,7 @@ def test_a_question_is_embedded_once_and_its_ranking_feeds_window_and_sources(
         first = client.post("/v1/ask", json={"question": question, "document_ids": [doc], "max_tokens": 2}).json()
         assert counting.calls == [[question]]
         asked = Question(follow_up, [doc], 2, SamplingParams(), mode="rapid", history=[(question, first["answer"])])
-        planned = asyncio.run(plan(services, DEFAULT_TENANT, asked))  # everything up to the generation
+        planned = plan(services, admit(services, DEFAULT_TENANT, asked))  # everything up to the generation
         assert counting.calls[1:] == [[follow_up, f"{question} {follow_up}"]]
     finally:
         services.retriever.embedder = counting.inner

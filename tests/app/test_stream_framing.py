@@ -1,17 +1,20 @@
 """SSE framing of both APIs when the generation fails after the stream began: an ``error`` event (or an
-OpenAI-style error chunk) and then the proper end of the stream — driven by a real scheduler job; and a
-stream's first bytes leave before its plan (retrieval, the prompt) is built."""
+OpenAI-style error chunk) and then the proper end of the stream — driven by a planned answer's events on a real
+scheduler job; and a stream's first bytes leave before it reads its answer's events (whose first read runs
+retrieval and the prompt)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 from sse_starlette import ServerSentEvent
 
-from app.answering.pipeline import Plan, Question
+from app.answering.events import AnswerEvent, Sources
+from app.answering.pipeline import Plan, Question, answer_plan
 from app.api.routes import ask as ask_route
 from app.api.routes import openai as openai_route
 from app.api.sse import comment, encode, frame
@@ -57,7 +60,7 @@ class NoMetrics:
 
 
 class FailingServices(Services):
-    """What ``answering.start`` touches: a real scheduler running an engine that fails after one token."""
+    """What a planned answer touches on these paths: a real scheduler running an engine that fails after one token."""
 
     engine = FailingEngine()
     metrics = NoMetrics()
@@ -70,12 +73,13 @@ def a_plan() -> Plan:
     q = Question(question="Q?", document_ids=["d"], max_tokens=4, sampling=SamplingParams())
     source = Source(document_id="d", chunk_id="0", text="t", score=0.5, similarity=0.5, start=0, end=1)
     return Plan(
-        tenant="t", question=q, prompt=Prompt([1], [2]), config=GenerationConfig(), drafters=[], sources=[source]
+        tenant="t", question=q, prompt=Prompt([1], [2]), config=GenerationConfig(), drafters=(), sources=(source,),
+        arrived=time.perf_counter(),
     )
 
 
-async def prepare() -> Plan:
-    return a_plan()
+def chunks() -> openai_route._Chunks:
+    return openai_route._Chunks("target", "chatcmpl-1", 0, include_usage=False)
 
 
 def parse(frames: list[str]) -> list[tuple[str | None, str]]:
@@ -100,8 +104,8 @@ def test_ask_stream_reports_a_late_failure_in_band() -> None:
     async def main() -> list[str]:
         sched = GenerationScheduler(queue_size=1)
         try:
-            stream = ask_route._stream(FailingServices(sched), prepare, "sid")  # type: ignore[arg-type]
-            return [encode(f) async for f in stream]
+            answer = answer_plan(FailingServices(sched), a_plan())  # type: ignore[arg-type]
+            return [encode(f) async for f in ask_route._stream(answer, "sid")]
         finally:
             sched.stop()
 
@@ -117,8 +121,8 @@ def test_chat_stream_reports_a_late_failure_then_done() -> None:
     async def main() -> list[str]:
         sched = GenerationScheduler(queue_size=1)
         try:
-            stream = openai_route._stream(FailingServices(sched), prepare, "chatcmpl-1", 0)  # type: ignore[arg-type]
-            return [encode(f) async for f in stream]
+            answer = answer_plan(FailingServices(sched), a_plan())  # type: ignore[arg-type]
+            return [encode(f) async for f in openai_route._stream(answer, chunks())]
         finally:
             sched.stop()
 
@@ -136,25 +140,25 @@ def test_frame_splits_multiline_data() -> None:
     assert encode(comment("ping")) == ": ping\n\n"
 
 
-def test_first_bytes_leave_before_the_plan_is_built() -> None:
-    """Both streams yield their first frame before awaiting ``prepare`` (retrieval, the prompt): a slow
-    retrieval cannot hold back the first byte. A prepare that never finishes shows it."""
+def test_first_bytes_leave_before_the_answer_is_read() -> None:
+    """Both streams yield their first frame before reading their answer's events (the first read runs retrieval
+    and the prompt: tests/app/test_answer_pipeline.py): a slow retrieval cannot hold back the first byte. An
+    answer whose first event never comes shows it."""
     never = asyncio.Event()
 
-    async def slow_prepare() -> Plan:
+    async def slow_answer() -> AsyncGenerator[AnswerEvent, None]:
         await never.wait()
-        raise AssertionError("unreachable")
+        yield Sources(())  # never reached
 
     async def first(stream: AsyncIterator[ServerSentEvent]) -> str:
         try:
             return encode(await asyncio.wait_for(stream.__anext__(), timeout=30))
         finally:
-            await stream.aclose()  # as when the client goes away: the pending prepare is dropped
+            await stream.aclose()  # as when the client goes away: the answer is never read
 
     async def main() -> tuple[str, str]:
-        services = FailingServices(None)  # type: ignore[arg-type]
-        ask_first = await first(ask_route._stream(services, slow_prepare, "sid"))  # type: ignore[arg-type]
-        chat_first = await first(openai_route._stream(services, slow_prepare, "c", 0))  # type: ignore[arg-type]
+        ask_first = await first(ask_route._stream(slow_answer(), "sid"))
+        chat_first = await first(openai_route._stream(slow_answer(), chunks()))
         return ask_first, chat_first
 
     ask_first, chat_first = asyncio.run(main())
@@ -177,8 +181,8 @@ def test_a_queue_that_filled_after_the_stream_began_is_an_overloaded_error_in_ba
 
         try:
             holder = sched.submit(busy)  # the engine is taken and nothing may wait
-            stream = ask_route._stream(FailingServices(sched), prepare, "sid")  # type: ignore[arg-type]
-            frames = [encode(f) async for f in stream]
+            answer = answer_plan(FailingServices(sched), a_plan())  # type: ignore[arg-type]
+            frames = [encode(f) async for f in ask_route._stream(answer, "sid")]
             gate.set()
             assert [e async for e in holder.events()] == ["done"]
             return frames
@@ -188,3 +192,47 @@ def test_a_queue_that_filled_after_the_stream_began_is_an_overloaded_error_in_ba
     events = parse(asyncio.run(main()))
     assert [e for e, _ in events] == [":", "sources", "error", "done"]
     assert json.loads(events[2][1])["code"] == "overloaded"
+
+
+def test_a_generation_cancelled_before_it_ran_ends_both_streams_with_a_cancelled_error() -> None:
+    """A generation still waiting when the service stops never runs: ``cancelled`` in band, then each stream's
+    proper end."""
+
+    async def frames_until_stopped(framed: AsyncIterator[ServerSentEvent], sched: GenerationScheduler) -> list[str]:
+        frames = []
+        async for f in framed:
+            frames.append(encode(f))
+            if f.event == "progress" or (f.event is None and f.comment and "queued" in f.comment):
+                sched.stop()  # it waits behind the holder: the stop takes it off the queue
+        return frames
+
+    async def main(stream: str) -> list[str]:
+        sched = GenerationScheduler(queue_size=1)
+        gate, started = threading.Event(), threading.Event()
+
+        def busy(cancel: threading.Event) -> Iterator[str]:
+            started.set()
+            while not gate.wait(0.01) and not cancel.is_set():
+                pass
+            yield "done"
+
+        try:
+            sched.submit(busy)
+            assert started.wait(30)  # the engine is taken: the answer waits, next in line
+            answer = answer_plan(FailingServices(sched), a_plan())  # type: ignore[arg-type]
+            framed = ask_route._stream(answer, "sid") if stream == "ask" else openai_route._stream(answer, chunks())
+            return await frames_until_stopped(framed, sched)
+        finally:
+            gate.set()
+            sched.stop()
+
+    ask_events = parse(asyncio.run(main("ask")))
+    assert [e for e, _ in ask_events] == [":", "sources", "progress", "error", "done"]
+    assert json.loads(ask_events[2][1]) == {"stage": "queued", "position": 1, "eta_s": None}
+    assert json.loads(ask_events[3][1]) == {"code": "cancelled", "message": "the generation was cancelled"}
+    assert json.loads(ask_events[4][1]) == {"session_id": "sid"}
+    chat = parse(asyncio.run(main("chat")))
+    assert [e for e, _ in chat] == [None, ":", None, None]  # the role chunk, the queued comment, the error, [DONE]
+    assert json.loads(chat[1][1]) == {"stage": "queued", "position": 1, "eta_s": None}
+    assert json.loads(chat[2][1]) == {"error": {"code": "cancelled", "message": "the generation was cancelled"}}
+    assert chat[3][1] == "[DONE]"

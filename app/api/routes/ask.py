@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
 from app.answering import pipeline as answering
-from app.answering.pipeline import Plan, Question
+from app.answering.events import AnswerEvent, Finished, Prefill, Sources, Token, Waiting
+from app.answering.pipeline import Question
 from app.answering.sampling import logprobs_asked, sampling_params
 from app.api.deps import ServicesDep, TenantDep, arrival
 from app.api.openapi import ERRORS
 from app.api.sse import comment, frame, sse_response
-from app.errors import InvalidRequest, error_body, translate
-from app.schemas import AskRequest, AskResponse
-from app.services import Services
-from app.serving.scheduler import Queued
+from app.errors import InvalidRequest
+from app.schemas import AskRequest, AskResponse, TokenLogprobOut
 from app.serving.sessions import Turn, last_documents
-from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -62,67 +60,52 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
         session_id=session_id,
         logprobs=logprobs_asked(body),
     )
-    prepare = answering.admit(services, tenant, question, arrived)  # 4xx here, before any streaming
+    # a stream's disconnect cancels its generator (app/api/sse.py); a JSON answer polls for its client
+    disconnected = None if body.stream else request.is_disconnected
+    events = answering.answer(  # 4xx here, before any streaming
+        services, tenant, question, arrived=arrived, disconnected=disconnected
+    )
     if body.stream:
-        return sse_response(_stream(services, prepare, session_id), services.config.streaming.sse_ping_s)
-    plan = await prepare()
-    answering.start(services, plan)
-    done = await answering.complete(services, plan, request)
-    cited = answering.citations_of(plan)
+        return sse_response(_stream(events, session_id), services.config.streaming.sse_ping_s)
+    done = await answering.complete(events)
     return AskResponse(
         answer=done.text,
-        cited_answer=cited.cited_answer,
-        citations=cited.citations,
+        cited_answer=done.citations.cited_answer,
+        citations=done.citations.citations,
         session_id=session_id,
-        sources=plan.sources,
-        usage=answering.usage_out(done.stats),
-        stats=answering.stats_out(done.stats, plan.question.mode),
-        logprobs=None if done.logprobs is None else services.logprob_text(done.logprobs),
+        sources=list(done.sources),
+        usage=done.usage,
+        stats=done.stats,
+        logprobs=None if done.logprobs is None else list(done.logprobs),
     )
 
 
-async def _stream(
-    services: Services, prepare: Callable[[], Awaitable[Plan]], session_id: str
-) -> AsyncIterator[ServerSentEvent]:
-    try:
-        yield comment("accepted")  # the first bytes, before retrieval and the queue
-        plan = await prepare()
-        yield frame([s.model_dump() for s in plan.sources], "sources")
-        answering.start(services, plan)
-        asked, sent = plan.question.logprobs is not None, 0
-        async for event in answering.events(plan):
-            if isinstance(event, PrefillEvent | Queued):
-                yield frame(answering.progress_out(event), "progress")
-            elif event.text:
-                sent += len(event.logprobs)
-                lp = {"logprobs": _logprobs(services, event.logprobs)} if asked else {}
-                yield frame({"text": event.text, **lp}, "token")
-        await answering.finish(services, plan)
-        if plan.done is not None:
-            if plan.done.logprobs and sent < len(plan.done.logprobs):  # tokens whose text never showed (a stop)
-                yield frame({"text": "", "logprobs": _logprobs(services, plan.done.logprobs[sent:])}, "token")
-            yield frame(answering.citations_of(plan).model_dump(), "citations")  # app/answering/citations.py
-            yield frame(answering.stats_out(plan.done.stats, plan.question.mode).model_dump(), "stats")
-            usage = answering.usage_out(plan.done.stats).model_dump()
+async def _stream(events: AsyncGenerator[AnswerEvent, None], session_id: str) -> AsyncIterator[ServerSentEvent]:
+    yield comment("accepted")  # the first bytes, before retrieval and the queue (``events`` start when read)
+    async for event in answering.in_band(events):
+        if isinstance(event, Sources):
+            yield frame([s.model_dump() for s in event.sources], "sources")
+        elif isinstance(event, Waiting | Prefill):
+            yield frame(event.payload(), "progress")
+        elif isinstance(event, Token):
+            lp = {} if event.logprobs is None else {"logprobs": _dumped(event.logprobs)}
+            yield frame({"text": event.text, **lp}, "token")
+        elif isinstance(event, Finished):
+            if event.trailing_logprobs:  # tokens whose text never showed (a stop string)
+                yield frame({"text": "", "logprobs": _dumped(event.trailing_logprobs)}, "token")
+            yield frame(event.citations.model_dump(), "citations")  # app/answering/citations.py
+            yield frame(event.stats.model_dump(), "stats")
             yield frame(
-                {"session_id": session_id, "finish_reason": plan.done.finish_reason, "usage": usage}, "done"
+                {"session_id": session_id, "finish_reason": event.finish_reason, "usage": event.usage.model_dump()},
+                "done",
             )
-        else:
-            yield frame(error_body("cancelled", "the generation was cancelled")["error"], "error")
+        else:  # failed after the stream began: reported in band
+            yield frame({"code": event.code, "message": event.message}, "error")
             yield frame({"session_id": session_id}, "done")
-    except Exception as exc:  # after the stream began: report in band
-        err = translate(exc)
-        if err is None:
-            logger.exception("generation failed mid-stream")
-        code, message = (
-            (err.code, err.message) if err is not None else ("internal_error", "generation failed")
-        )
-        yield frame({"code": code, "message": message}, "error")
-        yield frame({"session_id": session_id}, "done")
 
 
-def _logprobs(services: Services, entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    return [e.model_dump() for e in services.logprob_text(entries)]
+def _dumped(entries: Sequence[TokenLogprobOut]) -> list[dict[str, Any]]:
+    return [e.model_dump() for e in entries]
 
 
 def _conversation_documents(turns: Sequence[Turn], session_id: str | None) -> list[str]:

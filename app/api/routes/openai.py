@@ -15,20 +15,21 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
 from app.answering import pipeline as answering
-from app.answering.pipeline import Plan, Question
+from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Token, Waiting
+from app.answering.pipeline import Question
 from app.answering.prompts import SYSTEM_PROMPT
 from app.answering.sampling import logprobs_asked, sampling_params
 from app.api.deps import ServicesDep, TenantDep, arrival
 from app.api.openapi import ERRORS
 from app.api.sse import comment, frame, sse_response
-from app.errors import InvalidRequest, translate
+from app.errors import InvalidRequest
 from app.schemas import (
     ChatChoice,
     ChatChoiceMessage,
@@ -39,10 +40,9 @@ from app.schemas import (
     ChoiceLogprobs,
     ModelCard,
     ModelList,
+    TokenLogprobOut,
+    Usage,
 )
-from app.services import Services
-from app.serving.scheduler import Queued
-from decoding.speculative.generation import PrefillEvent, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -133,17 +133,16 @@ async def chat_completions(
         system=system,
         logprobs=logprobs_asked(body),
     )
-    prepare = answering.admit(services, tenant, q, arrived)  # 4xx here, before any streaming
+    # a stream's disconnect cancels its generator (app/api/sse.py); a JSON answer polls for its client
+    disconnected = None if body.stream else request.is_disconnected
+    events = answering.answer(services, tenant, q, arrived=arrived, disconnected=disconnected)  # 4xx here
     completion_id = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     if body.stream:
         usage_chunk = body.stream_options is not None and body.stream_options.include_usage
-        stream = _stream(services, prepare, completion_id, created, usage_chunk)
-        return sse_response(stream, services.config.streaming.sse_ping_s)
-    plan = await prepare()
-    answering.start(services, plan)
-    done = await answering.complete(services, plan, request)
-    stats = done.stats
+        chunks = _Chunks(services.target.name, completion_id, created, usage_chunk)
+        return sse_response(_stream(events, chunks), services.config.streaming.sse_ping_s)
+    done = await answering.complete(events)
     return ChatCompletionResponse(
         id=completion_id,
         created=created,
@@ -152,35 +151,32 @@ async def chat_completions(
             ChatChoice(
                 message=ChatChoiceMessage(content=done.text),
                 finish_reason=FINISH_REASONS.get(done.finish_reason, "stop"),
-                logprobs=None if done.logprobs is None else ChoiceLogprobs(
-                    content=services.logprob_text(done.logprobs)),
+                logprobs=None if done.logprobs is None else ChoiceLogprobs(content=list(done.logprobs)),
             )
         ],
-        usage=_usage(stats.prompt_tokens, stats.completion_tokens),
-        sources=plan.sources,
-        citations=answering.citations_of(plan).citations,
-        stats=answering.stats_out(stats, plan.question.mode),
+        usage=_usage(done.usage),
+        sources=list(done.sources),
+        citations=done.citations.citations,
+        stats=done.stats,
     )
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> ChatUsage:
-    return ChatUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+def _usage(usage: Usage) -> ChatUsage:
+    return ChatUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                     total_tokens=usage.prompt_tokens + usage.completion_tokens)
 
 
 class _Chunks:
     """One stream's ``chat.completion.chunk`` objects. With ``include_usage`` (OpenAI's ``stream_options``) every
     chunk has ``usage`` null and a last chunk without choices carries it; without, the finishing chunk does."""
 
-    def __init__(self, services: Services, completion_id: str, created: int, include_usage: bool) -> None:
-        self.base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                     "model": services.target.name}
+    def __init__(self, model: str, completion_id: str, created: int, include_usage: bool) -> None:
+        self.base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         self.include_usage = include_usage
-        self.services = services
 
     def __call__(self, delta: dict[str, Any], finish: str | None = None,
-                 logprobs: list[TokenLogprob] | None = None, **extra: Any) -> dict[str, Any]:
-        lp = None if logprobs is None else {"content": [e.model_dump() for e in self.services.logprob_text(logprobs)]}
+                 logprobs: Sequence[TokenLogprobOut] | None = None, **extra: Any) -> dict[str, Any]:
+        lp = None if logprobs is None else {"content": [e.model_dump() for e in logprobs]}
         choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         usage = {"usage": None} if self.include_usage else {}
         return {**self.base, "choices": [choice], **usage, **extra}
@@ -189,48 +185,28 @@ class _Chunks:
         return {**self.base, "choices": [], "usage": usage.model_dump()}
 
 
-async def _stream(
-    services: Services, prepare: Callable[[], Awaitable[Plan]], completion_id: str, created: int,
-    include_usage: bool = False,
-) -> AsyncIterator[ServerSentEvent]:
-    chunk = _Chunks(services, completion_id, created, include_usage)
-    try:  # the role chunk first: the stream's first bytes, before retrieval and the queue
-        yield frame(chunk({"role": "assistant", "content": ""}))
-        plan = await prepare()
-        answering.start(services, plan)
-        asked, sent = plan.question.logprobs is not None, 0
-        async for event in answering.events(plan):
-            if isinstance(event, PrefillEvent | Queued):  # a comment: OpenAI clients skip it, proxies see bytes
-                yield comment(json.dumps(answering.progress_out(event), separators=(",", ":")))
-            elif event.text:
-                sent += len(event.logprobs)
-                yield frame(chunk({"content": event.text}, logprobs=event.logprobs if asked else None))
-        await answering.finish(services, plan)
-        if plan.done is not None:
-            stats = plan.done.stats
-            usage = _usage(stats.prompt_tokens, stats.completion_tokens)
-            rest = plan.done.logprobs[sent:] if plan.done.logprobs is not None else None  # tokens of no text
+async def _stream(events: AsyncGenerator[AnswerEvent, None], chunk: _Chunks) -> AsyncIterator[ServerSentEvent]:
+    yield frame(chunk({"role": "assistant", "content": ""}))  # the first bytes, before retrieval and the queue
+    async for event in answering.in_band(events):
+        if isinstance(event, Waiting | Prefill):  # a comment: OpenAI clients skip it, proxies see bytes
+            yield comment(json.dumps(event.payload(), separators=(",", ":")))
+        elif isinstance(event, Token):
+            yield frame(chunk({"content": event.text}, logprobs=event.logprobs))
+        elif isinstance(event, Finished):
+            usage = _usage(event.usage)
             yield frame(
                 chunk(
                     {},
-                    FINISH_REASONS.get(plan.done.finish_reason, "stop"),
-                    logprobs=rest or None,
-                    **({} if include_usage else {"usage": usage.model_dump()}),
-                    sources=[s.model_dump() for s in plan.sources],
-                    citations=[c.model_dump() for c in answering.citations_of(plan).citations],
-                    stats=answering.stats_out(stats, plan.question.mode).model_dump(),
+                    FINISH_REASONS.get(event.finish_reason, "stop"),
+                    logprobs=event.trailing_logprobs or None,  # tokens whose text never showed (a stop string)
+                    **({} if chunk.include_usage else {"usage": usage.model_dump()}),
+                    sources=[s.model_dump() for s in event.sources],
+                    citations=[c.model_dump() for c in event.citations.citations],
+                    stats=event.stats.model_dump(),
                 )
             )
-            if include_usage:
+            if chunk.include_usage:
                 yield frame(chunk.usage(usage))
-        else:
-            yield frame({"error": {"code": "cancelled", "message": "the generation was cancelled"}})
-    except Exception as exc:  # after the stream began: report in band, then end it properly
-        err = translate(exc)
-        if err is None:
-            logger.exception("generation failed mid-stream")
-        code, message = (
-            (err.code, err.message) if err is not None else ("internal_error", "generation failed")
-        )
-        yield frame({"error": {"code": code, "message": message}})
+        elif isinstance(event, Failed):  # after the stream began: reported in band, then the stream ends properly
+            yield frame({"error": {"code": event.code, "message": event.message}})
     yield frame("[DONE]")
