@@ -78,7 +78,7 @@ class Services:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.target.model.config.vocab_size)
+        return self.target.model.vocab_size
 
     @functools.cached_property
     def logprob_text(self) -> LogprobText:

@@ -75,6 +75,7 @@ from decoding.cache.prefix import PrefixCache
 from decoding.runtime import kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadOptions
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.calibration import calibrate
 from decoding.speculative.engine import Engine
 
@@ -118,7 +119,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             from decoding.runtime.cpu_llama import CpuLlama
 
             kv = KV_TWINS[name.removeprefix("autoregressive_kv_")]
-            twin = dataclasses.replace(target, model=CpuLlama(target.model.weights, kv))
+            assert isinstance(target.model, CpuLlama)  # the twins are the quantized runtime's (all_methods)
+            twin = dataclasses.replace(target, model=CpuLlama(target.model.weights, kv, target.model.rope_tag))
             other_kv[name.removeprefix("autoregressive_kv_")] = Engine(twin, PrefixCache(byte_budget=6 << 30),
                                                                        config=ENGINE_CONFIG)
     bench = Bench(target, engine, args.max_new_tokens, cases, llama, other_kv)
@@ -218,7 +220,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "verify_cost_slope_s_per_1k_tokens": {
                 str(k): round(1000 * v, 5) for k, v in sorted(engine.policy.cost_slope.items())
             },
-            "cpu_kernels": target.runtime.startswith("cpu-quantized") or kernels_active(target.model),
+            "cpu_kernels": target.runtime.startswith("cpu-quantized")
+            or (isinstance(target.model, TorchRuntime) and kernels_active(target.model.module)),
             "llama_cpp": {name: worker.info for name, worker in llama.items()},
         },
         "memory": {

@@ -132,8 +132,7 @@ def lm_forward_vs_step(bench: Bench, case: Case, repeats: int) -> dict[str, Any]
     for _ in range(repeats + 2):  # the first of each warms up
         pos = torch.tensor([length], device=bench.target.device)
         t = time.perf_counter()
-        model(input_ids=torch.tensor([[root]], device=pos.device), position_ids=pos[None], past_key_values=cache,
-              cache_position=pos, use_cache=True, logits_to_keep=1)
+        model.forward(torch.tensor([[root]], device=pos.device), cache, pos[None], None, 1)
         step.append(time.perf_counter() - t)
         cache.truncate(length)
         t = time.perf_counter()

@@ -31,6 +31,7 @@ from decoding.drafters.racer import (
 from decoding.drafters.rapid import RapidDrafter
 from decoding.drafters.registry import DraftingKit, DraftLM, build_drafters
 from decoding.runtime.models import LoadedModel
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
@@ -221,9 +222,10 @@ def run_hf(bench: Bench, case: Case, **generate_kwargs: Any) -> Run:
     ids = torch.tensor([case.prompt.ids], device=target.device)  # [1, n]
     clock = _Clock()
     eos = list(target.eos_token_ids)
+    assert isinstance(target.model, TorchRuntime), "HF generate runs on the torch runtime"
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = target.model.generate(  # type: ignore[operator]
+        out = target.model.module.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=bench.max_new_tokens,

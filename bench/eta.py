@@ -37,6 +37,7 @@ from bench.decode import RagContext, make_cases
 from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
 from decoding.drafters.registry import DraftingKit, build_drafters
+from decoding.runtime.interface import TargetRuntime
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, SamplingParams
 from decoding.speculative.verify import one_step_output
@@ -45,14 +46,14 @@ logger = logging.getLogger("bench.eta")
 ETAS = (0.0, 5.0, 10.0, 20.0)
 
 
-def next_token_probs(model: Any, context: list[int], answer: list[int]) -> torch.Tensor:
+def next_token_probs(model: TargetRuntime, context: list[int], answer: list[int]) -> torch.Tensor:
     """softmax of the model's logits at every answer position (teacher forcing), ``[len(answer), vocab]``."""
-    cache = SlotCache(int(model.config.num_hidden_layers), len(context) + len(answer) + 8)
+    cache = SlotCache(model.num_layers, len(context) + len(answer) + 8)
     with torch.inference_mode():
         for i in range(0, len(context) - 1, 512):
-            model(input_ids=torch.tensor([context[i : min(i + 512, len(context) - 1)]]), past_key_values=cache)
+            model.forward(torch.tensor([context[i : min(i + 512, len(context) - 1)]]), cache)
         rows = [context[-1], *answer[:-1]]
-        logits = model(input_ids=torch.tensor([rows]), past_key_values=cache).logits[0]
+        logits = model.forward(torch.tensor([rows]), cache)  # [len(answer), vocab]
     return torch.softmax(logits.float(), dim=-1)
 
 

@@ -45,9 +45,10 @@ from bench.gpu_correctness import correctness
 from bench.gpu_models import SHAPES, branchy_tree, build_model, fill_random, target_of
 from decoding.cache.slot import SlotCache
 from decoding.drafters.rapid import DraftLM, RapidKVDrafter
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import DraftRequest, PromptInfo
 from decoding.speculative.engine import Engine, EngineConfig
-from decoding.speculative.generation import SamplingParams
+from decoding.speculative.metadata import SamplingMetadata
 from decoding.speculative.tree import DraftTree
 
 
@@ -73,7 +74,7 @@ class Plan:
 FULL = Plan("llama-3.1-8b", ("same", "llama-3.2-1b"), (8192, 32768, 130944), (1024, 4096), 4096, 20, 3)
 SMOKE = Plan("smoke", ("same", "smoke-1layer"), (64, 256), (32, 128), 32, 3, 1, prompts=2, new_tokens=16,
              correctness_shape="smoke")
-GREEDY = SamplingParams()
+GREEDY = SamplingMetadata()  # a greedy verify that reports nothing beside its tokens
 
 
 class Skip(Exception):  # noqa: N818  (not an error: a measurement left out)
@@ -158,7 +159,7 @@ def subset_rows(context: int, rows: int, chunks: int = 8) -> list[tuple[int, int
 def measure_context(run: Run, engine: Engine, context: int, rng: random.Random) -> dict[str, Any]:
     """A plain step, verify chains, the branchy tree and a rapid_kv token over a random ``context``-row cache."""
     plan, model = run.plan, engine.model
-    vocab = int(model.config.vocab_size)
+    vocab = model.vocab_size
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)  # the row's peak: weights + this cache
     t = time.perf_counter()
@@ -170,7 +171,7 @@ def measure_context(run: Run, engine: Engine, context: int, rng: random.Random) 
 
     def verify(tree: DraftTree) -> Callable[[], dict[str, Any]]:
         def step() -> None:
-            engine.verify(root, tree, cache, GREEDY, None)
+            engine.verify(root, tree, cache, GREEDY)
             cache.truncate(context)
 
         return lambda: run.timed(step)
@@ -201,9 +202,9 @@ def measure_context(run: Run, engine: Engine, context: int, rng: random.Random) 
 
 def measure_rapid(run: Run, target: Any, drafter_shape: str, rng: random.Random) -> list[dict[str, Any]]:
     """One rapid drafter token (``DraftLM.feed``) on its own random cache of each ``plan.draft_rows`` size."""
-    model = target if drafter_shape == "same" else build_model(drafter_shape, run.device, target.dtype)
+    model = TorchRuntime(target if drafter_shape == "same" else build_model(drafter_shape, run.device, target.dtype))
     lm = DraftLM(model, run.device)
-    token = rng.randrange(int(model.config.vocab_size))
+    token = rng.randrange(model.vocab_size)
     results = []
     for rows in run.plan.draft_rows:
         def one(rows: int = rows) -> dict[str, Any]:

@@ -99,9 +99,9 @@ def correctness(device: torch.device, n_prompts: int, new_tokens: int, shape: st
             entry: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "spec_first_mismatch":
                      first_mismatch(spec.token_ids, ar.token_ids), "steps": spec.stats.steps,
                      "accepted": spec.stats.accepted, "tokens": len(ar.token_ids)}  # fmt: skip
-            if dtype == torch.float32:
-                entry["nocache_first_mismatch"] = first_mismatch(nocache_greedy(engine.model, ids, new_tokens,
-                                                                                device), ar.token_ids)  # fmt: skip
+            if dtype == torch.float32:  # the fp32 engine runs ``model`` itself
+                entry["nocache_first_mismatch"] = first_mismatch(nocache_greedy(model, ids, new_tokens, device),
+                                                               ar.token_ids)  # fmt: skip
             per.append(entry)
         rows += per
         agreed = sum(e["tokens"] if e["spec_first_mismatch"] is None else e["spec_first_mismatch"] for e in per)

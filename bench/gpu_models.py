@@ -17,6 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from decoding.cache.slot import SlotCache
 from decoding.cache.slot import fill_random as fill_random_rows
 from decoding.runtime.attention import use_grouped_sdpa
+from decoding.runtime.interface import TargetRuntime
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.tree import ROOT, DraftTree
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -50,7 +52,7 @@ class IdTokenizer:
 class RandomTarget:
     """A random-weight model as the engine's ``TargetModel``."""
 
-    model: Any
+    model: TargetRuntime
     tokenizer: Any
     name: str
     device: torch.device
@@ -75,14 +77,15 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> LlamaFo
 
 
 def target_of(model: Any, device: torch.device, name: str) -> RandomTarget:
-    window = int(model.config.max_position_embeddings)
-    return RandomTarget(model, IdTokenizer(), name, device, (), window)
+    """A transformers model on the torch runtime as the engine's target, its whole window."""
+    runtime = TorchRuntime(model)
+    return RandomTarget(runtime, IdTokenizer(), name, device, (), runtime.max_positions)
 
 
-def fill_random(cache: SlotCache, model: Any, rows: int) -> None:
+def fill_random(cache: SlotCache, model: TargetRuntime, rows: int) -> None:
     """Make ``rows`` random key/value rows live in every layer of ``cache`` (on the model's device and dtype):
     ``decoding.cache.slot.fill_random``, which the GPU calibration uses too."""
-    fill_random_rows(cache, model.config, rows, model.dtype, next(model.parameters()).device)
+    fill_random_rows(cache, model.config, rows, model.dtype, model.device)
 
 
 def branchy_tree(branches: int, depth: int, vocab: int, rng: random.Random) -> DraftTree:

@@ -217,3 +217,29 @@ def test_app_rooms_import_one_way() -> None:
     assert "app.serving.scheduler" in graph["app.answering.pipeline"]  # the graph is read
     violations = _app_rooms_violations(graph)
     assert not violations, violations
+
+
+def test_the_engine_and_the_drafters_reach_no_concrete_runtime() -> None:
+    """``decoding.speculative`` and ``decoding.drafters`` call a runtime only through its protocol: of
+    ``decoding.runtime`` they reach, directly or through any other module (function-local imports count), only
+    ``interface`` (``TargetRuntime``, ``BatchItem``, ``CHUNK_ROWS``) and ``host`` (device-to-host transfers, no
+    model); never a runtime (``cpu_llama``, ``torch_runtime``), the loader, the kernels or the attention paths."""
+    allowed = {"decoding.runtime.interface", "decoding.runtime.host"}
+    graph = _import_graph(_module_names())
+    assert "decoding.runtime.interface" in graph["decoding.speculative.engine"]  # the graph is read
+    assert "decoding.runtime.torch_runtime" in graph["decoding.runtime.models"]  # and sees a runtime import
+
+    def reached(module: str) -> set[str]:
+        seen, todo = set(), [module]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    rooms = [m for m in graph if m.split(".")[:2] in (["decoding", "speculative"], ["decoding", "drafters"])]
+    assert "decoding.drafters.rapid" in rooms and "decoding.speculative.batching" in rooms
+    found = sorted(f"{m} -> {d}" for m in rooms for d in reached(m)
+                   if d.split(".")[:2] == ["decoding", "runtime"] and d not in allowed)
+    assert not found, found

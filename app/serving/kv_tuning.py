@@ -31,7 +31,6 @@ from decoding.cache.memory import (
     DEVICE_MARGIN_BYTES,
     device_kv_budget,
     host_kv_budget,
-    kv_bytes_per_token,
     largest_window,
 )
 from decoding.errors import ModelLoadError
@@ -117,7 +116,7 @@ def kv_budgets(
     sized from the target's device as the module says. Call once every model is loaded: on CUDA it raises
     ``ModelLoadError`` when the window does not fit the device (``check_window_fits``)."""
     on_cuda = target.device.type == "cuda"
-    per_token = kv_bytes_per_token(target.model.config, target.dtype) if on_cuda else 0
+    per_token = target.model.kv_bytes_per_token() if on_cuda else 0
     free = check_window_fits(target) if on_cuda else 0
     device_bytes = kv_cache_bytes
     if device_bytes == "auto":
@@ -137,7 +136,7 @@ def check_window_fits(target: LoadedModel) -> int:
     full window plus ``DEVICE_MARGIN_BYTES``. Raises ``ModelLoadError`` otherwise, naming the largest window that
     fits: without this check the start succeeds and the first long request runs out of device memory."""
     free = free_device_bytes(target.device)
-    per_token = kv_bytes_per_token(target.model.config, target.dtype)
+    per_token = target.model.kv_bytes_per_token()
     needed = per_token * target.max_context + DEVICE_MARGIN_BYTES
     if free < needed:
         gib, fits = 2**30, largest_window(free, per_token)

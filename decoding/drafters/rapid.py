@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from decoding.cache.slot import SlotCache
+from decoding.runtime.interface import TargetRuntime
 from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo
 from decoding.speculative.generation import SamplingParams
 from decoding.speculative.tree import ROOT, DraftTree
@@ -55,16 +56,16 @@ def fit_width(logits: torch.Tensor, width: int | None) -> torch.Tensor:
 class DraftLM:
     """A causal LM with its own KV cache: forwards tokens and returns the last position's logits.
 
-    ``model`` answers the transformers causal-LM call (``decoding.runtime.cpu_llama.CpuLlama`` does too); ``vocab``
-    is its embedding's row count (0 when its config does not say): ids at or past it cannot be fed.
+    ``model`` is a target runtime (``decoding.runtime.interface.TargetRuntime``: the target's own, or a smaller
+    model's); ``vocab`` is its logits' width: ids at or past it cannot be fed.
     """
 
-    def __init__(self, model: Any, device: torch.device | str = "cpu") -> None:
+    def __init__(self, model: TargetRuntime, device: torch.device | str = "cpu") -> None:
         self.model = model
         self.device = torch.device(device)
-        self.num_layers = int(model.config.num_hidden_layers)
-        self.window = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        self.vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+        self.num_layers = model.num_layers
+        self.window = model.max_positions or 1 << 30
+        self.vocab = model.vocab_size
         self.cache = SlotCache(self.num_layers, 256)
 
     @property
@@ -83,16 +84,9 @@ class DraftLM:
         for i in range(0, len(ids), PREFILL_CHUNK):
             part = list(ids[i : i + PREFILL_CHUNK])
             start = self.cache.length
-            pos = torch.arange(start, start + len(part), device=self.device)
-            out = self.model(
-                input_ids=torch.tensor([part], dtype=torch.long, device=self.device),
-                position_ids=pos.unsqueeze(0),
-                past_key_values=self.cache,
-                cache_position=pos,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            last = out.logits[0, -1]
+            pos = torch.arange(start, start + len(part), device=self.device)  # [n]
+            ids_t = torch.tensor([part], dtype=torch.long, device=self.device)  # [1, n]
+            last = self.model.forward(ids_t, self.cache, pos.unsqueeze(0), None, logits_to_keep=1)[-1]
         assert last is not None, "nothing to feed"
         return last.detach().float().cpu()
 
@@ -260,13 +254,13 @@ class RapidKVDrafter(RapidDrafter):
 
     name = "rapid_kv"
 
-    def __init__(self, model: Any, sampling: SamplingParams | None = None, **kw: Any) -> None:
+    def __init__(self, model: TargetRuntime, sampling: SamplingParams | None = None, **kw: Any) -> None:
         # its inputs and mask go where the target is (a GPU target's own device, not the CPU)
-        super().__init__(DraftLM(model, getattr(model, "device", "cpu")), sampling, **kw)
+        super().__init__(DraftLM(model, model.device), sampling, **kw)
         self.model = model
         self._cache: SlotCache | None = None
         self._seen = torch.zeros(0, dtype=torch.bool)  # prompt rows the drafter reads
-        self._dtype: torch.dtype = getattr(model, "dtype", torch.float32)
+        self._dtype: torch.dtype = model.dtype
 
     def begin(self, prompt: PromptInfo) -> None:
         self.reset()
@@ -301,14 +295,6 @@ class RapidKVDrafter(RapidDrafter):
         visible[: len(self._seen)] = self._seen
         mask = torch.zeros(1, 1, 1, length + 1, dtype=self._dtype, device=self.lm.device)
         mask[0, 0, 0].masked_fill_(~visible.to(self.lm.device), torch.finfo(self._dtype).min)
-        pos = torch.tensor([length], device=self.lm.device)
-        out = self.model(
-            input_ids=torch.tensor([[token]], dtype=torch.long, device=self.lm.device),
-            position_ids=pos.unsqueeze(0),
-            attention_mask=mask,
-            past_key_values=self._cache,
-            cache_position=pos,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[0, -1].detach().float().cpu()
+        pos = torch.tensor([[length]], device=self.lm.device)  # [1, 1]
+        ids = torch.tensor([[token]], dtype=torch.long, device=self.lm.device)  # [1, 1]
+        return self.model.forward(ids, self._cache, pos, mask, logits_to_keep=1)[-1].detach().float().cpu()

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import RacerFactory
 from decoding.drafters.rapid import DraftLM, RapidDrafter, RapidKVDrafter
 from decoding.errors import DecodingError
+from decoding.runtime.interface import TargetRuntime
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.generation import SamplingParams
 
@@ -33,7 +33,7 @@ class DraftingKit:
     racer: RacerFactory | None = None  # RACER's process-wide state (logits table, cross-session tier)
     tenant: str = ""  # keys RACER's cross-session tier
     draft_lm: Callable[[], DraftLM] | None = None  # a fresh KV cache on the RAG drafter's LM
-    target_model: Any = None  # the target itself (the KV-subset drafter drafts with it over its own cache)
+    target_model: TargetRuntime | None = None  # the target (the KV-subset drafter drafts with it over its own cache)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
@@ -54,7 +54,7 @@ def _rapid(kit: DraftingKit) -> Drafter:
     if kit.draft_lm is None:
         raise ModeUnavailable("the RAG drafter LM (RAPID) is not loaded in this process")
     # the drafter LM's logits may be wider or narrower than the target's (same tokenizer, padded heads)
-    width = None if kit.target_model is None else int(kit.target_model.config.vocab_size)
+    width = None if kit.target_model is None else kit.target_model.vocab_size
     return RapidDrafter(kit.draft_lm(), kit.sampling, width=width)
 
 

@@ -44,9 +44,9 @@ def verify_gguf_dir(gguf_dir: Path) -> None:
     try:
         loaded = load_model(str(gguf_dir), LoadOptions(device="cpu"))
         bos = loaded.tokenizer.convert_tokens_to_ids(BOS)
-        cache = SlotCache(int(loaded.model.config.num_hidden_layers), 4)
+        cache = SlotCache(loaded.model.num_layers, 4)
         with torch.inference_mode():
-            logits = loaded.model(torch.tensor([[bos]]), past_key_values=cache).logits
+            logits = loaded.model.forward(torch.tensor([[bos]]), cache)  # [1, vocab]
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"bundled model at {gguf_dir} does not load: {exc}") from exc
     if logits.shape[-1] != loaded.vocab_size or not torch.isfinite(logits).all():

@@ -10,8 +10,9 @@ a layer: no per-op Python, no transformers module tree on the hot path, the GIL 
 stay in their GGUF block formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is
 quantized at load.
 
-It answers the same call as a transformers causal LM (``input_ids``, ``position_ids``, an additive tree mask,
-a ``SlotCache`` as ``past_key_values``, ``logits_to_keep``), so the engine drives it like any target. Every
+It is a ``decoding.runtime.interface.TargetRuntime`` (the engine drives it through that protocol alone), and it
+also answers the transformers causal-LM call (``input_ids``, ``position_ids``, an additive tree mask, a
+``SlotCache`` as ``past_key_values``, ``logits_to_keep``), which references in tests compare with. Every
 output element is computed by the same operations whatever the number of rows in the forward (see the C
 file), so a draft-tree node's logits equal its logits decoded alone, bit for bit, at any thread count. Several
 sequences, each on its own cache, run in one forward (``forward_batch``): the linear layers read each weight once
@@ -37,6 +38,7 @@ from decoding.cache.slot import SlotCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.attention import _visibility
+from decoding.runtime.interface import CHUNK_ROWS, BatchItem, additive_tree_mask
 from decoding.runtime.llama_weights import (  # re-exported: the runtime's public names stay importable from here
     LayerWeights,
     LlamaWeights,
@@ -62,7 +64,6 @@ __all__ = [
 ]
 
 KV_STORAGE = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # int8: per 32 values with fp32 scales
-CHUNK_ROWS = 128  # rows per kernel forward: longer causal inputs (prefill) run in chunks of this size
 
 
 def rotary_frequencies(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
@@ -95,17 +96,6 @@ def rotary_tables(config: PretrainedConfig, positions: int) -> tuple[torch.Tenso
     inv_freq, scaling = rotary_frequencies(config)
     freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [P, D/2]
     return (freqs.cos() * scaling).contiguous(), (freqs.sin() * scaling).contiguous()
-
-
-@dataclass(frozen=True)
-class BatchItem:
-    """One sequence's rows in a batched forward (``CpuLlama.forward_batch``): as the arguments of one call."""
-
-    input_ids: torch.Tensor  # [n] or [1, n]
-    cache: SlotCache
-    position_ids: torch.Tensor | None = None
-    attention_mask: torch.Tensor | None = None  # a tree's 0 / -inf visibility [1, 1, n, L + n]; None: causal
-    logits_to_keep: int = 0  # 0: every row's
 
 
 @dataclass
@@ -198,13 +188,15 @@ class _Buffers:
 
 
 class CpuLlama:
-    """The target's forward on quantized weights (batch 1, CPU, fp32 activations, fp32 / fp16 / bf16 / int8 KV;
-    by default bf16 where the attention runs on the tiles, fp16 elsewhere)."""
+    """The target's forward on quantized weights (CPU, fp32 activations, fp32 / fp16 / bf16 / int8 KV; by default
+    bf16 where the attention runs on the tiles, fp16 elsewhere), one sequence or a batch of them per forward: a
+    ``TargetRuntime``. ``rope_tag`` names a rope scaling the loader wrote into the config (in ``runtime_tag``)."""
 
     dtype = torch.float32  # activations and logits
     device = torch.device("cpu")
+    batches = True  # forward_batch: one forward for every item, each row what it is alone
 
-    def __init__(self, weights: LlamaWeights, kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, weights: LlamaWeights, kv_dtype: torch.dtype | None = None, rope_tag: str = "") -> None:
         lib = kernels.load()
         if lib is None:
             raise ModelLoadError(f"the quantized CPU runtime needs the CPU kernels: {kernels.unavailable_reason()}")
@@ -217,7 +209,9 @@ class CpuLlama:
         self.config = weights.config
         check_supported(self.config)
         self.kv_dtype = kv_dtype
-        self.runtime_tag = f"{weights.source}/kv-{str(kv_dtype).removeprefix('torch.')}"
+        self.rope_tag = rope_tag
+        kind = f"cpu-quantized+{rope_tag}" if rope_tag else "cpu-quantized"
+        self.runtime_tag = f"{kind}:{weights.source}/kv-{str(kv_dtype).removeprefix('torch.')}"
         e, h, g, d, inter = llama_dims(self.config)
         if kv_dtype == torch.int8 and d % 32:
             raise ModelLoadError(f"an int8 KV cache quantizes per 32 values: head size {d} is not a multiple of 32")
@@ -234,6 +228,14 @@ class CpuLlama:
     @property
     def num_layers(self) -> int:
         return len(self.weights.layers)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.weights.nbytes)
 
     def _buffers(self) -> _Buffers:
         buf: _Buffers | None = getattr(self._local, "buffers", None)
@@ -270,6 +272,27 @@ class CpuLlama:
                 vis = _visibility(None, c1 - c0, start + c1)
                 self._layers(x[c0:c1], [_Part(c1 - c0, pos[c0:c1], cache, start + c0, vis)])
         return SimpleNamespace(logits=self._head(x, keep).unsqueeze(0))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [1, n]
+        cache: SlotCache,
+        position_ids: torch.Tensor | None = None,  # [1, n]
+        attention_mask: torch.Tensor | None = None,  # [1, 1, n, L + n] additive (tree_mask's) or None (causal)
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        """One sequence's rows on its cache: the kept logits ``[keep, V]`` (a causal input of any length runs in
+        chunks of ``CHUNK_ROWS``, a tree takes at most ``kernels.MAX_ROWS`` rows)."""
+        out = kernels.run_on_kernel_thread(self._call, input_ids, position_ids, attention_mask, cache, logits_to_keep)
+        return out.logits[0]  # type: ignore[no-any-return]
+
+    def tree_mask(self, ancestors: torch.Tensor, past: int) -> torch.Tensor:
+        """A draft tree's 0 / -inf visibility ``[1, 1, n, past + n]`` (fp32), which the kernels read back as the
+        tree's paths."""
+        return additive_tree_mask(ancestors, past, self.dtype)
+
+    def validate(self, item: BatchItem) -> None:
+        self.check(item)
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
         """Several sequences, each on its own cache, in one forward per layer: the weights are read once for all

@@ -4,7 +4,8 @@
 model dir, or a hub id (resolved from the local HF cache; downloads only where the caller allows it and a
 hub is reachable — transformers honours ``HF_HUB_OFFLINE`` itself). On a CPU the model runs on the
 quantized runtime (``decoding.runtime.cpu_llama``); on a GPU, or where the CPU kernels cannot be built, on
-transformers (on a GPU loaded there directly, not built in host memory first). ``rope_scaling`` rewrites the
+transformers (``decoding.runtime.torch_runtime``; on a GPU loaded there directly, not built in host memory first).
+Either way ``LoadedModel.model`` is a ``TargetRuntime`` (``decoding.runtime.interface``). ``rope_scaling`` rewrites the
 model's rotary scaling at load and raises its window to what that scaling supports (``apply_rope_scaling``);
 ``with_context_window`` sets the window a service uses, never beyond it.
 """
@@ -25,9 +26,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.runtime.attention import use_grouped_sdpa
 from decoding.runtime.bundled import BUNDLED
+from decoding.runtime.interface import TargetRuntime
 from decoding.runtime.kernels import load as load_kernels
 from decoding.runtime.kernels import unavailable_reason, use_cpu_kernels
 from decoding.runtime.rope import check_original_positions, check_rope_scaling
+from decoding.runtime.torch_runtime import TorchRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ KV_DTYPES = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16,
 class LoadedModel:
     """A causal LM ready for inference with its tokenizer and the facts the engine needs."""
 
-    model: Any  # a transformers PreTrainedModel in eval mode, or decoding.runtime.cpu_llama.CpuLlama
+    model: TargetRuntime  # decoding.runtime.cpu_llama.CpuLlama, or a transformers model in a TorchRuntime
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
     name: str
     device: torch.device
@@ -51,10 +54,18 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     max_context: int  # config.max_position_embeddings (raised by rope_scaling), or less: with_context_window
     vocab_size: int  # width of the logits (config.vocab_size)
-    # "torch:<dtype>" or "cpu-quantized:<weights>/kv-<dtype>", with "+rope-..." after the first word when
-    # load_model rewrote the rope scaling: the engine keys caches on it, so KV of another rope is never reused
-    runtime: str = "torch"
-    weight_bytes: int = 0  # bytes of the served weights
+
+    @property
+    def runtime(self) -> str:
+        """``"torch:<dtype>"`` or ``"cpu-quantized:<weights>/kv-<dtype>"``, with ``"+rope-..."`` after the first word
+        when load_model rewrote the rope scaling (the runtime's tag: the engine keys caches on it, so KV of another
+        rope is never reused)."""
+        return self.model.runtime_tag
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the served weights."""
+        return self.model.weight_bytes
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -271,31 +282,27 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
         if o.rope_scaling is not None and not (quantized and gguf is not None):  # a GGUF's config: weights_from_gguf
             config = _load_config(source, gguf, o.local_files_only)
             rope_tag = apply_rope_scaling(config, o.rope_scaling)
+        model: TargetRuntime
         if quantized:
-            model, gguf_rope_tag = _load_quantized(source, gguf, o, config)
-            rope_tag = rope_tag or gguf_rope_tag
+            model = _load_quantized(source, gguf, o, config, rope_tag)
             generation_config = _generation_config(Path(source) if Path(source).is_dir() else Path(source).parent)
         else:
-            model = _load_torch(source, gguf, dt, o.local_files_only, dev, config)
+            module = _load_torch(source, gguf, dt, o.local_files_only, dev, config)
             if dev.type != "cuda":  # a GPU load is there already (device_map)
-                model.to(dev)  # in place
-            use_grouped_sdpa(model)  # CPU: no KV head repetition under tree masks
+                module.to(dev)  # in place
+            use_grouped_sdpa(module)  # CPU: no KV head repetition under tree masks
             if o.cpu_kernels:
-                use_cpu_kernels(model)
-            generation_config = model.generation_config
+                use_cpu_kernels(module)
+            generation_config = module.generation_config
+            model = TorchRuntime(module, rope_tag)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model {spec!r}: {exc}") from exc
     eos = _eos_ids(model.config, generation_config, tokenizer)
     if not eos:
         raise ModelLoadError(f"model {spec!r} defines no EOS token")
-    max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    max_context = model.max_positions
     if max_context <= 0:
         raise ModelLoadError(f"model {spec!r} has no max_position_embeddings in its config")
-    runtime = f"cpu-quantized:{model.runtime_tag}" if quantized else f"torch:{str(dt).removeprefix('torch.')}"
-    if rope_tag:  # after the first word: checks of the runtime's kind by prefix still hold
-        kind, _, rest = runtime.partition(":")
-        runtime = f"{kind}+{rope_tag}:{rest}"
-    weight_bytes = model.weights.nbytes if quantized else sum(p.numel() * p.element_size() for p in model.parameters())
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -304,12 +311,10 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
         dtype=dt,
         eos_token_ids=eos,
         max_context=max_context,
-        vocab_size=int(model.config.vocab_size),
-        runtime=runtime,
-        weight_bytes=weight_bytes,
+        vocab_size=model.vocab_size,
     )
-    logger.info("loaded %s on %s (%s, %.0f MB of weights, %d-token window, eos %s)", name, dev, runtime,
-                weight_bytes / 1e6, max_context, eos)
+    logger.info("loaded %s on %s (%s, %.0f MB of weights, %d-token window, eos %s)", name, dev, loaded.runtime,
+                loaded.weight_bytes / 1e6, max_context, eos)
     return loaded
 
 
@@ -337,15 +342,16 @@ def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_onl
     return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
 
 
-def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any = None) -> tuple[Any, str]:
-    """The quantized CPU runtime's model (an HF model built from ``config`` when given), and the tag of the
-    rope scaling written here into a GGUF's config before its rotary tables are made (else ``""``)."""
+def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any = None,
+                    rope_tag: str = "") -> TargetRuntime:
+    """The quantized CPU runtime's model (an HF model built from ``config`` when given, ``rope_tag`` naming the
+    rope scaling written into it); a GGUF's config gets ``o.rope_scaling`` here, before its rotary tables are
+    made."""
     from decoding.runtime.cpu_llama import CpuLlama
     from decoding.runtime.llama_weights import weights_from_gguf, weights_from_hf
     from decoding.runtime.quant import NAMES, WeightType
 
     kind = NAMES.get(o.cpu_quant, WeightType.Q8_0)
-    rope_tag = ""
     if gguf is not None:
         weights = weights_from_gguf(gguf, fallback=kind)
         if o.rope_scaling is not None:
@@ -356,7 +362,7 @@ def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any 
                                                      **extra)
         weights = weights_from_hf(dense, kind)
         del dense
-    return CpuLlama(weights, KV_DTYPES[o.kv_dtype]), rope_tag
+    return CpuLlama(weights, KV_DTYPES[o.kv_dtype], rope_tag)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

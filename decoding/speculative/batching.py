@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoding.runtime.cpu_llama import BatchItem
+from decoding.runtime.interface import BatchItem
 
 RunBatch = Callable[[Sequence[BatchItem]], list[torch.Tensor]]
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from decoding.cache.slot import SlotCache, fill_random
-from decoding.speculative.generation import SamplingParams
+from decoding.speculative.metadata import SamplingMetadata
 from decoding.speculative.prefill import drain
 from decoding.speculative.tree import DraftTree
 
@@ -79,7 +79,7 @@ def _verify_costs(
     fill: bool | None,
 ) -> tuple[int, dict[int, float]] | None:
     """``verify_costs``, or None if ``cancel`` was set on the way."""
-    vocab = int(engine.model.config.vocab_size)
+    vocab = engine.model.vocab_size
     longest = engine.max_context - max(sizes) - 2
     context_tokens = max(1, min(context_tokens, longest))
     if fill is None:
@@ -115,7 +115,7 @@ def time_verifies(
 ) -> dict[int, float] | None:
     """Median seconds of a verify forward over a random chain of each size in ``sizes`` after ``root`` on
     ``cache`` (left as it was), sizes round-robin; None if ``cancel`` was set on the way."""
-    vocab = int(engine.model.config.vocab_size)
+    vocab = engine.model.vocab_size
     base = cache.length
     times: dict[int, list[float]] = {b: [] for b in sizes}
     with torch.inference_mode():
@@ -125,7 +125,7 @@ def time_verifies(
                     return None
                 chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
                 t = time.perf_counter()
-                engine.verify(root, chain, cache, SamplingParams(), None)
+                engine.verify(root, chain, cache, SamplingMetadata())  # a greedy step
                 seen.append(time.perf_counter() - t)
                 cache.truncate(base)
     return {b: statistics.median(v) for b, v in times.items()}

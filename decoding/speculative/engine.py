@@ -11,7 +11,30 @@ Measuring verify costs for the policy is not the engine's job (``decoding.specul
 Every step verifies ``root + draft tree`` in one target forward with a tree attention mask on top of the
 cached prefix. With no drafters (or a budget of 0) the tree is empty and the step is one plain
 autoregressive forward, so the baseline and speculative decoding share every line but the drafting.
-The engine never branches on who drafted: it merges whatever trees the drafters return.
+The engine never branches on who drafted: it merges whatever trees the drafters return, and never asks which
+runtime it has: the target is a ``decoding.runtime.interface.TargetRuntime`` (one forward, a batched forward, KV
+sizing, shared prefix blocks, its tag), and each step's sampling state is one ``SamplingMetadata``.
+
+Words, as the engine uses them (``decoding.speculative.verify`` defines the verifier's):
+
+- **target**: the model whose output is the answer; every emitted token is the target's choice.
+- **drafter**: anything that guesses the target's next tokens (n-gram lookup, a logits table, an LM over the
+  retrieved chunks); it proposes, never decides.
+- **draft tree**: one step's guesses, every drafter's merged: **nodes** (a token each) under the step's root, a
+  path from the root being one guessed continuation; siblings are alternatives at the same position.
+- **root**: the last emitted token, not yet in the KV cache; every step's forward starts with it.
+- **verify**: one target forward over root + draft tree with a tree mask (each row sees the cached prefix and its
+  own ancestors), then the verdict on the logits: which path the target agrees with.
+- **accepted**: the nodes of the path the target agrees with (greedy: equal to its argmax; sampling: passed the
+  rejection test), in path order; their KV rows are kept, every other node's dropped (``SlotCache.compact``).
+- **bonus**: the target's own token after the last accepted node, emitted too; it becomes the next root. Where
+  every child of that node was rejected under sampling it is the **recovered** token, drawn from what the
+  rejections left of p; otherwise a draw from p (greedy: its argmax).
+- **acceptance length**: tokens emitted per verify step, accepted + 1 bonus (``GenerationStats``): 1 for plain
+  decoding, more when drafts land.
+- **plain step**: a verify with an empty tree, the root alone: autoregressive decoding, sharing every line of
+  the speculative step but the drafting.
+- **budget**: the most draft nodes a step may verify; the policy picks the part of the tree worth its cost.
 """
 
 from __future__ import annotations
@@ -29,8 +52,7 @@ from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
 from decoding.errors import ContextTooLong
 from decoding.runtime import host
-from decoding.runtime.attention_cuda import describe_tree_mask
-from decoding.runtime.cpu_llama import CHUNK_ROWS, BatchItem
+from decoding.runtime.interface import CHUNK_ROWS, BatchItem, TargetRuntime
 from decoding.speculative.batching import ForwardBatcher
 from decoding.speculative.budget import BudgetPolicy, TreeSelector
 from decoding.speculative.coupled import SeededNoise, verify_coupled
@@ -45,6 +67,7 @@ from decoding.speculative.generation import (
     TokenEvent,
     TokenLogprob,
 )
+from decoding.speculative.metadata import SamplingMetadata
 from decoding.speculative.prefill import PromptReader, default_prefill_chunk, segment_ends
 from decoding.speculative.shaping import LogitShaper, row_paths, token_logprobs
 from decoding.speculative.stats import GenerationStats
@@ -56,7 +79,7 @@ class TargetModel(Protocol):
     """What the engine needs of a loaded target (``decoding.runtime.models.LoadedModel`` satisfies it)."""
 
     @property
-    def model(self) -> Any: ...
+    def model(self) -> TargetRuntime: ...
     @property
     def tokenizer(self) -> Any: ...
     @property
@@ -67,17 +90,6 @@ class TargetModel(Protocol):
     def eos_token_ids(self) -> tuple[int, ...]: ...
     @property
     def max_context(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class RowShaping:
-    """What a verify forward's rows need beyond the logits: the request's logit shaping (None: none) applied with
-    each row's path after ``answer`` (the tokens emitted so far), and ``logprobs`` (None: off; else how many of
-    the most likely tokens to report with each emitted token's log-probability)."""
-
-    shaper: LogitShaper | None = None
-    answer: Sequence[int] = ()
-    logprobs: int | None = None
 
 
 class Judgement(NamedTuple):
@@ -105,9 +117,9 @@ class EngineConfig:
 
 
 class Engine:
-    """Runs generations. On a target with ``forward_batch`` (the CPU runtime) generations in several threads at
-    once share each forward (``decoding.speculative.batching``), each answer as it would be alone; on other
-    targets (torch) callers run one generation at a time."""
+    """Runs generations. On a runtime that batches (``TargetRuntime.batches``: the CPU runtime) generations in
+    several threads at once share each forward (``decoding.speculative.batching``), each answer as it would be
+    alone; on others (torch) callers run one generation at a time."""
 
     def __init__(
         self,
@@ -121,20 +133,17 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
         self.policy = policy or BudgetPolicy(max_budget=self.config.max_budget)
-        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.num_layers = self.model.num_layers
         self.eos = set(target.eos_token_ids)
-        self._float_dtype: torch.dtype = self.model.dtype
-        self._vocab = int(self.model.config.vocab_size)
-        # prefix KV computed by another runtime (fp32 torch, fp16-KV quantized...) is never reused
-        cache_model = f"{target.name}|{getattr(target, 'runtime', 'torch')}"
+        self._vocab = self.model.vocab_size
+        # prefix KV computed by another runtime (fp32 torch, fp16-KV quantized, another rope...) is never reused
+        cache_model = f"{target.name}|{self.model.runtime_tag}"
         chunk = self.config.prefill_chunk
-        forward_batch = getattr(self.model, "forward_batch", None)
-        self.batcher = (ForwardBatcher(forward_batch, CHUNK_ROWS, self.config.prefill_rows)
-                        if forward_batch is not None else None)
+        self.batcher = (ForwardBatcher(self.model.forward_batch, CHUNK_ROWS, self.config.prefill_rows)
+                        if self.model.batches else None)
         self.reader = PromptReader(self._forward, prefix_cache, cache_model, self.device,
                                    default_prefill_chunk(self.device) if chunk is None else chunk,
-                                   self.config.prompt_topk, self._vocab, getattr(self.model, "share_block", 0),
-                                   self._away)
+                                   self.config.prompt_topk, self._vocab, self.model.share_block, self._away)
 
     @property
     def max_context(self) -> int:
@@ -146,13 +155,7 @@ class Engine:
 
     def kv_bytes(self, tokens: int) -> int:
         """Bytes a generation's KV cache of ``tokens`` rows takes (what admission counts against the pool)."""
-        per_token = getattr(self.model, "kv_bytes_per_token", None)
-        if per_token is not None:
-            return int(per_token()) * tokens
-        cfg = self.model.config
-        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        return self.num_layers * 2 * heads * head_dim * self._float_dtype.itemsize * tokens
+        return self.model.kv_bytes_per_token() * tokens
 
     def cache_rows(self, prompt_tokens: int, config: GenerationConfig) -> int:
         """The rows a generation's cache holds at most: its prompt, the answer and one step's draft tree."""
@@ -169,28 +172,12 @@ class Engine:
         mask: torch.Tensor | None = None,  # [1, 1, n, L + n] additive
         all_logits: bool = True,
     ) -> torch.Tensor:
+        keep = 0 if all_logits else 1
         if self.batcher is not None:
-            item = BatchItem(input_ids, cache, position_ids, mask, 0 if all_logits else 1)
-            self.model.check(item)  # a bad item fails its own request, not the batch it would join
+            item = BatchItem(input_ids, cache, position_ids, mask, keep)
+            self.model.validate(item)  # a bad item fails its own request, not the batch it would join
             return self.batcher.forward(item)
-        start = cache.length
-        n = input_ids.shape[1]
-        cache_position = torch.arange(start, start + n, device=self.device)
-        if position_ids is None:
-            position_ids = cache_position.unsqueeze(0)
-        kwargs: dict[str, Any] = {}
-        if not all_logits:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask,
-            past_key_values=cache,
-            cache_position=cache_position,
-            use_cache=True,
-            **kwargs,
-        )
-        return out.logits[0]  # type: ignore[no-any-return]
+        return self.model.forward(input_ids, cache, position_ids, mask, keep)
 
     def prefill(self, ids: Sequence[int], cache: SlotCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``ids`` into ``cache`` (no prefix cache); return the last logits ``[vocab]`` and top-k ``[n, k]``
@@ -203,12 +190,8 @@ class Engine:
         return self.reader.warm(prompt, self.num_layers, cancel)
 
     def _mask(self, layout_mask: torch.Tensor, past: int) -> torch.Tensor:
-        """Additive 4D mask ``[1, 1, n, past + n]``: the cached prefix is visible, the tree by ancestry."""
-        n = layout_mask.shape[0]
-        neg = torch.finfo(self._float_dtype).min
-        mask = torch.zeros(n, past + n, dtype=self._float_dtype, device=self.device)
-        mask[:, past:].masked_fill_(~layout_mask, neg)
-        return describe_tree_mask(mask.view(1, 1, n, past + n), past, layout_mask)  # CUDA: split without reading it
+        """The runtime's tree mask ``[1, 1, n, past + n]``: the cached prefix is visible, the tree by ancestry."""
+        return self.model.tree_mask(layout_mask, past)
 
     # ---- generation -------------------------------------------------------------------------------
 
@@ -268,8 +251,8 @@ class Engine:
         noise = None if sampling.greedy or sampling.seed is None else SeededNoise(sampling.seed, self._vocab)
         answer = AnswerText(self.target.tokenizer, self.eos, max_new, config.stop)
         shaper = LogitShaper(sampling, ids, self._vocab, self.device) if LogitShaper.needed(sampling) else None
-        first = self._judge(DraftTree(), read.last[None], sampling, generator, noise, 0, None,
-                            RowShaping(shaper, (), config.logprobs))
+        first = self._judge(DraftTree(), read.last[None], SamplingMetadata(sampling, generator, noise, (), None,
+                                                                           shaper, config.logprobs))
         root = first.verdict.bonus
         node_topk = self.config.node_topk if any(d.uses_node_topk for d in drafters) else None
         run = _Run(config, sampling, generator, noise, cache, drafters, TreeSelector(self.policy), stats, max_new,
@@ -316,9 +299,7 @@ class Engine:
         tree = self._pick_tree(run, self._draft(run), batch, batch_s) if drafting else DraftTree()
         host_s = time.perf_counter() - t
         base, t = run.cache.length, time.perf_counter()
-        verdict, node_topk, logprobs = self.verify(
-            run.root, tree, run.cache, run.sampling, run.generator, run.noise, len(run.output),
-            run.node_topk, RowShaping(run.shaper, run.output, run.config.logprobs))
+        verdict, node_topk, logprobs = self.verify(run.root, tree, run.cache, run.metadata())
         if run.logprobs is not None and logprobs is not None:
             run.logprobs.extend(logprobs)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
@@ -389,30 +370,16 @@ class Engine:
         for d in run.drafters:
             d.observe(outcome)
 
-    def verify(
-        self,
-        root: int,
-        tree: DraftTree,
-        cache: SlotCache,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        noise: SeededNoise | None = None,
-        position: int = 0,
-        topk: int | None = None,
-        rows: RowShaping | None = None,
-    ) -> Judgement:
-        """One target forward over root + tree; returns the verdict, given ``topk`` the target's top-k after
-        every row ``[n + 1, topk]`` (on the host), and the log-probabilities ``rows`` asks for."""
+    def verify(self, root: int, tree: DraftTree, cache: SlotCache, sampling: SamplingMetadata) -> Judgement:
+        """One target forward over root + tree; returns the verdict, given ``sampling.topk`` the target's top-k
+        after every row ``[n + 1, topk]`` (on the host), and the log-probabilities ``sampling`` asks for."""
         base = cache.length
         layout = tree_layout(root, tree, base, self.device)
         mask = self._mask(layout.ancestor_mask, base) if len(tree) else None
         logits = self._forward(layout.input_ids, cache, layout.position_ids, mask)
-        return self._judge(tree, logits, sampling, generator, noise, position, topk, rows)
+        return self._judge(tree, logits, sampling)
 
-    def _judge(
-        self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
-        noise: SeededNoise | None, position: int, topk: int | None, rows: RowShaping | None = None,
-    ) -> Judgement:
+    def _judge(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingMetadata) -> Judgement:
         """The verdict on a verify forward's ``logits`` ``[n + 1, vocab]`` (the prefill's last row for the first
         token: an empty tree), each row shaped with its own path first, and the rows' top-k, with ONE
         device-to-host transfer (``host.fetch``; log-probabilities, when asked for, take a second). What the host
@@ -420,26 +387,26 @@ class Engine:
         ties may break unlike ``topk``'s); sampling, every row's p. Rejection sampling (with the request's CPU
         generator) and coupled sampling then run on the host copy, so a CPU generator never meets a device
         tensor."""
-        rows = rows or RowShaping()
-        if rows.shaper is not None:
-            logits = rows.shaper.shape_(logits, rows.answer, row_paths(tree))
+        params, topk = sampling.params, sampling.topk
+        if sampling.shaper is not None:
+            logits = sampling.shaper.shape_(logits, sampling.output, row_paths(tree))
         cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
         node_topk: torch.Tensor | None
-        if sampling.greedy:
+        if params.greedy:
             best, *got = host.fetch(host.argmax(logits), *cues)
             verdict, node_topk = greedy_path(tree, best.tolist()), (got[0] if got else None)
         else:
-            probs, *got = host.fetch(target_probs(logits, sampling), *cues)
+            probs, *got = host.fetch(target_probs(logits, params), *cues)
             node_topk = got[0] if got else None
-            if noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
-                verdict = verify_coupled(tree, probs, noise, position)
+            if sampling.noise is not None:  # seeded: coupled, so the answer does not depend on what was drafted
+                verdict = verify_coupled(tree, probs, sampling.noise, sampling.position)
             else:
-                verdict = verify_sampling(tree, probs, generator, sampling.eta)
-        if rows.logprobs is None:
+                verdict = verify_sampling(tree, probs, sampling.generator, params.eta)
+        if sampling.logprobs is None:
             return Judgement(verdict, node_topk, None)
         path = [0, *(i + 1 for i in verdict.accepted_nodes)]  # row r predicts the token emitted after it
         emitted = [*(tree.tokens[i] for i in verdict.accepted_nodes), verdict.bonus]
-        return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, rows.logprobs))
+        return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, sampling.logprobs))
 
 
 @dataclass
@@ -461,6 +428,11 @@ class _Run:
     shaper: LogitShaper | None = None
     logprobs: list[TokenLogprob] | None = None  # one per emitted token (may run past ``output``), when asked for
     sent: int = 0  # logprobs already handed out in events
+
+    def metadata(self) -> SamplingMetadata:
+        """This step's sampling state (made afresh each step: the output grows between steps)."""
+        return SamplingMetadata(self.sampling, self.generator, self.noise, self.output, self.node_topk, self.shaper,
+                                self.config.logprobs)
 
     def new_logprobs(self) -> list[TokenLogprob]:
         """The log-probabilities of the answer's tokens not yet in an event."""

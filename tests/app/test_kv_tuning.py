@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import app.serving.kv_tuning as kv_tuning
 from app.serving.kv_tuning import (
@@ -24,6 +23,7 @@ from app.serving.scheduler import GenerationScheduler
 from decoding.cache.memory import device_kv_budget, kv_bytes_per_token
 from decoding.errors import ModelLoadError
 from decoding.runtime.models import LoadedModel
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.budget import BudgetPolicy
 from decoding.speculative.calibration import calibrate
 from decoding.speculative.engine import Engine
@@ -33,9 +33,9 @@ GIB = 1 << 30
 
 
 def loaded(device: str) -> LoadedModel:
-    model = make_tiny_llama(cpu_kernels=False)
-    return LoadedModel(model=model, tokenizer=None, name="tiny", device=torch.device(device), dtype=torch.bfloat16,
-                       eos_token_ids=(), max_context=4096, vocab_size=97)
+    model = make_tiny_llama(cpu_kernels=False).to(torch.bfloat16)
+    return LoadedModel(model=TorchRuntime(model), tokenizer=None, name="tiny", device=torch.device(device),
+                       dtype=torch.bfloat16, eos_token_ids=(), max_context=4096, vocab_size=97)
 
 
 def test_available_ram_is_read_from_meminfo(tmp_path: Path) -> None:
@@ -87,9 +87,12 @@ def test_the_containers_reclaimable_page_cache_counts_as_available(tmp_path: Pat
 
 
 def llama_8b_on_cuda(window: int) -> LoadedModel:
-    """Llama-3.1-8B's shapes (128 KiB of bf16 KV a token) on a CUDA device object: only its config is read."""
+    """Llama-3.1-8B's shapes (128 KiB of bf16 KV a token) on a CUDA device object: built on the meta device (no
+    memory), only its config and dtype are read."""
     config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8)
-    return LoadedModel(model=SimpleNamespace(config=config), tokenizer=None, name="llama-8b",
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    return LoadedModel(model=TorchRuntime(model), tokenizer=None, name="llama-8b",
                        device=torch.device("cuda"), dtype=torch.bfloat16, eos_token_ids=(), max_context=window,
                        vocab_size=128256)
 

@@ -1,6 +1,10 @@
 """Tiny random-weight Llama targets for fast, exact decoding tests, and the helpers several test modules
 share: a greedy reference, an engine run, a tiny trained tokenizer, total variation distance, a tiny model saved
-as an HF dir or written as a GGUF file, a drafter of random trees around a known answer."""
+as an HF dir or written as a GGUF file, a drafter of random trees around a known answer.
+
+A tiny target's ``model`` is a ``TargetRuntime``: the quantized CPU runtime, or a transformers model in a
+``TorchRuntime``. The references (``naive_greedy``, ``next_token_probs``) call the transformers causal-LM call
+itself, with no cache of the engine's (``causal_lm``)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from decoding.runtime.attention import use_grouped_sdpa
 from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
 from decoding.runtime.kernels import use_cpu_kernels
 from decoding.runtime.quant import WeightType
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import BaseDrafter, DraftRequest
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
 from decoding.speculative.tree import ROOT, DraftTree
@@ -45,7 +50,7 @@ class TinyTokenizer:
 
 @dataclass
 class TinyTarget:
-    model: Any
+    model: Any  # a TargetRuntime
     tokenizer: Any
     name: str
     device: torch.device
@@ -87,11 +92,47 @@ def quantized_tiny_llama(
     return CpuLlama(weights_from_hf(make_tiny_llama(seed, cpu_kernels=False, **kw), kind), kv_dtype)
 
 
+def fake_quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' activation quantization (per row, per 32-block, q = round(x * (127 / amax))), dequantized."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(x.shape)
+
+
+def quantized_reference(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, CpuLlama]:
+    """transformers' Llama on the dequantized weights, with every linear layer's input quantized as the
+    kernels quantize it: what CpuLlama computes, up to fp32 summation order."""
+    hf = make_tiny_llama(seed, cpu_kernels=False, layers=3)
+    weights = weights_from_hf(hf, kind)
+    ours = CpuLlama(weights, torch.float32)
+    inner = hf.model
+    with torch.no_grad():
+        inner.embed_tokens.weight.copy_(weights.embed.dequantize())
+        hf.lm_head.weight.copy_(weights.head.dequantize())
+        for layer, lw in zip(inner.layers, weights.layers, strict=True):
+            at, mlp = layer.self_attn, layer.mlp
+            qkv = lw.qkv.dequantize()
+            q, k = at.q_proj.out_features, at.k_proj.out_features
+            at.q_proj.weight.copy_(qkv[:q])
+            at.k_proj.weight.copy_(qkv[q : q + k])
+            at.v_proj.weight.copy_(qkv[q + k :])
+            at.o_proj.weight.copy_(lw.o.dequantize())
+            gu = lw.gate_up.dequantize()
+            mlp.gate_proj.weight.copy_(gu[: mlp.gate_proj.out_features])
+            mlp.up_proj.weight.copy_(gu[mlp.gate_proj.out_features :])
+            mlp.down_proj.weight.copy_(lw.down.dequantize())
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(lambda _m, args: (fake_quantized_activations(args[0]),))
+    return hf, ours
+
+
 def tiny_target(
     seed: int = 0, eos: tuple[int, ...] = (), max_context: int = 512, quantized: bool = False, **kw: Any
 ) -> TinyTarget:
     return TinyTarget(
-        model=quantized_tiny_llama(seed, **kw) if quantized else make_tiny_llama(seed, **kw),
+        model=quantized_tiny_llama(seed, **kw) if quantized else TorchRuntime(make_tiny_llama(seed, **kw)),
         tokenizer=TinyTokenizer(),
         name=f"tiny-llama-{seed}",
         device=torch.device("cpu"),
@@ -117,11 +158,19 @@ def sampling_target(seed: int, vocab: int, peaked: float) -> TinyTarget:
     return tiny_target(seed=seed, vocab=vocab, peaked=peaked, quantized=kernels.load() is not None)
 
 
+def causal_lm(model: Any) -> Any:
+    """What answers transformers' causal-LM call (``model(ids).logits``, no cache given: a fresh one) for a
+    target: a torch runtime's transformers model, the quantized runtime itself (its ``__call__`` is that call), a
+    transformers model as it is."""
+    return model.module if isinstance(model, TorchRuntime) else model
+
+
 def next_token_probs(model: Any, prompt: Prompt, params: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's sampling distributions after ``prompt`` ([vocab]) and after ``prompt`` + each token
     ([vocab, vocab]), one forward each (the quantized runtime takes one sequence at a time)."""
     from decoding.speculative.verify import target_probs
 
+    model = causal_lm(model)
     vocab = int(model.config.vocab_size)
     with torch.inference_mode():
         first = target_probs(model(torch.tensor([prompt.ids])).logits[0, -1], params)
@@ -142,8 +191,9 @@ def tiny(request: pytest.FixtureRequest) -> TinyTarget:
     return tiny_target(0, cpu_kernels=request.param == "cpu_kernels")
 
 
-def naive_greedy(model: torch.nn.Module, ids: Sequence[int], n: int, eos: tuple[int, ...] = ()) -> list[int]:
-    """Reference: full recomputation without any cache, one token at a time."""
+def naive_greedy(model: Any, ids: Sequence[int], n: int, eos: tuple[int, ...] = ()) -> list[int]:
+    """Reference: full recomputation without any cache, one token at a time (``causal_lm``'s call)."""
+    model = causal_lm(model)
     seq = list(ids)
     out: list[int] = []
     with torch.inference_mode():

@@ -24,6 +24,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from decoding.runtime.attention import use_grouped_sdpa
+from decoding.runtime.torch_runtime import TorchRuntime
 from tests.decoding.conftest import TinyTarget, TinyTokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -74,8 +75,10 @@ def tiny_llama(
 
 
 def device_target(model: Any, device: torch.device, name: str = "tiny") -> TinyTarget:
-    """A model on the test device as the engine's target (``speculative.engine.TargetModel``), 1024-token window."""
-    return TinyTarget(model, TinyTokenizer(int(model.config.vocab_size)), f"{name}-{model.dtype}", device, (), 1024)
+    """A transformers model on the test device as the engine's target (``speculative.engine.TargetModel``), on the
+    torch runtime, 1024-token window."""
+    runtime = TorchRuntime(model)
+    return TinyTarget(runtime, TinyTokenizer(runtime.vocab_size), f"{name}-{model.dtype}", device, (), 1024)
 
 
 def nocache_greedy(model: Any, ids: list[int], n: int) -> list[int]:

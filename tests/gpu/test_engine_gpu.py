@@ -18,6 +18,7 @@ from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.rapid import DraftLM, RapidDrafter
 from decoding.runtime import host
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import BaseDrafter, Drafter, PromptInfo
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
@@ -48,7 +49,8 @@ def _generate(engine: Engine, sampling: SamplingParams = SamplingParams(), draft
 
 def _tree_drafters(model: Any, device: torch.device, sampling: SamplingParams) -> list[Drafter]:
     """Prompt lookup with branches, and an LM drafter whose nodes carry their q under sampling."""
-    return [PromptLookupDrafter(branches=3), RapidDrafter(DraftLM(model, device), sampling, threshold=0.0)]
+    return [PromptLookupDrafter(branches=3), RapidDrafter(DraftLM(TorchRuntime(model), device), sampling,
+                                                          threshold=0.0)]
 
 
 @pytest.fixture(scope="module")

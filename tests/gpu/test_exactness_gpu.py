@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from decoding.drafters.registry import DRAFTERS, DraftingKit, DraftLM
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
@@ -61,7 +62,7 @@ def test_registry_drafters_are_lossless(device: torch.device, names: tuple[str, 
     prompt = make_prompt(0)
     ar = generate(engine, prompt)
     assert ar.token_ids == nocache_greedy(model, prompt.ids, N)
-    kit = DraftingKit(draft_lm=lambda: DraftLM(model, device), target_model=model)
+    kit = DraftingKit(draft_lm=lambda: DraftLM(engine.model, device), target_model=engine.model)
     drafters = [DRAFTERS[name](kit) for name in names]
     spec = generate(engine, prompt, drafters, budget=8)
     assert spec.token_ids == ar.token_ids
@@ -72,7 +73,7 @@ def test_registry_drafters_are_lossless(device: torch.device, names: tuple[str, 
 def test_rapid_kv_drafts_on_the_model_device(device: torch.device) -> None:
     """The KV-subset drafter's forwards go to the device its model is on (its own inputs and mask too)."""
     model = tiny_llama(device)
-    drafter: Any = DRAFTERS["rapid_kv"](DraftingKit(target_model=model))
+    drafter: Any = DRAFTERS["rapid_kv"](DraftingKit(target_model=TorchRuntime(model)))
     assert drafter.lm.device == next(model.parameters()).device
 
 

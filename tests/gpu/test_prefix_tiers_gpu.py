@@ -12,6 +12,7 @@ import torch
 from app.serving.kv_tuning import free_device_bytes, kv_budgets
 from decoding.cache.prefix import PrefixCache, PrefixEntry
 from decoding.runtime.models import LoadedModel
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 from tests.gpu.conftest import VOCAB, device_target, tiny_llama
@@ -64,7 +65,7 @@ def test_the_device_tier_is_sized_from_free_device_memory(device: torch.device) 
     if device.type != "cuda":
         pytest.skip("free device memory is measured on CUDA only")
     model = tiny_llama(device, torch.bfloat16)
-    target = LoadedModel(model=model, tokenizer=None, name="tiny", device=device, dtype=torch.bfloat16,
+    target = LoadedModel(model=TorchRuntime(model), tokenizer=None, name="tiny", device=device, dtype=torch.bfloat16,
                          eos_token_ids=(), max_context=1024, vocab_size=VOCAB)
     free = free_device_bytes(device)
     device_bytes, host_bytes = kv_budgets(target, "auto", "auto")

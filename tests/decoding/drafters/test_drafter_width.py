@@ -20,6 +20,7 @@ from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
 from decoding.runtime.models import check_same_vocab, load_model
 from decoding.runtime.quant import WeightType
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import DraftRequest, PromptInfo
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
@@ -43,10 +44,11 @@ DRAFT_IDS = [5, 17, 3, 3, 42, 9]
 
 
 def _pad_rows(model: Any, real: int, scale: float = 0.0) -> Any:
-    """Rows ``real..`` of the head become padding: zero (logit 0, as a padded row that nothing trained), or
-    ``scale`` times the first real rows (a padded column that would often win an unfitted argmax)."""
+    """Rows ``real..`` of the head of a torch-runtime ``model`` become padding: zero (logit 0, as a padded row that
+    nothing trained), or ``scale`` times the first real rows (a padded column that would often win an unfitted
+    argmax)."""
     with torch.no_grad():
-        w = model.lm_head.weight
+        w = model.module.lm_head.weight
         extra = w.shape[0] - real
         w[real:] = scale * w[:extra] if scale else 0.0
     return model
@@ -128,7 +130,7 @@ def test_greedy_with_a_wider_drafter_is_exact_and_never_drafts_a_padded_column()
     torch.set_num_threads(1)
     target = tiny_target(0)
     # padded rows 97.. are 3x rows 0..15: the drafter's unfitted argmax is often a padded id
-    drafter = _pad_rows(make_tiny_llama(7, vocab=VOCAB + 16), VOCAB, scale=3.0)
+    drafter = _pad_rows(TorchRuntime(make_tiny_llama(7, vocab=VOCAB + 16)), VOCAB, scale=3.0)
     raw = DraftLM(drafter)
     raw.start(64)
     assert any(int(raw.feed([t]).argmax()) >= VOCAB for t in [*PROMPT.ids, *DRAFT_IDS])
@@ -145,7 +147,7 @@ def test_greedy_with_a_narrower_drafter_is_exact() -> None:
     torch.set_num_threads(1)
     target = tiny_target(0, vocab=VOCAB + 16)
     _pad_rows(target.model, VOCAB)
-    rapid = _rapid(_kit(target.model, make_tiny_llama(7, vocab=VOCAB)), gamma=4, threshold=0.0)
+    rapid = _rapid(_kit(target.model, TorchRuntime(make_tiny_llama(7, vocab=VOCAB))), gamma=4, threshold=0.0)
     assert rapid.width == VOCAB + 16
     done = run(Engine(target), Prompt(PROMPT.prefix_ids, PROMPT.suffix_ids, draft_ids=DRAFT_IDS), N, [rapid], 8)
     assert done.token_ids == naive_greedy(target.model, PROMPT.ids, N)
@@ -163,10 +165,10 @@ def _sampling_pair(target_width: int, drafter_width: int) -> tuple[Any, Any]:
     padded rows quantize to exact zeros), else on transformers."""
     target = tiny_target(seed=3, vocab=target_width, peaked=5.0)
     _pad_rows(target.model, IDS)  # padded rows (if any) have logit 0: the target samples them now and then
-    drafter = _pad_rows(make_tiny_llama(4, vocab=drafter_width, peaked=8.0), IDS)  # sure of itself, often wrong
+    drafter = _pad_rows(TorchRuntime(make_tiny_llama(4, vocab=drafter_width, peaked=8.0)), IDS)  # sure, often wrong
     if kernels.load() is not None:
-        target = dataclasses.replace(target, model=CpuLlama(weights_from_hf(target.model, WeightType.Q4_1)))
-        drafter = CpuLlama(weights_from_hf(drafter, WeightType.Q4_1))
+        target = dataclasses.replace(target, model=CpuLlama(weights_from_hf(target.model.module, WeightType.Q4_1)))
+        drafter = CpuLlama(weights_from_hf(drafter.module, WeightType.Q4_1))
     return target, drafter
 
 
@@ -217,7 +219,7 @@ def test_seeded_sampling_is_the_same_with_and_without_the_drafter(widths: tuple[
 def test_an_output_id_past_the_drafters_rows_stops_it() -> None:
     """A padded id the target sampled has no row in a narrower drafter: it drafts nothing more (no crash)."""
     torch.set_num_threads(1)
-    rapid = RapidDrafter(DraftLM(make_tiny_llama(4, vocab=IDS)), width=IDS + 2, threshold=0.0)
+    rapid = RapidDrafter(DraftLM(TorchRuntime(make_tiny_llama(4, vocab=IDS))), width=IDS + 2, threshold=0.0)
     rapid.begin(PromptInfo(prompt_ids=SAMPLED.ids))
     assert len(rapid.propose(DraftRequest(root=3, generated=[3], budget=4))) > 0
     assert len(rapid.propose(DraftRequest(root=IDS + 1, generated=[3, IDS + 1], budget=4))) == 0

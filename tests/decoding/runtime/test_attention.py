@@ -6,6 +6,7 @@ import torch
 
 from decoding.cache.slot import SlotCache
 from decoding.runtime.attention import NAME, use_grouped_sdpa
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.engine import Engine
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import TinyTarget, make_tiny_llama
@@ -25,7 +26,7 @@ def test_grouped_sdpa_matches_reference_sdpa() -> None:
 
 def test_grouped_sdpa_tree_pass_matches_sequential_decoding() -> None:
     model = make_tiny_llama(seed=6)
-    target = TinyTarget(model, None, "t", torch.device("cpu"), (), 512)
+    target = TinyTarget(TorchRuntime(model), None, "t", torch.device("cpu"), (), 512)
     engine = Engine(target)
     prefix = [7, 8, 9, 10, 11]
     tree = DraftTree()

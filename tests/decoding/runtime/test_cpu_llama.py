@@ -13,10 +13,18 @@ import torch
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import BatchItem, CpuLlama, _unpermute_rows, weights_from_gguf, weights_from_hf
+from decoding.runtime.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf
+from decoding.runtime.interface import BatchItem
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
-from tests.decoding.conftest import make_tiny_llama, needs_kernels, quantized_tiny_llama, write_gguf
+from tests.decoding.conftest import (
+    fake_quantized_activations,
+    make_tiny_llama,
+    needs_kernels,
+    quantized_reference,
+    quantized_tiny_llama,
+    write_gguf,
+)
 
 lib = kernels.load()
 KINDS = [WeightType.Q8_0, WeightType.Q4_1]
@@ -110,14 +118,6 @@ def test_gguf_row_unpermutation_matches_llama_cpp_permutation() -> None:
 # ---- quantized linear ------------------------------------------------------------------------------------
 
 
-def _fake_quantized_activations(x: torch.Tensor) -> torch.Tensor:
-    """The kernels' activation quantization (per row, per 32-block, q = round(x * (127 / amax))), dequantized."""
-    blocks = x.reshape(*x.shape[:-1], -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(x.shape)
-
-
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 96), (3, 576, 37), (4, 32, 5), (5, 128, 130), (17, 96, 64)])
@@ -127,11 +127,11 @@ def test_qlinear_matches_dequantize_then_matmul(kind: WeightType, m: int, k: int
     bias, res = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
     qm = quantize(w, kind)
     assert lib is not None
-    want = (_fake_quantized_activations(x).double() @ qm.dequantize().double().T + bias.double() + res.double())
+    want = (fake_quantized_activations(x).double() @ qm.dequantize().double().T + bias.double() + res.double())
     got = kernels.qlinear(lib, x, qm, bias, res)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
     plain = kernels.qlinear(lib, x, qm)
-    torch.testing.assert_close(plain.double(), _fake_quantized_activations(x).double() @ qm.dequantize().double().T,
+    torch.testing.assert_close(plain.double(), fake_quantized_activations(x).double() @ qm.dequantize().double().T,
                                rtol=1e-5, atol=1e-4)
 
 
@@ -165,38 +165,10 @@ def test_dequant_rows_equals_reference(kind: WeightType) -> None:
 # ---- the lean forward ------------------------------------------------------------------------------------
 
 
-def _reference_model(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, CpuLlama]:
-    """transformers' Llama on the dequantized weights, with every linear layer's input quantized as the
-    kernels quantize it: what CpuLlama computes, up to fp32 summation order."""
-    hf = make_tiny_llama(seed, cpu_kernels=False, layers=3)
-    weights = weights_from_hf(hf, kind)
-    ours = CpuLlama(weights, torch.float32)
-    inner = hf.model
-    with torch.no_grad():
-        inner.embed_tokens.weight.copy_(weights.embed.dequantize())
-        hf.lm_head.weight.copy_(weights.head.dequantize())
-        for layer, lw in zip(inner.layers, weights.layers, strict=True):
-            at, mlp = layer.self_attn, layer.mlp
-            qkv = lw.qkv.dequantize()
-            q, k = at.q_proj.out_features, at.k_proj.out_features
-            at.q_proj.weight.copy_(qkv[:q])
-            at.k_proj.weight.copy_(qkv[q : q + k])
-            at.v_proj.weight.copy_(qkv[q + k :])
-            at.o_proj.weight.copy_(lw.o.dequantize())
-            gu = lw.gate_up.dequantize()
-            mlp.gate_proj.weight.copy_(gu[: mlp.gate_proj.out_features])
-            mlp.up_proj.weight.copy_(gu[mlp.gate_proj.out_features :])
-            mlp.down_proj.weight.copy_(lw.down.dequantize())
-    for module in hf.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.register_forward_pre_hook(lambda _m, args: (_fake_quantized_activations(args[0]),))
-    return hf, ours
-
-
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_matches_transformers_on_the_same_quantized_weights(kind: WeightType) -> None:
-    hf, ours = _reference_model(kind)
+    hf, ours = quantized_reference(kind)
     ids = torch.randint(0, 97, (1, 150), generator=_gen(4))  # > CHUNK_ROWS: a chunked causal forward
     with torch.inference_mode():
         want = hf(ids).logits[0]

@@ -21,6 +21,7 @@ from decoding.cache.slot import SlotCache
 from decoding.runtime import attention_cuda
 from decoding.runtime.attention import NAME, use_grouped_sdpa
 from decoding.runtime.attention_cuda import attend, describe_tree_mask, grouped_mask
+from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import TinyTarget, make_tiny_llama
@@ -328,7 +329,8 @@ def engine_matches_eager(
         use_grouped_sdpa(model)  # make_tiny_llama has already switched its model
         assert model.config._attn_implementation == NAME
         _no_head_copies(monkeypatch)
-        engine = Engine(TinyTarget(model, None, name, device, (), 256), config=EngineConfig(prefill_chunk=4))
+        engine = Engine(TinyTarget(TorchRuntime(model), None, name, device, (), 256),
+                        config=EngineConfig(prefill_chunk=4))
         cache = SlotCache(engine.num_layers, 32)
         last, _ = engine.prefill(PREFIX, cache)
         layout = tree_layout(12, _tree(), cache.length, device)

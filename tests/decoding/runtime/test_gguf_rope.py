@@ -250,7 +250,7 @@ def test_the_torch_runtime_gets_a_ggufs_rope_scaling_or_refuses_it(tmp_path: Pat
         _write(tmp_path / name / "m.gguf", meta, rope_freqs=freqs, vocab=len(tokenizer))
         tokenizer.save_pretrained(tmp_path / name)
     assert load_model(str(tmp_path / "plain"), LoadOptions(cpu_quant="none")).model.config.rope_scaling is None
-    linear = load_model(str(tmp_path / "linear"), LoadOptions(cpu_quant="none")).model
+    linear = load_model(str(tmp_path / "linear"), LoadOptions(cpu_quant="none")).model.module  # the HF model
     assert linear.config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     want = _default_inv_freq(10000.0, HEAD_DIM) / 2.0
     assert torch.allclose(linear.model.rotary_emb.inv_freq.double(), want, rtol=1e-6)  # what the model runs

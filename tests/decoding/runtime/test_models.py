@@ -14,6 +14,7 @@ from decoding.errors import ModelLoadError, VocabularyMismatch
 from decoding.runtime import bundled, bundled_build, kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
+from decoding.runtime.torch_runtime import TorchRuntime
 from tests.decoding.conftest import default_kv_name, make_tokenizer, save_tiny_model
 
 
@@ -30,19 +31,19 @@ def test_load_local_dir_gives_eval_model_with_facts(tiny_dir: tuple[Path, LlamaF
     assert isinstance(loaded, LoadedModel)
     assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
     assert loaded.runtime == "torch:float32"
-    assert not loaded.model.training
+    assert isinstance(loaded.model, TorchRuntime) and not loaded.model.module.training
     assert loaded.eos_token_ids == (loaded.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
     assert loaded.max_context == 256
     assert loaded.vocab_size == len(loaded.tokenizer) == original.config.vocab_size
     assert loaded.name == path.name
     ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
     plain = load_model(str(path), LoadOptions(cpu_quant="none", cpu_kernels=False))
-    assert not kernels_active(plain.model)
+    assert isinstance(plain.model, TorchRuntime) and not kernels_active(plain.model.module)
     with torch.inference_mode():
-        assert torch.equal(plain.model(ids).logits, original(ids).logits)
+        assert torch.equal(plain.model.module(ids).logits, original(ids).logits)
         if kernels.loaded() is not None:  # fp32 CPU models run small forwards on the kernels by default
-            assert kernels_active(loaded.model)
-            torch.testing.assert_close(loaded.model(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
+            assert kernels_active(loaded.model.module)
+            torch.testing.assert_close(loaded.model.module(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(kernels.load() is None, reason="no CPU kernels: no quantized runtime")
@@ -82,7 +83,8 @@ def test_without_kernels_the_cpu_target_falls_back_to_torch(
     try:
         with caplog.at_level("WARNING"):
             loaded = load_model(str(tiny_dir[0]))
-        assert loaded.runtime == "torch:float32" and not kernels_active(loaded.model)
+        assert loaded.runtime == "torch:float32"
+        assert isinstance(loaded.model, TorchRuntime) and not kernels_active(loaded.model.module)
         assert "quantized CPU runtime unavailable" in caplog.text
     finally:
         kernels.configure()
@@ -93,7 +95,7 @@ def test_load_with_explicit_dtype_and_threads(tiny_dir: tuple[Path, LlamaForCaus
     before = torch.get_num_threads()
     loaded = load_model(str(tiny_dir[0]), LoadOptions(device="cpu", dtype="bfloat16", threads=1))
     assert loaded.dtype == torch.bfloat16
-    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+    assert isinstance(loaded.model, TorchRuntime) and next(loaded.model.module.parameters()).dtype == torch.bfloat16
     assert torch.get_num_threads() == 1
     torch.set_num_threads(before)
 
@@ -250,5 +252,6 @@ def test_a_cpu_load_builds_on_the_host_as_before(
     loaded = load_model(str(tiny_dir[0]), LoadOptions(device="cpu", cpu_quant="none", cpu_kernels=False))
     assert calls and all("device_map" not in kwargs for kwargs in calls)
     ids = torch.tensor([loaded.tokenizer("the quick dog").input_ids])
+    assert isinstance(loaded.model, TorchRuntime)
     with torch.inference_mode():
-        assert torch.equal(loaded.model(ids).logits, tiny_dir[1](ids).logits)
+        assert torch.equal(loaded.model.module(ids).logits, tiny_dir[1](ids).logits)

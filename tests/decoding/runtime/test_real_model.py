@@ -88,7 +88,7 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(installed: Install
     assert tok("Hello world").input_ids == tok("Hello world", add_special_tokens=False).input_ids  # no BOS
     assert tok.tokenize(" 2024") == ["Ġ", "2", "0", "2", "4"]  # smollm pre-tokenizer: single digits
     assert loaded.max_context == 8192 and loaded.vocab_size == 49152
-    model: Any = loaded.model
+    model: Any = loaded.model.module  # the torch runtime's transformers model
     from decoding.runtime.cpu_llama import weights_from_gguf
 
     gguf = weights_from_gguf(assets.gguf_path)
@@ -141,7 +141,7 @@ def test_torch_runtime_matches_hf_generate_and_speculation_is_lossless(installed
     target = load_model("bundled", LoadOptions(models_dir=installed.converted.gguf_dir.parent, cpu_quant="none"))
     prompt = _prompt(target)
     with torch.inference_mode():
-        hf = target.model.generate(  # type: ignore[operator]  # transformers types generate loosely
+        hf = target.model.module.generate(  # type: ignore[attr-defined]  # the torch runtime's transformers model
             torch.tensor([prompt.ids]), max_new_tokens=N, do_sample=False, eos_token_id=list(target.eos_token_ids)
         )[0, len(prompt.ids) :].tolist()
     hf = [t for t in hf if t not in target.eos_token_ids]

@@ -15,7 +15,7 @@ import torch
 from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import BatchItem
+from decoding.runtime.interface import BatchItem
 from decoding.speculative.batching import ForwardBatcher
 from decoding.speculative.budget import WARMUP
 from decoding.speculative.drafter import BaseDrafter, DraftRequest

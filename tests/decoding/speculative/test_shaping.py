@@ -18,7 +18,7 @@ from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt,
 from decoding.speculative.shaping import LogitShaper, row_paths
 from decoding.speculative.tree import ROOT, DraftTree
 from decoding.speculative.verify import target_probs
-from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, sampling_target, tv
+from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, causal_lm, sampling_target, tv
 
 N = 32
 SHAPINGS = {
@@ -168,7 +168,7 @@ def test_logprobs_equal_a_plain_forwards_log_softmax(tiny: TinyTarget, request: 
         assert done.logprobs == plain.logprobs
     ids = [*PROMPT.ids, *done.token_ids]
     with torch.inference_mode():
-        logits = tiny.model(torch.tensor([ids])).logits[0, len(PROMPT.ids) - 1 : -1]
+        logits = causal_lm(tiny.model)(torch.tensor([ids])).logits[0, len(PROMPT.ids) - 1 : -1]
     shaper = LogitShaper(params, PROMPT.ids, VOCAB, torch.device("cpu"))
     answer = done.token_ids
     want = torch.stack([torch.log_softmax(shaper.shape_(logits[t : t + 1].clone(), answer[:t], [[]])[0], dim=-1)
@@ -203,9 +203,10 @@ def test_sampling_with_penalties_follows_the_shaped_distribution(seeded: bool) -
     params = SamplingParams(temperature=1.0, presence_penalty=1.5, repetition_penalty=1.4)
     shaper = LogitShaper(params, prompt.ids, vocab, torch.device("cpu"))
     with torch.inference_mode():
-        first = target.model(torch.tensor([prompt.ids])).logits[0, -1:]
+        lm = causal_lm(target.model)
+        first = lm(torch.tensor([prompt.ids])).logits[0, -1:]
         p1 = target_probs(shaper.shape_(first, [], [[]]), params)[0]
-        p2 = [target_probs(shaper.shape_(target.model(torch.tensor([[*prompt.ids, a]])).logits[0, -1:], [a], [[]]),
+        p2 = [target_probs(shaper.shape_(lm(torch.tensor([[*prompt.ids, a]])).logits[0, -1:], [a], [[]]),
                            params)[0] for a in range(vocab)]
     exact = {(a, b): float(p1[a] * p2[a][b]) for a in range(vocab) for b in range(vocab)}
     engine = Engine(target)
