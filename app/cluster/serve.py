@@ -43,7 +43,7 @@ from app.config import ServiceConfig
 from app.errors import ServiceError, error_body
 from app.serving.auth import KeyRing
 from app.serving.sessions import last_documents
-from app.settings import Settings
+from app.settings import ClusterSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ class DocumentRouter(RequestRouter):  # type: ignore[misc]
 # ---- the command ---------------------------------------------------------------------------------------------
 
 
-def ray_init_options(settings: Settings) -> dict[str, Any]:
+def ray_init_options(settings: ClusterSettings) -> dict[str, Any]:
     """A local Ray on a small box: loopback only, no dashboard, a small object store, logical CPUs for every
     replica (each replica takes one); its files under ``ray_temp_dir`` when that is set."""
     options: dict[str, Any] = {
