@@ -190,10 +190,10 @@ def command_settings(args: argparse.Namespace) -> Settings:
     """The command's settings: the ``RAGSPEC_*`` environment with the global flags over it, validated as the
     environment's values are. The flags are given as the settings' own arguments (not written into the environment,
     and not ``model_copy``'d in, which would skip validation): directories derived from the data dir follow
-    ``--data-dir`` unless their own variable is set. These settings are what every handler, and the app that
-    ``serve`` builds, reads."""
+    ``--data-dir`` unless their own variable is set; an empty flag is unset, as an empty variable is. These settings
+    are what every handler, and the app that ``serve`` builds, reads."""
     flags = {"data_dir": args.data_dir, "log_level": args.log_level}
-    return Settings(**{name: value for name, value in flags.items() if value is not None})
+    return Settings(**{name: value for name, value in flags.items() if value not in (None, "")})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,8 +67,10 @@ def test_the_global_flags_are_given_to_the_settings_not_the_environment(
     flagged = command_settings(build_parser().parse_args(["--data-dir", str(flag), "probe"]))
     assert (flagged.data_dir, flagged.documents_dir) == (flag, tmp_path / "shared")
     assert (flagged.models_dir, flagged.log_level) == (flag / "models", "ERROR")
-    plain = command_settings(build_parser().parse_args(["probe"]))
-    assert (plain.data_dir, plain.models_dir) == (tmp_path / "env", tmp_path / "env" / "models")
+    for argv in (["probe"], ["--data-dir", "", "--log-level", "", "probe"]):  # an empty flag: as an empty variable
+        plain = command_settings(build_parser().parse_args(argv))
+        assert (plain.data_dir, plain.models_dir, plain.log_level) == (tmp_path / "env", tmp_path / "env" / "models",
+                                                                       "ERROR")
     assert os.environ["RAGSPEC_DATA_DIR"] == str(tmp_path / "env")
 
 
