@@ -1,8 +1,9 @@
-"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in ``lifespan``.
+"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in its lifespan.
 
-Run with ``ragspec serve`` (``serve_config``: forwarded headers only from ``RAGSPEC_TRUSTED_PROXIES``), or
-``uvicorn --factory app.main:create_app --no-proxy-headers`` (uvicorn alone trusts X-Forwarded-* from
-loopback).
+The settings are turned into the service's frozen config and its one key ring here, once: the request gate and the
+loaded services share both. Run with ``ragspec serve`` (``serve_config``: the app built from the command's settings,
+forwarded headers only from ``RAGSPEC_TRUSTED_PROXIES``), or ``uvicorn --factory app.main:create_app
+--no-proxy-headers`` (settings from the environment; uvicorn alone trusts X-Forwarded-* from loopback).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from app.api.deps import TenantDep
 from app.api.middleware import GatePolicy, RequestGate, RequestMetricsMiddleware
 from app.api.routes import ask, capabilities, documents, health, openai, sessions
+from app.config import ServiceConfig
 from app.errors import install_error_handlers
 from app.services import Services, load_services
 from app.serving.auth import KeyRing
@@ -37,22 +39,28 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 SWAGGER_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
-    services = await asyncio.to_thread(load_services, settings, app.state.metrics)
-    # what start-up loaded (models, tokenizers, indexes) lives as long as the process: out of the collector's sight,
-    # its full passes stop rescanning it while generations run
-    gc.collect()
-    gc.freeze()
-    services.redis.start_monitor()
-    app.state.services = services
-    try:
-        yield
-    finally:
-        app.state.services = None
-        await services.redis.close()
-        await asyncio.to_thread(services.close)
+def _lifespan(settings: Settings, config: ServiceConfig, keys: KeyRing,
+              metrics: Metrics) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the services loaded from ``settings`` with the app's own config, key ring and metrics,
+    on ``app.state.services`` while it runs (the settings stay here, out of the running app's reach)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = await asyncio.to_thread(load_services, settings, metrics, config=config, keys=keys)
+        # what start-up loaded (models, tokenizers, indexes) lives as long as the process: out of the collector's
+        # sight, its full passes stop rescanning it while generations run
+        gc.collect()
+        gc.freeze()
+        services.redis.start_monitor()
+        app.state.services = services
+        try:
+            yield
+        finally:
+            app.state.services = None
+            await services.redis.close()
+            await asyncio.to_thread(services.close)
+
+    return lifespan
 
 
 def _live(app: FastAPI) -> Mapping[str, Any]:
@@ -60,7 +68,7 @@ def _live(app: FastAPI) -> Mapping[str, Any]:
     if services is None:
         return {
             "queue_waiting": 0,
-            "generation_running": False,
+            "generations_running": 0,
             "kv_cache_bytes": 0,
             "kv_cache_hits": 0,
             "kv_cache_misses": 0,
@@ -72,24 +80,24 @@ def _live(app: FastAPI) -> Mapping[str, Any]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()  # type: ignore[call-arg]  # fields come from the environment
+    config = ServiceConfig.from_settings(settings)
+    keys = KeyRing(config.access.api_keys)  # the gate's and the routes' (``services.keys``)
+    metrics = Metrics()
     app = FastAPI(
         title="ragspec",
         version="0.1.0",
         summary="Long-context RAG question answering with lossless speculative decoding",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings, config, keys, metrics),
         openapi_url=None,  # served below, behind the API key like every other route but /healthz
         docs_url=None,
         redoc_url=None,
     )
-    app.state.settings = settings
     app.state.services = None
-    metrics = Metrics()
     metrics.add_live(lambda: _live(app))
-    app.state.metrics = metrics
     policy = GatePolicy(
-        keys=KeyRing(tuple(settings.api_keys)),
-        metrics_token=settings.metrics_token,
-        max_body_bytes=int(settings.max_json_mb * 1024 * 1024),
+        keys=keys,
+        metrics_token=config.access.metrics_token,
+        max_body_bytes=config.limits.max_json_bytes,
     )
     app.add_middleware(RequestGate, policy=policy)  # inside the metrics middleware: refusals are counted
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
@@ -120,12 +128,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def serve_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
-    """The uvicorn config of ``ragspec serve``: X-Forwarded-For / -Proto are honoured only from the
-    addresses in ``settings.trusted_proxies`` (none by default, so a client cannot forge its address)."""
+    """The uvicorn config of ``ragspec serve``: the app built from ``settings`` (the command's, flags included),
+    X-Forwarded-For / -Proto honoured only from the addresses in ``settings.trusted_proxies`` (none by default, so a
+    client cannot forge its address)."""
     trusted = ",".join(settings.trusted_proxies)
     return uvicorn.Config(
-        "app.main:create_app",
-        factory=True,
+        create_app(settings),
         host=host,
         port=port,
         log_level=settings.log_level.lower(),

@@ -1,6 +1,7 @@
 """Everything the service holds while it runs, loaded once (``lifespan``, or the CLI in process).
 
-Settings are read here and only here; every library object gets plain values or a small frozen config.
+Settings are read here at start-up and only here; every library object gets plain values or a small frozen config,
+and what the running service reads is its ``ServiceConfig`` (``Services`` holds no settings).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from app.serving.prefix_registry import PrefixRegistry
 from app.serving.redis_link import RedisLink
 from app.serving.scheduler import GenerationScheduler
 from app.serving.sessions import SessionStore
-from app.settings import Settings
+from app.settings import KernelSettings, ModelSettings, PathSettings, RetrievalSettings, SchedulingSettings, Settings
 from decoding.cache.prefix import PrefixCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Services:
-    settings: Settings
     config: ServiceConfig
     target: LoadedModel
     engine: Engine
@@ -116,7 +116,7 @@ class Services:
         at, if well beyond the calibrated ones (``app.serving.kv_tuning.schedule_recalibration``). A CPU keeps its
         start-up calibration (its costs grow along the fitted line; a long prefill would hold up questions).
         One that requests keep cutting short is held back for a while (``self.recalibration``)."""
-        if self.settings.calibrate and self.engine.device.type == "cuda":
+        if self.config.calibration.enabled and self.engine.device.type == "cuda":
             schedule_recalibration(self.engine, self.scheduler, backoff=self.recalibration)
 
     def live_metrics(self) -> dict[str, Any]:
@@ -128,7 +128,6 @@ class Services:
         cache = self.prefix_cache
         return {
             "queue_waiting": self.scheduler.waiting,
-            "generation_running": self.scheduler.running,
             "generations_running": self.scheduler.running_count,
             "batch": self.engine.batcher.stats if self.engine.batcher is not None else None,
             "kv_cache_bytes": cache.bytes_used if cache is not None else 0,
@@ -147,7 +146,7 @@ class Services:
         self.store.close()
 
 
-def configure_kernels(settings: Settings) -> None:
+def configure_kernels(settings: KernelSettings) -> None:
     """Hand the CPU kernels' settings (used at all, build dir, compiler, ISA path) to ``decoding.runtime.kernels``;
     an ISA path this CPU lacks stops the start (``ModelLoadError``)."""
     try:
@@ -201,7 +200,7 @@ def open_store(settings: Settings) -> DocumentStore:
     return store
 
 
-def open_embedder(settings: Settings, store: DocumentStore) -> Embedder:
+def open_embedder(settings: ModelSettings, store: DocumentStore) -> Embedder:
     """The embedder, warmed up; documents indexed by another one are named in the log (``ragspec reindex``)."""
     embedder = load_embedder(settings.embedding_model, settings.embedding_kind, settings.device)
     embedder.encode_query("warm-up")  # fixes the tokenizer's truncation state before threads share it
@@ -250,7 +249,7 @@ def open_prefix_cache(settings: Settings, target: LoadedModel) -> PrefixCache | 
     )
 
 
-def open_retriever(settings: Settings, store: DocumentStore, embedder: Embedder) -> Retriever:
+def open_retriever(settings: RetrievalSettings, store: DocumentStore, embedder: Embedder) -> Retriever:
     return Retriever(
         store,
         embedder,
@@ -262,7 +261,7 @@ def open_retriever(settings: Settings, store: DocumentStore, embedder: Embedder)
     )
 
 
-def open_prefixes(settings: Settings, store: DocumentStore, prefix_cache: PrefixCache | None) -> PrefixRegistry:
+def open_prefixes(settings: PathSettings, store: DocumentStore, prefix_cache: PrefixCache | None) -> PrefixRegistry:
     """Which KV prefixes each document is part of; those of documents that are gone are dropped (memory, disk)."""
     prefixes = PrefixRegistry(settings.data_dir / "kv-prefixes.json")
     orphans = prefixes.prune({r.id for r in store.list()})
@@ -272,7 +271,7 @@ def open_prefixes(settings: Settings, store: DocumentStore, prefix_cache: Prefix
     return prefixes
 
 
-def open_scheduler(settings: Settings, engine: Engine,
+def open_scheduler(settings: SchedulingSettings, engine: Engine,
                    on_start: Callable[[float], None] | None = None) -> GenerationScheduler:
     """``max_batch`` generations at once where the engine batches forwards (one elsewhere), within the KV pool."""
     slots = settings.max_batch if engine.batcher is not None else 1
@@ -283,10 +282,12 @@ def open_scheduler(settings: Settings, engine: Engine,
     return GenerationScheduler(settings.queue_size, slots=slots, pool_bytes=int(pool), on_start=on_start)
 
 
-def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
-    """Load models, open the store (recovering from a crash) and start the worker threads."""
+def load_services(settings: Settings, metrics: Metrics | None = None, *, config: ServiceConfig | None = None,
+                  keys: KeyRing | None = None) -> Services:
+    """Load models, open the store (recovering from a crash) and start the worker threads. ``config`` and ``keys``:
+    the ones the app already built from these settings (its request gate reads them too), else built here."""
     t0 = time.perf_counter()
-    config = ServiceConfig.from_settings(settings)
+    config = config if config is not None else ServiceConfig.from_settings(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
     embedder = open_embedder(settings, store)
@@ -310,7 +311,6 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
                        lease_s=settings.ingest_lease_s, poll_s=min(5.0, settings.ingest_lease_s / 3)),
     )
     services = Services(
-        settings=settings,
         config=config,
         target=target,
         engine=engine,
@@ -326,14 +326,14 @@ def load_services(settings: Settings, metrics: Metrics | None = None) -> Service
         drafters=drafters,
         redis=redis,
         sessions=SessionStore(redis, config.sessions.session_ttl_s, config.sessions.max_turns,
-                              keep_sources=settings.session_sources),
+                              keep_sources=config.sessions.keep_sources),
         metrics=metrics,
-        keys=KeyRing(config.api_keys),
+        keys=keys if keys is not None else KeyRing(config.access.api_keys),
         started_at=time.time(),
     )
     if not settings.shared_store:  # a replica that ingests a document is not the one its questions are routed to
         indexing.on_ready = services.warm_document
-    if settings.calibrate:
+    if config.calibration.enabled:
         start_calibration(engine, scheduler)  # 256 and 2048 tokens; on a GPU, longer caches up to the window
     logger.info("services ready in %.1f s (target %s, embedder %s)", time.perf_counter() - t0, target.name,
                 embedder.name)

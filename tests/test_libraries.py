@@ -243,3 +243,41 @@ def test_the_engine_and_the_drafters_reach_no_concrete_runtime() -> None:
     found = sorted(f"{m} -> {d}" for m in rooms for d in reached(m)
                    if d.split(".")[:2] == ["decoding", "runtime"] and d not in allowed)
     assert not found, found
+
+
+SETTINGS = "app.settings"
+WIRING = {  # the modules that turn settings into a running service; everything else takes configs or values
+    "app.config",  # settings -> the service's frozen config
+    "app.services",  # settings -> the loaded services (models, stores, caches, workers)
+    "app.main",  # settings -> the app (its config, key ring and lifespan) and ragspec serve's uvicorn config
+    "app.cli.main",  # the CLI entry: environment and flags -> settings, handed to every command
+    "app.cli.local",  # the CLI's in-process commands: open the store or load the services from the settings
+    "app.cluster.serve",  # the cluster entry: settings -> Ray, the deployments, the replicas' settings as data
+    "app.cluster.checks",  # its Ray-free half, run by the CLI first: what cluster mode asks of the settings
+}
+
+
+def _settings_readers(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(module for module, deps in graph.items()
+                  if module.partition(".")[0] == "app" and module not in WIRING | {SETTINGS} and SETTINGS in deps)
+
+
+def test_the_wiring_check_sees_settings_outside_the_wiring() -> None:
+    graph = {
+        "app.main": {"app.settings", "app.config"},  # wiring
+        "app.api.routes.ask": {"app.settings"},  # a route reading the settings
+        "app.cli.remote": {"app.settings", "app.cli.progress"},  # a CLI module that is not an entry
+        "app.serving.scheduler": {"app.config"},  # a frozen config: fine
+    }
+    assert _settings_readers(graph) == ["app.api.routes.ask", "app.cli.remote"]
+
+
+def test_only_the_wiring_imports_the_settings() -> None:
+    """``app.settings`` is read where settings become the running service (``WIRING``: the configs, the services,
+    the app factory and the two entries, CLI and cluster); routes, answering, serving and the rest get the frozen
+    configs or plain values."""
+    graph = _import_graph(_module_names())
+    assert SETTINGS in graph["app.config"]  # the graph is read (``from app.settings import Settings`` is an edge)
+    assert set(graph) >= WIRING  # every wiring module named exists
+    readers = _settings_readers(graph)
+    assert not readers, f"only the wiring modules import app.settings: {readers}"

@@ -186,15 +186,20 @@ def configure_logging(level: str, verbose: bool = False) -> None:
     root.setLevel(level.upper())
 
 
+def command_settings(args: argparse.Namespace) -> Settings:
+    """The command's settings: the ``RAGSPEC_*`` environment with the global flags over it, validated as the
+    environment's values are. The flags are given as the settings' own arguments (not written into the environment,
+    and not ``model_copy``'d in, which would skip validation): directories derived from the data dir follow
+    ``--data-dir`` unless their own variable is set; an empty flag is unset, as an empty variable is. These settings
+    are what every handler, and the app that ``serve`` builds, reads."""
+    flags = {"data_dir": args.data_dir, "log_level": args.log_level}
+    return Settings(**{name: value for name, value in flags.items() if value not in (None, "")})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Flags become environment so that code reading Settings later (the app factory under uvicorn) agrees.
-    if args.data_dir is not None:
-        os.environ["RAGSPEC_DATA_DIR"] = str(args.data_dir)
-    if args.log_level is not None:
-        os.environ["RAGSPEC_LOG_LEVEL"] = str(args.log_level)
     try:
-        settings = Settings()  # type: ignore[call-arg]  # fields come from the environment
+        settings = command_settings(args)
         configure_logging(settings.log_level, args.verbose)
     except (ValidationError, ValueError) as exc:  # a bad RAGSPEC_* value or log level: one line, no traceback
         sys.stderr.write(f"ragspec: bad setting: {_first_error(exc)}\n")

@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TextIO
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TextIO
 
 from app.cli.progress import ACTIVE, ProgressLine
-from app.settings import Settings
 
 if TYPE_CHECKING:
     import httpx
@@ -30,6 +29,17 @@ SubParsers = Any
 P = ParamSpec("P")
 POLL_S = 0.25  # how often a followed document is polled (a server-side row update per embedding batch)
 WILDCARDS = ("", "0.0.0.0", "::")
+
+
+class ServerAddress(Protocol):
+    """Where the local server listens, the default of ``--url``: all these commands read of the settings
+    (the command's ``Settings`` is one)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
 
 
 class Unreachable(Exception):  # noqa: N818 (reads as the condition it reports)
@@ -46,7 +56,7 @@ def warn(text: str) -> None:
     sys.stderr.flush()
 
 
-def server_url(args: argparse.Namespace, settings: Settings) -> str:
+def server_url(args: argparse.Namespace, settings: ServerAddress) -> str:
     """``--url``, else the local server of the settings (a wildcard bind address becomes loopback)."""
     if args.url:
         return str(args.url).rstrip("/")
@@ -141,7 +151,7 @@ def follow(client: httpx.Client, doc_id: str, name: str, out: TextIO, poll_s: fl
 
 
 @handled
-def ingest_http(args: argparse.Namespace, settings: Settings) -> int:
+def ingest_http(args: argparse.Namespace, settings: ServerAddress) -> int:
     """Upload every file, then follow each until ready or failed; stdout: ``id, status, file, detail``."""
     url = server_url(args, settings)
     failures = 0
@@ -176,7 +186,7 @@ def ingest_http(args: argparse.Namespace, settings: Settings) -> int:
 
 
 @handled
-def list_documents(args: argparse.Namespace, settings: Settings) -> int:
+def list_documents(args: argparse.Namespace, settings: ServerAddress) -> int:
     with http_client(server_url(args, settings), args.api_key, timeout_s=60.0) as client:
         response = client.get("/v1/documents")
     if response.status_code != 200:
@@ -199,7 +209,7 @@ def add_list(sub: SubParsers) -> None:
 
 
 @handled
-def delete_documents(args: argparse.Namespace, settings: Settings) -> int:
+def delete_documents(args: argparse.Namespace, settings: ServerAddress) -> int:
     failures = 0
     with http_client(server_url(args, settings), args.api_key, timeout_s=60.0) as client:
         for doc_id in args.ids:

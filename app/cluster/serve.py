@@ -1,11 +1,12 @@
 """Cluster mode on Ray Serve (``ragspec serve --cluster``): an ingress deployment and an engine deployment.
 
 - ``Engine``: one replica per box (or GPU), each the whole one-process app (models, KV prefix cache, scheduler)
-  with a replica-local data dir for its KV, reading the shared documents dir and catalogue (PostgreSQL). Requests
-  reach it as plain data (``app.cluster.bridge``) and its answers stream back item by item.
-- ``Ingress``: the HTTP entry (Serve's proxy in front). It names each request's route key, the tenant and document
-  set whose KV prefix the request reads (``routing.routing_key``; a session follow-up's documents come from the
-  session in Redis), and calls the engine with it.
+  with a replica-local data dir for its KV, reading the shared documents dir and catalogue (PostgreSQL). Its
+  settings reach it as data (the command's, ``app.cluster.checks.settings_data``), as requests do
+  (``app.cluster.bridge``); its answers stream back item by item.
+- ``Ingress``: the HTTP entry (Serve's proxy in front), given the service's frozen config. It names each request's
+  route key, the tenant and document set whose KV prefix the request reads (``routing.routing_key``; a session
+  follow-up's documents come from the session in Redis), and calls the engine with it.
 - ``DocumentRouter``: Serve's request router for the engine. A keyed request goes to its owner on the ring
   (``routing.AffinityRouter``: consistent hashing with bounded loads), then to the next replicas along the ring
   when the owner is at its cap, full or gone; an unkeyed one (uploads, lists, health) to the least loaded. A
@@ -36,12 +37,13 @@ from ray.exceptions import ActorDiedError
 from ray.serve.request_router import RequestRouter
 
 from app.cluster.bridge import ABORTED, WireRequest, play, wire_request
-from app.cluster.checks import check_cluster_settings, replica_settings
+from app.cluster.checks import check_cluster_settings, replica_settings, settings_data, settings_from_data
 from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
+from app.config import ServiceConfig
 from app.errors import ServiceError, error_body
 from app.serving.auth import KeyRing
 from app.serving.sessions import last_documents
-from app.settings import Settings
+from app.settings import ClusterSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +92,10 @@ async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str |
     return routing_key(ids, tenant)
 
 
-def _replica_logging() -> None:
-    """Our loggers' lines on the replica's stderr (Ray's worker log, shown by the driver): Ray sets up its own
-    loggers only."""
-    level = os.environ.get("RAGSPEC_LOG_LEVEL", "INFO").upper()
+def _replica_logging(level: str) -> None:
+    """Our loggers' lines, from ``level`` up, on the replica's stderr (Ray's worker log, shown by the driver): Ray
+    sets up its own loggers only."""
+    level = level.upper()
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for name in ("app", "retrieval", "decoding"):  # ragspec's packages (app.cli.main's OWN_LOGGERS)
@@ -108,18 +110,18 @@ def _replica_logging() -> None:
 
 
 class EngineReplica:
-    """An engine replica: the one-process app, loaded with the settings Ray's environment gives this process
+    """An engine replica: the one-process app, loaded with the command's settings, handed over as data
     (``replica_settings``: its own data dir under the shared one)."""
 
-    async def __init__(self) -> None:  # type: ignore[misc]  # Serve awaits an async constructor
+    async def __init__(self, settings: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
         from ray import serve
 
         from app.main import create_app
 
-        _replica_logging()
+        base = settings_from_data(settings)
+        _replica_logging(base.log_level)
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
-        base = Settings()  # type: ignore[call-arg]  # from the environment Ray gave the replica
         rank = context.rank.rank if context.rank else 0
         self._lock, own = _own_dir(base.data_dir / "replicas", str(rank), self.name)
         self.app = create_app(replica_settings(base, own))
@@ -176,20 +178,18 @@ def _ingress(cls: type) -> type:
 
 @_ingress
 class Ingress:
-    """The HTTP entry: every request is forwarded to an engine replica, chosen by its route key."""
+    """The HTTP entry: every request is forwarded to an engine replica, chosen by its route key. ``config`` is the
+    service's (the command built it from its settings), ``redis_url`` where the sessions are."""
 
-    def __init__(self, engine: Any) -> None:
-        from app.config import ServiceConfig
+    def __init__(self, engine: Any, config: ServiceConfig, redis_url: str | None) -> None:
         from app.serving.redis_link import RedisLink
         from app.serving.sessions import SessionStore
 
         self.engine = engine.options(stream=True)
-        settings = Settings()  # type: ignore[call-arg]
-        config = ServiceConfig.from_settings(settings)
-        self.keys = KeyRing(config.api_keys)
+        self.keys = KeyRing(config.access.api_keys)
         # a body past what any route takes is refused here, before it is held in memory and sent on
-        self.max_body = max(config.limits.max_upload_bytes, int(settings.max_json_mb * 1024 * 1024)) + 64 * 1024
-        self.redis = RedisLink(settings.redis_url)
+        self.max_body = max(config.limits.max_upload_bytes, config.limits.max_json_bytes) + 64 * 1024
+        self.redis = RedisLink(redis_url)
         self.sessions = SessionStore(self.redis, config.sessions.session_ttl_s, config.sessions.max_turns)
 
     @http.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
@@ -243,15 +243,14 @@ class Ingress:
 
 
 def build_app(settings: Settings) -> Any:
-    """The Serve application: ``Ingress`` bound to ``EngineReplica`` (``cluster_replicas`` replicas), both
-    started with the command's RAGSPEC_* environment and absolute data paths."""
+    """The Serve application: ``Ingress`` (given the service's config) bound to ``EngineReplica``
+    (``cluster_replicas`` replicas, given the settings as data). The libraries underneath read variables of their
+    own (Hugging Face, OpenMP, transformers): both deployments get the command's, which a joined cluster's
+    processes would not have."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    env = {k: v for k, v in os.environ.items() if k.startswith(("RAGSPEC_", "HF_", "OMP_", "TRANSFORMERS_"))}
-    env.update({"RAGSPEC_DATA_DIR": str(settings.data_dir.resolve()),
-                "RAGSPEC_DOCUMENTS_DIR": str(settings.documents_dir.resolve()),
-                "RAGSPEC_MODELS_DIR": str(settings.models_dir.resolve())})
+    env = {k: v for k, v in os.environ.items() if k.startswith(("HF_", "OMP_", "TRANSFORMERS_"))}
     engine = serve.deployment(
         name="Engine",
         num_replicas=settings.cluster_replicas,
@@ -266,15 +265,22 @@ def build_app(settings: Settings) -> Any:
     )(EngineReplica)
     ingress = serve.deployment(name="Ingress", max_ongoing_requests=4 * MAX_ONGOING,
                                ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})(Ingress)
-    return ingress.bind(engine.bind())
+    return ingress.bind(engine.bind(settings_data(settings)), ServiceConfig.from_settings(settings),
+                        settings.redis_url)
+
+
+def builder_settings(args: dict[str, Any] | None) -> Settings:
+    """The settings of a Serve config file's application: the environment's, with ``args`` (by setting name) over
+    them, each taken as its variable's text would be (validated the same; an empty one is unset, as an empty
+    variable is)."""
+    overrides: dict[str, Any] = {name.lower(): str(value) for name, value in (args or {}).items() if str(value)}
+    return Settings(**overrides)
 
 
 def app_builder(args: dict[str, Any]) -> Any:
     """The application for a Serve config file (``import_path: app.cluster.serve:app_builder``, as in
-    deploy/kuberay/rayservice.yaml): settings from the environment, ``args`` (strings) as RAGSPEC_* overrides."""
-    for name, value in (args or {}).items():
-        os.environ[f"RAGSPEC_{name.upper()}"] = str(value)
-    settings = Settings()  # type: ignore[call-arg]
+    deploy/kuberay/rayservice.yaml): ``builder_settings``, checked, the catalogue migrated."""
+    settings = builder_settings(args)
     check_cluster_settings(settings)
     _migrate(settings)
     return build_app(settings)
@@ -323,9 +329,9 @@ class DocumentRouter(RequestRouter):  # type: ignore[misc]
 # ---- the command ---------------------------------------------------------------------------------------------
 
 
-def ray_init_options(settings: Settings, temp_dir: Path | None = None) -> dict[str, Any]:
+def ray_init_options(settings: ClusterSettings) -> dict[str, Any]:
     """A local Ray on a small box: loopback only, no dashboard, a small object store, logical CPUs for every
-    replica (each replica takes one)."""
+    replica (each replica takes one); its files under ``ray_temp_dir`` when that is set."""
     options: dict[str, Any] = {
         "num_cpus": max(os.cpu_count() or 1, settings.cluster_replicas),
         "include_dashboard": False,
@@ -334,8 +340,8 @@ def ray_init_options(settings: Settings, temp_dir: Path | None = None) -> dict[s
         "configure_logging": False,
         "log_to_driver": True,
     }
-    if temp_dir is not None:
-        options["_temp_dir"] = str(temp_dir)
+    if settings.ray_temp_dir is not None:
+        options["_temp_dir"] = str(settings.ray_temp_dir)
     return options
 
 
@@ -348,8 +354,7 @@ def run_cluster(settings: Settings, host: str, port: int) -> int:
     if settings.ray_address:
         context = ray.init(address=settings.ray_address, configure_logging=False)
     else:
-        temp = os.environ.get("RAGSPEC_RAY_TEMP_DIR")
-        context = ray.init(**ray_init_options(settings, Path(temp) if temp else None))
+        context = ray.init(**ray_init_options(settings))
     logger.info("Ray cluster at %s", context.address_info.get("gcs_address"))  # type: ignore[attr-defined]
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

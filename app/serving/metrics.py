@@ -145,9 +145,10 @@ class _View:
 class LiveCollector(Collector):
     """Gauges / counters read from the running service at scrape time.
 
-    ``read()`` returns: queue_waiting, generation_running, kv_cache_bytes, kv_disk_bytes, kv_host_bytes, kv_cache_hits,
-    kv_cache_misses, redis_up (1/0, or None when Redis is not configured), indexing_jobs ({(tenant, status):
-    count}).
+    ``read()`` returns: queue_waiting, generations_running (how many run now; ``ragspec_generation_running`` is 1
+    while it is not 0), batch (the engine's ``BatchStats``, or None), kv_cache_bytes, kv_disk_bytes,
+    kv_host_bytes, kv_cache_hits, kv_cache_misses, redis_up (1/0, or None when Redis is not configured),
+    indexing_jobs ({(tenant, status): count}).
     """
 
     def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
@@ -161,12 +162,9 @@ class LiveCollector(Collector):
         yield GaugeMetricFamily(
             "ragspec_queue_depth", "Generations waiting for the engine", live["queue_waiting"]
         )
-        yield GaugeMetricFamily(
-            "ragspec_generation_running", "1 while a generation runs", 1 if live["generation_running"] else 0
-        )
-        yield GaugeMetricFamily(
-            "ragspec_generations_running", "Generations running at once", live.get("generations_running", 0)
-        )
+        running = live["generations_running"]
+        yield GaugeMetricFamily("ragspec_generation_running", "1 while a generation runs", 1 if running else 0)
+        yield GaugeMetricFamily("ragspec_generations_running", "Generations running at once", running)
         batch = live.get("batch")
         if batch is not None:  # the engine's batched forwards (decoding.speculative.batching.BatchStats)
             yield CounterMetricFamily("ragspec_batch_forwards", "Target forwards run", batch.forwards)

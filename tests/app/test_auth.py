@@ -122,3 +122,16 @@ def test_openai_client_with_key(server: ThreadServer) -> None:
         )
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_the_gate_and_the_routes_read_one_key_ring_and_one_config(server: ThreadServer) -> None:
+    """The one-process app builds its key ring and config once: the request gate (middleware) and the loaded
+    services (the routes' ``services.keys``) hold the same objects."""
+    from app.api.middleware import GatePolicy, RequestGate
+
+    (gate,) = [m for m in server.app.user_middleware if m.cls is RequestGate]
+    policy, services = gate.kwargs["policy"], server.app.state.services
+    assert isinstance(policy, GatePolicy)
+    assert policy.keys is services.keys and services.keys.enabled
+    assert policy.max_body_bytes == services.config.limits.max_json_bytes
+    assert services.config.access.api_keys == (KEY_A, KEY_B)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.cluster.bridge import ABORTED, play, wire_request
-from app.cluster.checks import ClusterConfigError, check_cluster_settings, replica_settings
+from app.cluster.checks import (
+    ClusterConfigError,
+    check_cluster_settings,
+    replica_settings,
+    settings_data,
+    settings_from_data,
+)
 from app.cluster.routing import AffinityRouter, routing_key
-from app.cluster.serve import DocumentRouter, _own_dir, route_key
+from app.cluster.serve import DocumentRouter, _own_dir, builder_settings, ray_init_options, route_key
 from app.serving.auth import KeyRing, tenant_of_key
 from app.serving.sessions import Turn
 
@@ -211,6 +218,58 @@ def test_a_replica_reads_the_shared_documents_and_keeps_its_own_data_dir(tmp_pat
     check_cluster_settings(base)
     with pytest.raises(ClusterConfigError, match="RAGSPEC_REDIS_URL"):
         check_cluster_settings(base.model_copy(update={"redis_url": None}))
+
+
+def test_replicas_get_the_command_s_settings_as_data_never_their_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a replica is given: JSON data of the command's settings (its directories absolute), read back as those
+    settings however the replica's own RAGSPEC_* environment differs."""
+    from app.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    command = Settings(data_dir="data", api_keys="k1,k2", rope_scaling={"rope_type": "linear", "factor": 2.0},  # type: ignore[call-arg, arg-type]
+                       kv_pool_bytes=1 << 30, max_batch=3, calibrate=False, log_level="DEBUG")
+    data = settings_data(command)
+    assert json.loads(json.dumps(data)) == data  # what Ray carries: plain data
+    for name, value in (("RAGSPEC_MAX_BATCH", "7"), ("RAGSPEC_LOG_LEVEL", "ERROR"), ("RAGSPEC_API_KEYS", "other"),
+                        ("RAGSPEC_DATA_DIR", "/elsewhere")):
+        monkeypatch.setenv(name, value)
+    replica = settings_from_data(data)
+    absolute = {"data_dir": tmp_path / "data", "documents_dir": tmp_path / "data" / "documents",
+                "models_dir": tmp_path / "data" / "models"}
+    assert replica == command.model_copy(update=absolute)
+    assert (replica.max_batch, replica.log_level, replica.api_keys) == (3, "DEBUG", ["k1", "k2"])
+    bad = {**data, "max_batch": 0}  # validated again: data that is not settings is refused
+    with pytest.raises(ValueError, match="max_batch"):
+        settings_from_data(bad)
+
+
+def test_a_serve_config_s_args_are_settings_over_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``app_builder``'s settings: the environment's, the config's args (by name, in any case, as text) over them,
+    validated as a variable is, an empty one unset; the environment itself is not written."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("RAGSPEC_CLUSTER_REPLICAS", "4")
+    monkeypatch.setenv("RAGSPEC_DATA_DIR", str(tmp_path))
+    settings = builder_settings({"Cluster_Replicas": 2, "api_keys": "a,b", "max_batch": "", "calibrate": False})
+    assert (settings.cluster_replicas, settings.api_keys, settings.max_batch) == (2, ["a", "b"], 8)
+    assert not settings.calibrate and settings.documents_dir == tmp_path / "documents"
+    assert builder_settings(None).cluster_replicas == 4
+    assert os.environ["RAGSPEC_CLUSTER_REPLICAS"] == "4" and "RAGSPEC_API_KEYS" not in os.environ
+    with pytest.raises(ValidationError, match="cluster_replicas"):
+        builder_settings({"cluster_replicas": "0"})
+
+
+def test_a_local_ray_keeps_its_files_where_the_settings_say(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.settings import Settings
+
+    assert "_temp_dir" not in ray_init_options(Settings())  # type: ignore[call-arg]
+    monkeypatch.setenv("RAGSPEC_RAY_TEMP_DIR", str(tmp_path / "ray"))
+    options = ray_init_options(Settings(cluster_replicas=64))  # type: ignore[call-arg]
+    assert options["_temp_dir"] == str(tmp_path / "ray") and options["num_cpus"] >= 64
 
 
 def test_a_replica_takes_its_rank_s_dir_unless_a_live_one_holds_it(tmp_path: Path) -> None:

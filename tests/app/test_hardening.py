@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
 import threading
@@ -28,7 +29,6 @@ from tests.app.live import (
     LANDMARKS,
     ThreadServer,
     metric,
-    process_env,
     service_settings,
     thread_server,
     upload_text,
@@ -277,9 +277,10 @@ def test_readyz_is_unavailable_on_a_full_disk(damaged: tuple[ThreadServer, dict[
 
 
 def _served(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> tuple[uvicorn.Server, threading.Thread, int]:
-    """The service as ``ragspec serve`` runs it (its uvicorn config; settings from the environment)."""
-    for name, value in process_env(settings).items():
-        monkeypatch.setenv(name, value)
+    """The service as ``ragspec serve`` runs it: its uvicorn config, given the settings, none of them in the
+    environment (the 401 below shows the app was built from these, its API key included)."""
+    for name in [n for n in os.environ if n.startswith("RAGSPEC_")]:
+        monkeypatch.delenv(name)
     port = free_port()
     server = uvicorn.Server(serve_config(settings, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, name=f"serve-{port}", daemon=True)

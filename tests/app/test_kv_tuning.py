@@ -181,7 +181,7 @@ def test_a_recalibration_is_queued_once_requests_run_beyond_the_calibrated_lengt
 def test_the_host_tier_bytes_are_a_gauge() -> None:
     from app.serving.metrics import LiveCollector
 
-    live = {"queue_waiting": 0, "generation_running": False, "kv_cache_bytes": 1, "kv_disk_bytes": 2,
+    live = {"queue_waiting": 0, "generations_running": 0, "kv_cache_bytes": 1, "kv_disk_bytes": 2,
             "kv_host_bytes": 3, "kv_cache_hits": 0, "kv_cache_misses": 0, "indexing_jobs": {}, "redis_up": None}
     gauges = {f.name: f.samples[0].value for f in LiveCollector(lambda: live).collect() if f.samples}
     assert gauges["ragspec_kv_host_bytes"] == 3 and gauges["ragspec_kv_cache_bytes"] == 1

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from app.config import ServiceConfig
 from app.services import Services
 from app.serving.kv_tuning import RecalibrationBackoff, schedule_recalibration
 from app.settings import Settings
@@ -84,8 +85,8 @@ def test_recalibrate_if_due_runs_only_on_cuda(device: str, calibrate_setting: bo
     engine, scheduler = due_engine(), JobList()
     if device != "cpu":  # the device the guard reads; the job is only queued here, never run
         monkeypatch.setattr(Engine, "device", property(lambda self: torch.device(device)))
-    services = SimpleNamespace(settings=Settings(calibrate=calibrate_setting),  # type: ignore[call-arg]
-                               engine=engine, scheduler=scheduler, recalibration=RecalibrationBackoff())
+    config = ServiceConfig.from_settings(Settings(calibrate=calibrate_setting))  # type: ignore[call-arg]
+    services = SimpleNamespace(config=config, engine=engine, scheduler=scheduler, recalibration=RecalibrationBackoff())
     Services.recalibrate_if_due(services)  # type: ignore[arg-type]
     assert len(scheduler.jobs) == (1 if queued else 0)
     assert engine.policy.calibration_due() == 300  # due all along: the device (and setting) decided

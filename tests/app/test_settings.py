@@ -142,3 +142,46 @@ def test_batching_settings_refuse_what_cannot_run(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(env)
     monkeypatch.setenv("RAGSPEC_MAX_BATCH", "1")
     assert Settings().max_batch == 1  # type: ignore[call-arg]
+
+
+def test_settings_are_their_concerns_fields_in_order() -> None:
+    """``Settings`` is the concern models composed: every field is one concern's, in the concerns' order (the data
+    dir first, which the documents and models dirs are derived from)."""
+    from app.settings import GROUPS
+
+    assert all(issubclass(Settings, group) for group in GROUPS)
+    assert list(Settings.model_fields) == [name for group in GROUPS for name in group.model_fields]
+    assert next(iter(Settings.model_fields)) == "data_dir"
+
+
+def test_the_directories_follow_the_data_dir_unless_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
+    assert (settings.documents_dir, settings.models_dir) == (tmp_path / "documents", tmp_path / "models")
+    monkeypatch.setenv("RAGSPEC_DATA_DIR", str(tmp_path / "env"))
+    monkeypatch.setenv("RAGSPEC_MODELS_DIR", str(tmp_path / "models-elsewhere"))
+    settings = Settings()  # type: ignore[call-arg]
+    assert settings.documents_dir == tmp_path / "env" / "documents"
+    assert settings.models_dir == tmp_path / "models-elsewhere"
+    settings = Settings(data_dir=tmp_path / "given")  # type: ignore[call-arg]  # an argument wins over the variable
+    assert settings.documents_dir == tmp_path / "given" / "documents"
+
+
+def _table_sections() -> list[list[str]]:
+    """The variables of docs/settings.md's tables, one list per section (``## ...``) that has a table."""
+    sections: list[list[str]] = []
+    for section in SETTINGS_DOC.split("\n## ")[1:]:
+        names = [line.split("|")[1].strip().strip("`") for line in section.splitlines()
+                 if line.startswith("| `RAGSPEC_")]
+        if names:
+            sections.append(names)
+    return sections
+
+
+def test_the_settings_table_is_grouped_as_the_settings_are() -> None:
+    """One section of docs/settings.md per concern model, in their order, each naming exactly its fields."""
+    from app.settings import GROUPS
+
+    expected = [[f"RAGSPEC_{name.upper()}" for name in group.model_fields] for group in GROUPS]
+    assert _table_sections() == expected
+    for group in GROUPS:
+        assert f"(`{group.__name__}`)" in SETTINGS_DOC
