@@ -133,7 +133,7 @@ class ClusterSettings(BaseModel):
     cluster_replicas: int = Field(2, ge=1, description="Engine replicas of `ragspec serve --cluster`")
     cluster_load_factor: float = Field(
         1.5, gt=1.0, description="Cluster routing: a document's owner replica takes its requests until it holds this "
-        "many times the mean load (bench/routing.py's sweep chose 1.5)"
+        "many times the mean load (why 1.5: docs/benchmarks.md#routing-replicas-by-document)"
     )
     ray_address: str | None = Field(
         None, description="`ragspec serve --cluster`: the Ray cluster to join (auto, or the head's host:port); "
@@ -256,7 +256,7 @@ class RetrievalSettings(BaseModel):
     )
     retrieval_lexical_weight: float | None = Field(
         None, ge=0.0, le=1.0, description="Weight of BM25 in a chunk's hybrid score (default: calibrated on the QA "
-        "set, see docs/architecture.md, Retrieval)"
+        "set, docs/benchmarks.md#retrieval)"
     )
     retrieval_budget_cap: int = Field(8192, ge=256, description="Cap on the RAG context budget max(L/24, 4096)")
     retrieval_top_k: int = Field(16, ge=1, le=256, description="Hits considered per question")
@@ -284,7 +284,7 @@ class RequestSettings(BaseModel):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     default_frequency_penalty: float = Field(
         1.0, ge=-2.0, le=2.0, description="frequency_penalty when the request gives none (OpenAI's: per occurrence "
-        "in the answer so far; 0: off); 1.0 measured best for the bundled model on the QA set (bench.penalties)"
+        "in the answer so far; 0: off); the default fits the bundled model (docs/benchmarks.md#penalties-on-the-qa-set)"
     )
     default_presence_penalty: float = Field(0.0, ge=-2.0, le=2.0,
                                             description="presence_penalty when the request gives none")

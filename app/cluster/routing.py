@@ -8,8 +8,8 @@ point whose load is below ``ceil(load_factor * (total load + 1) / replicas)``. A
 replicas along the ring, always the same ones, whose caches then warm to it too, instead of anywhere; a replica
 added or gone moves only the keys it owned. Since the cap is above the mean load, some replica is always below it.
 
-``bench/routing.py`` compares this with random, least-loaded and unbounded hashing on a simulated cluster and
-chose the defaults (``DEFAULT_LOAD_FACTOR``, ``DEFAULT_VNODES``).
+``bench/routing.py`` compares this with random, least-loaded and unbounded hashing on a simulated cluster; why the
+defaults (``DEFAULT_LOAD_FACTOR``, ``DEFAULT_VNODES``) are what they are: docs/benchmarks.md, Routing.
 """
 
 from __future__ import annotations
