@@ -67,7 +67,7 @@ class Services:
     indexing: IndexingJobs
     scheduler: GenerationScheduler
     prompts: PromptBuilder
-    prefixes: PrefixRegistry
+    prefix_registry: PrefixRegistry  # which cached prefixes hold which documents
     drafters: Drafters
     redis: RedisLink
     sessions: SessionStore
@@ -95,7 +95,7 @@ class Services:
                                           record.tenant)
         if prompt is None or prompt.prefix_key is None:
             return
-        self.prefixes.add(prompt.prefix_key, [doc_id])
+        self.prefix_registry.add(prompt.prefix_key, [doc_id])
         engine = self.engine
 
         def run(cancel: threading.Event) -> Iterator[Any]:
@@ -107,7 +107,7 @@ class Services:
     def forget_document(self, doc_id: str) -> None:
         """After a delete: drop cached chunks/index and every KV prefix the document is part of."""
         self.retriever.invalidate(doc_id)
-        for key in self.prefixes.pop_document(doc_id):
+        for key in self.prefix_registry.pop_document(doc_id):
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(key)
 
@@ -261,14 +261,16 @@ def open_retriever(settings: RetrievalSettings, store: DocumentStore, embedder: 
     )
 
 
-def open_prefixes(settings: PathSettings, store: DocumentStore, prefix_cache: PrefixCache | None) -> PrefixRegistry:
+def open_prefix_registry(
+    settings: PathSettings, store: DocumentStore, prefix_cache: PrefixCache | None
+) -> PrefixRegistry:
     """Which KV prefixes each document is part of; those of documents that are gone are dropped (memory, disk)."""
-    prefixes = PrefixRegistry(settings.data_dir / "kv-prefixes.json")
-    orphans = prefixes.prune({r.id for r in store.list()})
+    registry = PrefixRegistry(settings.data_dir / "kv-prefixes.json")
+    orphans = registry.prune({r.id for r in store.list()})
     if prefix_cache is not None:
         for key in orphans:
             prefix_cache.drop(key)
-    return prefixes
+    return registry
 
 
 def open_scheduler(settings: SchedulingSettings, engine: Engine,
@@ -322,7 +324,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None, *, config:
         scheduler=scheduler,
         prompts=PromptBuilder(target.tokenizer, target.name, engine.max_context,
                               long_budget=settings.long_document_budget, lead_tokens=settings.long_document_lead),
-        prefixes=open_prefixes(settings, store, prefix_cache),
+        prefix_registry=open_prefix_registry(settings, store, prefix_cache),
         drafters=drafters,
         redis=redis,
         sessions=SessionStore(redis, config.sessions.session_ttl_s, config.sessions.max_turns,

@@ -193,7 +193,7 @@ def plan(services: Services, admission: Admission) -> Plan:
     docs = document_texts(services.store, records)
     prompt = services.prompts.fit(docs, q.question, q.history, admission.max_tokens, ranking, system=q.system)
     if prompt.prefix_key is not None and doc_ids:
-        services.prefixes.add(prompt.prefix_key, doc_ids)
+        services.prefix_registry.add(prompt.prefix_key, doc_ids)
     # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows of the
     # target's cache
     if needs_draft_prompt(q.mode) or needs_draft_rows(q.mode):
