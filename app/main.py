@@ -40,7 +40,9 @@ SWAGGER_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    services = await asyncio.to_thread(load_services, settings, app.state.metrics)
+    services: Services | None = app.state.services  # loaded already by `ragspec serve` (app.cli.startup)
+    if services is None:
+        services = await asyncio.to_thread(load_services, settings, app.state.metrics)
     # what start-up loaded (models, tokenizers, indexes) lives as long as the process: out of the collector's sight,
     # its full passes stop rescanning it while generations run
     gc.collect()
@@ -119,13 +121,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def serve_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
+def serve_config(settings: Settings, host: str, port: int, app: FastAPI | None = None) -> uvicorn.Config:
     """The uvicorn config of ``ragspec serve``: X-Forwarded-For / -Proto are honoured only from the
-    addresses in ``settings.trusted_proxies`` (none by default, so a client cannot forge its address)."""
+    addresses in ``settings.trusted_proxies`` (none by default, so a client cannot forge its address). ``app``: one
+    made already (its services loaded before serving); by default uvicorn calls ``create_app``."""
     trusted = ",".join(settings.trusted_proxies)
     return uvicorn.Config(
-        "app.main:create_app",
-        factory=True,
+        "app.main:create_app" if app is None else app,
+        factory=app is None,
         host=host,
         port=port,
         log_level=settings.log_level.lower(),

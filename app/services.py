@@ -283,14 +283,15 @@ def open_scheduler(settings: Settings, engine: Engine,
     return GenerationScheduler(settings.queue_size, slots=slots, pool_bytes=int(pool), on_start=on_start)
 
 
-def load_services(settings: Settings, metrics: Metrics | None = None) -> Services:
-    """Load models, open the store (recovering from a crash) and start the worker threads."""
+def load_services(settings: Settings, metrics: Metrics | None = None, target: LoadedModel | None = None) -> Services:
+    """Load models, open the store (recovering from a crash) and start the worker threads. ``target``: the target
+    LM ``load_target`` loaded already (``ragspec serve`` loads it first, to say which setting a failure is about)."""
     t0 = time.perf_counter()
     config = ServiceConfig.from_settings(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
     embedder = open_embedder(settings, store)
-    target = load_target(settings)
+    target = load_target(settings) if target is None else target
     drafters = open_drafters(settings, target)
     prefix_cache = open_prefix_cache(settings, target)
     engine = Engine(
