@@ -1,4 +1,5 @@
-"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in ``lifespan``.
+"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in ``lifespan`` (or before,
+by ``ragspec serve``, which hands them to the app so that a start-up failure is one line: ``app.cli.startup``).
 
 Run with ``ragspec serve`` (``serve_config``: forwarded headers only from ``RAGSPEC_TRUSTED_PROXIES``), or
 ``uvicorn --factory app.main:create_app --no-proxy-headers`` (uvicorn alone trusts X-Forwarded-* from
