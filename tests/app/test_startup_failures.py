@@ -1,8 +1,8 @@
 """A start-up failure of ``ragspec serve`` is one line on stderr naming the cause and what to do, exit status 2, no
 traceback: the real command in a subprocess, as a new user runs it (default log level), for a target model of an
 architecture the runtime does not run, a missing model file, a truncated GGUF, a port in use, a data dir that cannot
-be made and bad setting values. Each fails before the embedder or the store loads (the model ones after torch's
-imports, the others before them)."""
+be made and bad setting values. Each fails before the store or the embedder loads (the GGUF ones once torch and
+transformers are imported, the others before that)."""
 
 from __future__ import annotations
 
