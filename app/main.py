@@ -1,4 +1,6 @@
-"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in its lifespan.
+"""The FastAPI application: ``create_app(settings)``; models and stores are loaded once in its lifespan (or
+before, by ``ragspec serve``, which hands them to the app so that a start-up failure is one line:
+``app.cli.startup``).
 
 The settings are turned into the service's frozen config and its one key ring here, once: the request gate and the
 loaded services share both. Run with ``ragspec serve`` (``serve_config``: the app built from the command's settings,
@@ -41,12 +43,15 @@ SWAGGER_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 
 def _lifespan(settings: Settings, config: ServiceConfig, keys: KeyRing,
               metrics: Metrics) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """The app's lifespan: the services loaded from ``settings`` with the app's own config, key ring and metrics,
-    on ``app.state.services`` while it runs (the settings stay here, out of the running app's reach)."""
+    """The app's lifespan: the services loaded from ``settings`` with the app's own config, key ring and metrics
+    (or those ``ragspec serve`` loaded already, app.cli.startup), on ``app.state.services`` while it runs (the
+    settings stay here, out of the running app's reach)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        services = await asyncio.to_thread(load_services, settings, metrics, config=config, keys=keys)
+        services: Services | None = app.state.services
+        if services is None:
+            services = await asyncio.to_thread(load_services, settings, metrics, config=config, keys=keys)
         # what start-up loaded (models, tokenizers, indexes) lives as long as the process: out of the collector's
         # sight, its full passes stop rescanning it while generations run
         gc.collect()
@@ -78,11 +83,17 @@ def _live(app: FastAPI) -> Mapping[str, Any]:
     return services.live_metrics()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    """The app of ``settings`` (default: from the environment). ``services``: loaded already from these settings
+    (``ragspec serve`` loads them before it listens, app.cli.startup): the app takes their config, key ring and
+    metrics, and its lifespan loads nothing."""
     settings = settings or Settings()  # type: ignore[call-arg]  # fields come from the environment
-    config = ServiceConfig.from_settings(settings)
-    keys = KeyRing(config.access.api_keys)  # the gate's and the routes' (``services.keys``)
-    metrics = Metrics()
+    if services is not None:
+        config, keys, metrics = services.config, services.keys, services.metrics
+    else:
+        config = ServiceConfig.from_settings(settings)
+        keys = KeyRing(config.access.api_keys)  # the gate's and the routes' (``services.keys``)
+        metrics = Metrics()
     app = FastAPI(
         title="ragspec",
         version="0.1.0",
@@ -92,7 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    app.state.services = None
+    app.state.services = services
     metrics.add_live(lambda: _live(app))
     policy = GatePolicy(
         keys=keys,
@@ -127,13 +138,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def serve_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
-    """The uvicorn config of ``ragspec serve``: the app built from ``settings`` (the command's, flags included),
-    X-Forwarded-For / -Proto honoured only from the addresses in ``settings.trusted_proxies`` (none by default, so a
-    client cannot forge its address)."""
+def serve_config(settings: Settings, host: str, port: int, app: FastAPI | None = None) -> uvicorn.Config:
+    """The uvicorn config of ``ragspec serve``: ``app`` (one made with its services loaded already, app.cli.startup),
+    else the app built from ``settings`` (the command's, flags included); X-Forwarded-For / -Proto honoured only from
+    the addresses in ``settings.trusted_proxies`` (none by default, so a client cannot forge its address)."""
     trusted = ",".join(settings.trusted_proxies)
     return uvicorn.Config(
-        create_app(settings),
+        create_app(settings) if app is None else app,
         host=host,
         port=port,
         log_level=settings.log_level.lower(),

@@ -285,15 +285,17 @@ def open_scheduler(settings: SchedulingSettings, engine: Engine,
 
 
 def load_services(settings: Settings, metrics: Metrics | None = None, *, config: ServiceConfig | None = None,
-                  keys: KeyRing | None = None) -> Services:
+                  keys: KeyRing | None = None, target: LoadedModel | None = None) -> Services:
     """Load models, open the store (recovering from a crash) and start the worker threads. ``config`` and ``keys``:
-    the ones the app already built from these settings (its request gate reads them too), else built here."""
+    the ones the app already built from these settings (its request gate reads them too), else built here;
+    ``target``: the target LM ``load_target`` loaded already (``ragspec serve`` loads it first, to say which setting a
+    failure is about)."""
     t0 = time.perf_counter()
     config = config if config is not None else ServiceConfig.from_settings(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
     embedder = open_embedder(settings, store)
-    target = load_target(settings)
+    target = load_target(settings) if target is None else target
     drafters = open_drafters(settings, target)
     prefix_cache = open_prefix_cache(settings, target)
     engine = Engine(

@@ -11,6 +11,11 @@ class ModelLoadError(DecodingError):
     """A model or tokenizer could not be found, converted or loaded."""
 
 
+class ModelFileError(ModelLoadError):
+    """The model named is the problem, not how it is loaded: no such file, a file that is not a model or is corrupt,
+    or an architecture the runtime does not run. The remedy is another model (``app`` names the setting to change)."""
+
+
 class VocabularyMismatch(DecodingError):  # noqa: N818  (the name the service uses)
     """Target and drafter do not share one vocabulary, so drafted token ids would mean different things."""
 

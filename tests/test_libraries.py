@@ -251,6 +251,7 @@ WIRING = {  # the modules that turn settings into a running service; everything 
     "app.services",  # settings -> the loaded services (models, stores, caches, workers)
     "app.main",  # settings -> the app (its config, key ring and lifespan) and ragspec serve's uvicorn config
     "app.cli.main",  # the CLI entry: environment and flags -> settings, handed to every command
+    "app.cli.startup",  # ragspec serve's start: settings -> the port, the data dir, the models, the app, or one line
     "app.cli.local",  # the CLI's in-process commands: open the store or load the services from the settings
     "app.cluster.serve",  # the cluster entry: settings -> Ray, the deployments, the replicas' settings as data
     "app.cluster.checks",  # its Ray-free half, run by the CLI first: what cluster mode asks of the settings

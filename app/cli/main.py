@@ -73,9 +73,11 @@ def add_models(sub: SubParsers) -> None:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Check and load everything that can fail first (``app.cli.startup``: a failure is one line, exit status 2),
+    then serve the loaded app on the socket bound for it."""
     import uvicorn
 
-    from app.main import serve_config
+    from app.cli import startup
 
     host = args.host or settings.host
     port = args.port or settings.port
@@ -90,15 +92,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         except ClusterConfigError as exc:
             sys.stderr.write(f"ragspec: cluster mode: {exc}\n")
             return 2
-    if settings.database_url:  # a catalogue elsewhere: reached (and migrated) first, a bad one is one line
-        from retrieval.catalogue import Catalogue
-        from retrieval.errors import CatalogueUnavailable
-
-        try:
-            Catalogue(settings.database_url).close()
-        except CatalogueUnavailable as exc:
-            sys.stderr.write(f"ragspec: RAGSPEC_DATABASE_URL: {exc}\n")
-            return 2
+    try:
+        startup.check_database(settings)  # a catalogue elsewhere: reached (and migrated) first
+    except startup.StartupFailure as failure:
+        return startup.report(failure)
 
     if args.cluster:
         try:
@@ -116,9 +113,21 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             if self.started:
                 logger.info("serving on %s (data dir %s)", bound_url(self.servers, host), settings.data_dir)
 
-    logger.info("starting on %s:%d: loading the service (data dir %s)", host, port, settings.data_dir)
-    server = Server(serve_config(settings, host, port))
-    server.run()
+    # at DEBUG: a start-up failure is the one line on stderr at the default level (the model's load says "loaded")
+    logger.debug("starting on %s:%d: loading the service (data dir %s)", host, port, settings.data_dir)
+    try:
+        ready = startup.prepare(settings, host, port)
+    except startup.StartupFailure as failure:
+        return startup.report(failure)
+    except KeyboardInterrupt:  # Ctrl-C while loading: nothing serves yet, nothing to say
+        return 130
+    from app.main import serve_config  # imported by prepare already (after the port was bound)
+
+    server = Server(serve_config(settings, host, port, app=ready.app))
+    try:
+        server.run(sockets=[ready.socket])
+    finally:
+        ready.close_unserved()
     return 0 if server.started else 3  # uvicorn's exit status when the app failed to start
 
 

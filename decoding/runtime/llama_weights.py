@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, PretrainedConfig
 
-from decoding.errors import ModelLoadError
+from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
 
 logger = logging.getLogger(__name__)
@@ -63,23 +63,23 @@ def llama_dims(config: PretrainedConfig) -> tuple[int, int, int, int, int]:
 
 
 def check_supported(config: PretrainedConfig) -> None:
-    """Raise ``ModelLoadError`` (saying why) unless the quantized CPU runtime can run this architecture."""
+    """Raise ``ModelFileError`` (saying why) unless the quantized CPU runtime can run this architecture."""
     kind = getattr(config, "model_type", "")
     if kind not in ("llama", "mistral", "qwen2"):
-        raise ModelLoadError(f"the quantized CPU runtime runs Llama-family models, not {kind!r}")
+        raise ModelFileError(f"the quantized CPU runtime runs Llama-family models, not {kind!r}")
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"the quantized CPU runtime needs a SiLU MLP, not {config.hidden_act!r}")
+        raise ModelFileError(f"the quantized CPU runtime needs a SiLU MLP, not {config.hidden_act!r}")
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
-        raise ModelLoadError("the quantized CPU runtime has no sliding-window attention")
+        raise ModelFileError("the quantized CPU runtime has no sliding-window attention")
     if getattr(config, "mlp_bias", False) or (kind != "qwen2" and getattr(config, "attention_bias", False)):
-        raise ModelLoadError("the quantized CPU runtime supports q/k/v biases only (Qwen2)")
+        raise ModelFileError("the quantized CPU runtime supports q/k/v biases only (Qwen2)")
     rope = getattr(config, "rope_scaling", None) or {}
     if "dynamic" in str(rope.get("rope_type", rope.get("type", ""))):
-        raise ModelLoadError("the quantized CPU runtime needs rotary frequencies fixed at load (no dynamic RoPE)")
+        raise ModelFileError("the quantized CPU runtime needs rotary frequencies fixed at load (no dynamic RoPE)")
     e, h, g, d, i = llama_dims(config)
     if e % 32 or i % 32 or (h * d) % 32 or d % 8 or d > 256 or h % g:
-        raise ModelLoadError(f"shapes not supported by the quantized kernels (hidden {e}, head dim {d}, ffn {i})")
+        raise ModelFileError(f"shapes not supported by the quantized kernels (hidden {e}, head dim {d}, ffn {i})")
 
 
 # ---- weights from a GGUF file ---------------------------------------------------------------------------
@@ -95,25 +95,52 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return value.tolist()[0] if value.size == 1 else value.tolist()
 
 
+def _required(reader: Any, key: str) -> Any:
+    """A metadata value the config cannot do without: a GGUF that lacks it is refused by name."""
+    value = _field(reader, key)
+    if value is None:
+        raise ModelFileError(f"the GGUF metadata has no {key}: the file is incomplete or not a model")
+    return value
+
+
+GGUF_ARCHITECTURES = ("llama",)  # the GGUF architectures the quantized CPU runtime reads (gguf_config)
+
+
+def read_gguf(path: Path) -> Any:
+    """A ``gguf.GGUFReader`` of ``path``; a file that is not a GGUF, or one corrupt or cut short, raises
+    ``ModelFileError`` saying so. The reader parses the metadata and every tensor's extent when it opens the file
+    (the data is memory-mapped, not read), so a truncated download is caught here, not by a reshape deep inside the
+    load. Its parser fails on bad bytes with whatever numpy raises (a bad magic or enum value: ValueError; a read
+    past the end: IndexError, or ValueError from a short view), hence the kinds caught."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError, IndexError) as exc:
+        raise ModelFileError(f"cannot read the GGUF file {path}: it is corrupt, truncated or not a GGUF file "
+                             f"({type(exc).__name__}: {exc})") from exc
+
+
 def gguf_config(reader: Any) -> LlamaConfig:
     """A transformers ``LlamaConfig`` from a GGUF file's metadata (Llama architecture), its rope scaling included
     (``gguf_rope``)."""
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"GGUF architecture {arch!r}: the quantized CPU runtime reads 'llama' GGUF files")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelFileError(f"GGUF architecture {arch!r} is not supported by the quantized CPU runtime (supported: "
+                             f"{', '.join(GGUF_ARCHITECTURES)})")
     a = f"{arch}."
-    heads = int(_field(reader, a + "attention.head_count"))
-    hidden = int(_field(reader, a + "embedding_length"))
+    heads = int(_required(reader, a + "attention.head_count"))
+    hidden = int(_required(reader, a + "embedding_length"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(_field(reader, a + "vocab_size", len(tokens.data) if tokens is not None else 0))
     names = {t.name for t in reader.tensors}
     head_dim = int(_field(reader, a + "attention.key_length", hidden // heads))
-    context = int(_field(reader, a + "context_length"))
+    context = int(_required(reader, a + "context_length"))
     return LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, a + "feed_forward_length")),
-        num_hidden_layers=int(_field(reader, a + "block_count")),
+        intermediate_size=int(_required(reader, a + "feed_forward_length")),
+        num_hidden_layers=int(_required(reader, a + "block_count")),
         num_attention_heads=heads,
         num_key_value_heads=int(_field(reader, a + "attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -216,14 +243,13 @@ def gguf_torch_config(path: Path) -> Any:
     """The config for transformers' loader of the GGUF at ``path`` with the GGUF's rope scaling written in, or
     None when it has none: transformers reads a GGUF's config without its rope scaling. A Llama-3.1
     ``rope_freqs.weight`` has no transformers config equivalent here, so it is refused, not dropped."""
-    from gguf import GGUFReader
     from transformers import AutoConfig
 
-    reader = GGUFReader(str(path))
-    a = f"{_field(reader, 'general.architecture')}."
-    heads = int(_field(reader, a + "attention.head_count"))
-    head_dim = int(_field(reader, a + "attention.key_length", int(_field(reader, a + "embedding_length")) // heads))
-    own = gguf_rope(reader, a[:-1], head_dim, int(_field(reader, a + "context_length")))
+    reader = read_gguf(path)
+    a = f"{_required(reader, 'general.architecture')}."
+    heads = int(_required(reader, a + "attention.head_count"))
+    head_dim = int(_field(reader, a + "attention.key_length", int(_required(reader, a + "embedding_length")) // heads))
+    own = gguf_rope(reader, a[:-1], head_dim, int(_required(reader, a + "context_length")))
     if "rope_freqs" in own:
         raise ModelLoadError(f"{path.name} carries rope_freqs.weight (Llama-3.1's rope scaling), which transformers' "
                              "GGUF loader drops: serve it on the quantized CPU runtime, load its HF model dir, or "
@@ -237,12 +263,7 @@ def gguf_torch_config(path: Path) -> Any:
 
 def weights_from_gguf(path: Path, fallback: WeightType = WeightType.Q8_0) -> LlamaWeights:
     """Read a Llama GGUF file into ``LlamaWeights`` without dequantizing its Q8_0 / Q4_1 tensors."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+    reader = read_gguf(path)
     config = gguf_config(reader)
     check_supported(config)
     tensors = {t.name: t for t in reader.tensors}
@@ -250,10 +271,12 @@ def weights_from_gguf(path: Path, fallback: WeightType = WeightType.Q8_0) -> Lla
 
     def mat(name: str) -> QuantMatrix:
         if name not in tensors:
-            raise ModelLoadError(f"GGUF file {path} has no tensor {name}")
+            raise ModelFileError(f"GGUF file {path} has no tensor {name}")
         return _gguf_matrix(tensors[name], fallback)
 
     def vec(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise ModelFileError(f"GGUF file {path} has no tensor {name}")
         return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32).reshape(-1))
 
     def fuse(parts: list[QuantMatrix]) -> QuantMatrix:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from decoding.errors import ModelLoadError, VocabularyMismatch
+from decoding.errors import ModelFileError, ModelLoadError, VocabularyMismatch
 from decoding.runtime.attention import use_grouped_sdpa
 from decoding.runtime.bundled import BUNDLED
 from decoding.runtime.interface import TargetRuntime
@@ -149,13 +149,20 @@ def _gguf_file(path: Path) -> Path | None:
     if path.is_dir():
         found = sorted(path.glob("*.gguf"))
         if len(found) > 1:
-            raise ModelLoadError(f"{path} holds several GGUF files ({', '.join(f.name for f in found)}): name one")
+            raise ModelFileError(f"{path} holds several GGUF files ({', '.join(f.name for f in found)}): name one")
         return found[0] if found else None
     return None
 
 
+def _is_path(spec: str) -> bool:
+    """Whether ``spec`` can only be a local path: absolute, relative by ``.`` or ``~``, a ``.gguf`` name, or more
+    than one ``/`` (a hub id is ``name`` or ``owner/name``)."""
+    return Path(spec).is_absolute() or spec.startswith((".", "~")) or spec.endswith(".gguf") or spec.count("/") > 1
+
+
 def _resolve_source(spec: str, models_dir: Path | None, quantized: bool) -> tuple[str, str]:
-    """(a local path or hub id to load, a display name)."""
+    """(a local path or hub id to load, a display name). A path that does not exist is a ``ModelFileError`` here:
+    taken for a hub id it would fail later with the hub client's complaint about repo names."""
     if spec == BUNDLED:
         from decoding.runtime import bundled, bundled_build
 
@@ -173,8 +180,10 @@ def _resolve_source(spec: str, models_dir: Path | None, quantized: bool) -> tupl
     path = Path(spec).expanduser()
     if path.exists():
         if _gguf_file(path) is None and not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} is not a Hugging Face model dir (no config.json) nor a GGUF file")
+            raise ModelFileError(f"{path} is not a Hugging Face model dir (no config.json) nor a GGUF file")
         return str(path), path.name
+    if _is_path(spec):
+        raise ModelFileError(f"{path} does not exist")
     return spec, spec  # hub id
 
 
@@ -277,7 +286,6 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
     source, name = _resolve_source(spec, o.models_dir, quantized)
     gguf = _gguf_file(Path(source)) if Path(source).exists() else None
     try:
-        tokenizer = _load_tokenizer(source, gguf, o.local_files_only)
         config, rope_tag = None, ""
         if o.rope_scaling is not None and not (quantized and gguf is not None):  # a GGUF's config: weights_from_gguf
             config = _load_config(source, gguf, o.local_files_only)
@@ -295,14 +303,17 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
                 use_cpu_kernels(module)
             generation_config = module.generation_config
             model = TorchRuntime(module, rope_tag)
+        # after the weights: a corrupt GGUF, or one of another architecture, is named by the weights' reader
+        # (read_gguf, gguf_config), not by whatever transformers' GGUF tokenizer trips over in it
+        tokenizer = _load_tokenizer(source, gguf, o.local_files_only)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model {spec!r}: {exc}") from exc
+        raise ModelFileError(f"cannot load model {spec!r}: {exc}") from exc
     eos = _eos_ids(model.config, generation_config, tokenizer)
     if not eos:
-        raise ModelLoadError(f"model {spec!r} defines no EOS token")
+        raise ModelFileError(f"model {spec!r} defines no EOS token")
     max_context = model.max_positions
     if max_context <= 0:
-        raise ModelLoadError(f"model {spec!r} has no max_position_embeddings in its config")
+        raise ModelFileError(f"model {spec!r} has no max_position_embeddings in its config")
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,

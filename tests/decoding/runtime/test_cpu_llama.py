@@ -499,7 +499,7 @@ def test_unsupported_architectures_say_why() -> None:
 def test_bad_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     import gguf
 
-    from decoding.errors import ModelLoadError
+    from decoding.errors import ModelFileError, ModelLoadError
     from decoding.runtime.models import LoadOptions, load_model
 
     garbage = tmp_path / "garbage.gguf"
@@ -517,6 +517,15 @@ def test_bad_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(ModelLoadError, match="architecture 'gpt2'"):
         weights_from_gguf(other)
+    whole = other.read_bytes()
+    causes: set[type] = set()
+    for cut in (4, 24, len(whole) // 2, len(whole) - 1):  # in the counts, the metadata, the tensor data
+        short = tmp_path / f"cut-{cut}.gguf"
+        short.write_bytes(whole[:cut])
+        with pytest.raises(ModelFileError, match=f"cannot read the GGUF file {short}: it is corrupt, truncated") as err:
+            weights_from_gguf(short)
+        causes.add(type(err.value.__cause__))
+    assert {IndexError, ValueError} <= causes  # the parser's numpy errors on a file cut short, both named as such
     two = tmp_path / "two"
     two.mkdir()
     (two / "a.gguf").write_bytes(b"x")

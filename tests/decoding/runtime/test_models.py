@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoding.errors import ModelLoadError, VocabularyMismatch
+from decoding.errors import ModelFileError, ModelLoadError, VocabularyMismatch
 from decoding.runtime import bundled, bundled_build, kernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
@@ -128,6 +128,29 @@ def test_load_errors_are_domain_errors(
     with pytest.raises(ModelLoadError, match=message):
         options = LoadOptions(models_dir=models_dir, local_files_only=True, cpu_quant=quant)
         load_model(spec.format(tmp=tmp_path), options)
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="no CPU kernels: no quantized runtime")
+def test_a_model_that_is_itself_wrong_is_a_model_file_error(tmp_path: Path) -> None:
+    """A path that is not there is said so (not taken for a hub id), and a GGUF of another architecture is named by
+    the weights' reader before its tokenizer is built (this one has none: transformers would complain of that)."""
+    import gguf
+    import numpy as np
+
+    with pytest.raises(ModelFileError, match=f"^{tmp_path}/gone/model.gguf does not exist$"):
+        load_model(str(tmp_path / "gone" / "model.gguf"), LoadOptions(local_files_only=True))
+    foreign = tmp_path / "qwen" / "model.gguf"
+    foreign.parent.mkdir()
+    w = gguf.GGUFWriter(str(foreign), "qwen2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match=r"^GGUF architecture 'qwen2' is not supported by the quantized CPU "
+                       r"runtime \(supported: llama\)$"):
+        load_model(str(foreign), LoadOptions(local_files_only=True))
 
 
 def test_bad_device_and_dtype(tiny_dir: tuple[Path, LlamaForCausalLM]) -> None:
