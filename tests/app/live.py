@@ -8,6 +8,7 @@ a server that never starts); they are not speed assertions.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import httpx
 import uvicorn
 
 from app.main import create_app
+from app.services import Services
 from app.settings import Settings
 from tests.conftest import BUNDLED_GGUF_DIR, REPO, free_port
 
@@ -83,6 +85,12 @@ class ThreadServer(Live):
         wait_for(lambda: self.server.started or not self.thread.is_alive(), "the server to start")
         if not self.server.started:
             raise RuntimeError("the server failed to start (see the log)")
+
+    @property
+    def services(self) -> Services:
+        """The running app's loaded services (in-process only)."""
+        services: Services = self.app.state.services
+        return services
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -228,3 +236,29 @@ LANDMARKS = (
     "The Colosseum is an amphitheatre in Rome. Its construction began under the emperor Vespasian in 72 AD.\n\n"
     "The Great Wall of China is more than 21,000 kilometres long."
 )
+
+
+@contextmanager
+def engine_held(services: Services) -> Iterator[threading.Event]:
+    """The scheduler's slot taken by a job that runs until the yielded event is set (or the block ends): with
+    ``max_batch`` 1 every answer asked meanwhile waits in the queue."""
+    gate, started = threading.Event(), threading.Event()
+
+    def run(cancel: threading.Event) -> Iterator[str]:
+        started.set()
+        while not gate.wait(0.01) and not cancel.is_set():
+            pass
+        yield "released"
+
+    async def hold() -> None:
+        async for _ in services.scheduler.submit(run).events():
+            pass
+
+    holder = threading.Thread(target=asyncio.run, args=(hold(),), name="engine-holder")
+    holder.start()
+    try:
+        assert started.wait(DEADLINE_S), "the holding job never started"
+        yield gate
+    finally:
+        gate.set()
+        holder.join(DEADLINE_S)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +26,7 @@ from decoding.errors import ContextTooLong
 from decoding.speculative.generation import SamplingParams
 from retrieval.errors import DocumentNotFound
 from retrieval.store import DEFAULT_TENANT
-from tests.app.live import DEADLINE_S, ThreadServer, metric, wait_for
+from tests.app.live import ThreadServer, engine_held, metric, wait_for
 from tests.conftest import CountingEmbedder
 
 pytestmark = pytest.mark.real_model
@@ -41,11 +40,6 @@ def server_settings() -> dict[str, Any]:
     return {"max_batch": 1}  # one generation at a time: a held engine makes a question wait
 
 
-def services_of(server: ThreadServer) -> Services:
-    services: Services = server.app.state.services
-    return services
-
-
 def a_question(services: Services, doc: str, text: str = "Where is the Colosseum?", **fields: Any) -> Question:
     """Greedy with the server's default penalties, as an API request that sets none."""
     sampling = sampling_params(LogitControls.model_validate({}), services.config.penalties, services.vocab_size,
@@ -57,35 +51,10 @@ async def read_all(events: AsyncIterator[AnswerEvent]) -> list[AnswerEvent]:
     return [e async for e in events]
 
 
-@contextmanager
-def engine_held(services: Services) -> Iterator[None]:
-    """The server's only slot busy with a job that runs until the block ends."""
-    gate, started = threading.Event(), threading.Event()
-
-    def run(cancel: threading.Event) -> Iterator[str]:
-        started.set()
-        while not gate.wait(0.01) and not cancel.is_set():
-            pass
-        yield "released"
-
-    async def hold() -> None:
-        async for _ in services.scheduler.submit(run).events():
-            pass
-
-    holder = threading.Thread(target=asyncio.run, args=(hold(),), name="engine-holder")
-    holder.start()
-    try:
-        assert started.wait(DEADLINE_S), "the holding job never started"
-        yield
-    finally:
-        gate.set()
-        holder.join(DEADLINE_S)
-
-
 def test_an_answer_is_its_sources_prefill_tokens_then_finished_as_the_json_answer(
     server: ThreadServer, client: httpx.Client, doc: str
 ) -> None:
-    services = services_of(server)
+    services = server.services
     question = a_question(services, doc)
     events = asyncio.run(read_all(answering.answer(services, DEFAULT_TENANT, question)))
     kinds = [type(e) for e in events]
@@ -115,7 +84,7 @@ def test_an_answer_is_its_sources_prefill_tokens_then_finished_as_the_json_answe
 def test_the_checks_raise_from_the_call_and_retrieval_waits_for_the_first_read(
     server: ThreadServer, doc: str
 ) -> None:
-    services = services_of(server)
+    services = server.services
     question = a_question(services, doc, "Which of the landmarks stands in Paris?")
     with pytest.raises(InvalidRequest, match="must not be blank"):
         answering.answer(services, DEFAULT_TENANT, replace(question, question="   "))
@@ -147,7 +116,7 @@ def test_the_checks_raise_from_the_call_and_retrieval_waits_for_the_first_read(
 
 def test_the_accounting_is_done_before_finished_is_seen(server: ThreadServer, doc: str) -> None:
     """A consumer that stops at ``Finished`` (never reading past it) finds the session's history written."""
-    services = services_of(server)
+    services = server.services
     question = a_question(services, doc, session_id="pipeline-finished")
 
     async def main() -> tuple[Finished, list[Any]]:
@@ -169,7 +138,7 @@ def test_the_accounting_is_done_before_finished_is_seen(server: ThreadServer, do
 def test_a_consumer_that_stops_early_cancels_the_generation_and_records_nothing(
     server: ThreadServer, client: httpx.Client, doc: str
 ) -> None:
-    services = services_of(server)
+    services = server.services
     question = a_question(services, doc, COUNTING, max_tokens=64, mode="autoregressive", sampling=SamplingParams(),
                           session_id="pipeline-early")
     labels = {"mode": "autoregressive", "finish_reason": "cancelled"}
@@ -196,7 +165,7 @@ def test_a_consumer_that_stops_early_cancels_the_generation_and_records_nothing(
 def test_a_client_gone_while_its_generation_waits_cancels_it_before_it_runs(server: ThreadServer, doc: str) -> None:
     """``disconnected`` (a JSON request's own check) is polled while the generation waits: once true the
     generation leaves the queue without running, and reading the answer raises ``NeverRan``."""
-    services = services_of(server)
+    services = server.services
     question = a_question(services, doc, session_id="pipeline-gone")
     asked = threading.Event()
 

@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 
-from app.services import Services
 from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, metric, upload_text, wait_indexed
 
 pytestmark = pytest.mark.real_model
@@ -21,11 +20,6 @@ OVER_WINDOW = "\n\n".join(f"Section {i}. {LANDMARKS}" for i in range(12))  # lon
 @pytest.fixture(scope="module")
 def server_settings() -> dict[str, Any]:
     return {"max_batch": 4, "queue_size": 8}
-
-
-def services_of(server: ThreadServer) -> Services:
-    services: Services = server.app.state.services
-    return services
 
 
 def path(body: dict[str, Any]) -> str:
@@ -85,7 +79,7 @@ def test_a_request_that_could_never_fit_the_pool_is_refused(server: ThreadServer
     with server.client() as client:
         doc = upload_text(client, OVER_WINDOW)
         assert wait_indexed(client, doc)["status"] == "ready"
-        services = services_of(server)
+        services = server.services
         pool = services.scheduler.pool_bytes
         services.scheduler.pool_bytes = services.engine.kv_bytes(200)  # less than that prompt's cache
         try:

@@ -6,13 +6,11 @@ first token came after the test let the engine go), not a speed assertion."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -20,9 +18,8 @@ import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionChunk
 
-from app.services import Services
 from tests.app.browser import open_browser
-from tests.app.live import DEADLINE_S, ThreadServer, wait_for
+from tests.app.live import DEADLINE_S, ThreadServer, engine_held, wait_for
 
 pytestmark = pytest.mark.real_model
 
@@ -35,41 +32,10 @@ def server_settings() -> dict[str, Any]:
     return {"sse_ping_s": PING_S, "max_batch": 1}  # one generation at a time: a held engine makes others wait
 
 
-def services_of(server: ThreadServer) -> Services:
-    services: Services = server.app.state.services
-    return services
-
-
-@contextmanager
-def engine_held(server: ThreadServer) -> Iterator[threading.Event]:
-    """The engine busy with a job that runs until the yielded event is set (or the block ends)."""
-    scheduler = services_of(server).scheduler
-    gate, started = threading.Event(), threading.Event()
-
-    def run(cancel: threading.Event) -> Iterator[str]:
-        started.set()
-        while not gate.wait(0.01) and not cancel.is_set():
-            pass
-        yield "released"
-
-    async def hold() -> None:
-        async for _ in scheduler.submit(run).events():
-            pass
-
-    holder = threading.Thread(target=asyncio.run, args=(hold(),), name="engine-holder")
-    holder.start()
-    try:
-        assert started.wait(DEADLINE_S), "the holding job never started"
-        yield gate
-    finally:
-        gate.set()
-        holder.join(DEADLINE_S)
-
-
 def time_one_generation(server: ThreadServer) -> None:
     """One generation the server's scheduler times (a holder let go at once), so that every queued progress
     from here on carries an ``eta_s`` estimate."""
-    with engine_held(server) as gate:
+    with engine_held(server.services) as gate:
         gate.set()
 
 
@@ -103,7 +69,8 @@ def test_ask_stream_pings_and_reports_its_place_before_a_slow_first_token(server
     seen: list[tuple[str, str]] = []
     released_at = first_byte_at = None
     time_one_generation(server)
-    with engine_held(server) as gate, server.client() as client, client.stream("POST", "/v1/ask", json=body) as r:
+    held = engine_held(server.services)
+    with held as gate, server.client() as client, client.stream("POST", "/v1/ask", json=body) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for event, data in sse_frames(r.iter_lines()):
             first_byte_at = first_byte_at or time.perf_counter()
@@ -136,7 +103,7 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
             "document_ids": [doc], "max_tokens": 8, "stream": True}
     seen: list[tuple[str, str]] = []
     time_one_generation(server)
-    with engine_held(server) as gate, server.client() as client, client.stream(
+    with engine_held(server.services) as gate, server.client() as client, client.stream(
         "POST", "/v1/chat/completions", json=body
     ) as r:
         assert r.status_code == 200
@@ -153,7 +120,7 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
     assert any(p["stage"] == "prefill" for p in progress)
 
     openai = OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=DEADLINE_S)
-    with engine_held(server) as gate:
+    with engine_held(server.services) as gate:
         stream = openai.chat.completions.create(
             model="ragspec", messages=[{"role": "user", "content": "How tall is the Eiffel Tower?"}],
             max_tokens=8, stream=True, extra_body={"document_ids": [doc]},
@@ -175,10 +142,10 @@ def test_openai_stream_pings_while_queued_and_the_official_client_still_parses_i
 
 
 def test_json_answer_ttft_counts_the_wait_in_the_queue(server: ThreadServer, doc: str) -> None:
-    scheduler = services_of(server).scheduler
+    scheduler = server.services.scheduler
     body = {"question": "Where is the Colosseum?", "document_ids": [doc], "max_tokens": 8}
     result: dict[str, httpx.Response] = {}
-    with engine_held(server) as gate, server.client() as client:
+    with engine_held(server.services) as gate, server.client() as client:
         asker = threading.Thread(target=lambda: result.setdefault("r", client.post("/v1/ask", json=body)))
         asker.start()
         wait_for(lambda: scheduler.waiting == 1, "the question to wait in the queue", every_s=0.01)
@@ -193,9 +160,9 @@ def test_json_answer_ttft_counts_the_wait_in_the_queue(server: ThreadServer, doc
 
 
 def test_a_stream_that_goes_away_while_queued_leaves_the_queue(server: ThreadServer, doc: str) -> None:
-    scheduler = services_of(server).scheduler
+    scheduler = server.services.scheduler
     body = {"question": "Where is the Colosseum?", "document_ids": [doc], "max_tokens": 8, "stream": True}
-    with engine_held(server):
+    with engine_held(server.services):
         with server.client() as client, client.stream("POST", "/v1/ask", json=body) as r:
             for event, data in sse_frames(r.iter_lines()):
                 if event == "progress" and json.loads(data)["stage"] == "queued":
@@ -220,7 +187,7 @@ def test_page_shows_its_place_in_the_queue_then_the_answer(server: ThreadServer,
             page.js(f"{item}.querySelector('.doc-check').click()")
         page.js("document.getElementById('max-tokens').value = '8'")
         turn = "document.querySelector('#turns li.turn:last-child')"
-        with engine_held(server) as gate:
+        with engine_held(server.services) as gate:
             page.call("Runtime.evaluate", expression="document.getElementById('question').focus()")
             page.call("Input.insertText", text="When was the Eiffel Tower completed?")
             page.js("document.getElementById('ask-btn').click()")
