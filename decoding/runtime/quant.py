@@ -201,8 +201,8 @@ def dequantize_rows(kind: WeightType, raw: np.ndarray, cols: int) -> np.ndarray:
         out = f16(blocks[..., 0:2]) * q + f16(blocks[..., 2:4])
     elif kind == WeightType.Q5_0:
         qs = blocks[..., 6:]
-        high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
-        q = (np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4)).astype(np.int8) - np.int8(16)
+        fifth = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
+        q = (np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (fifth << 4)).astype(np.int8) - np.int8(16)
         out = f16(blocks[..., 0:2]) * q.astype(np.float32)
     elif kind == WeightType.Q4_K:
         sc, mn = q4k_scales(blocks[..., 4:16])
@@ -214,8 +214,8 @@ def dequantize_rows(kind: WeightType, raw: np.ndarray, cols: int) -> np.ndarray:
     elif kind == WeightType.Q6_K:
         ql, qh = blocks[..., :128], blocks[..., 128:192]
         dl = (f16(blocks[..., 208:210]) * blocks[..., 192:208].view(np.int8).astype(np.float32))[..., None]
-        low = ql.reshape(n, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
-        low = (low & 0x0F).reshape(n, -1, 2, 4, 32)  # [n, S, half, quarter, 32]
+        shifted = ql.reshape(n, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+        low = (shifted & 0x0F).reshape(n, -1, 2, 4, 32)  # [n, S, half, quarter, 32]
         high = qh.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
         q = ((low | ((high & 3) << 4)).astype(np.int8) - np.int8(32)).reshape(n, -1, 16, 16).astype(np.float32)
         out = dl * q
