@@ -111,8 +111,8 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
     - Q8_0 (272): the 8 scales, 8 chunks of weights (chunk c: weights 4c..4c+3);
     - Q4_1 (160): the 8 scales, the 8 minimums, 4 chunks of the nibble bytes (chunk c: bytes 4c..4c+3, i.e.
       weights 4c..4c+3 and 16+4c..16+4c+3);
-    - Q5_0 (176): the 8 scales, 8 fifth-bit masks (mask 2c + h, a little-endian uint32, bit 4j + t: row j's
-      weight 16h + 4c + t), 4 chunks of nibble bytes as Q4_1's;
+    - Q5_0 (176): the 8 scales, a chunk of fifth bits (byte 4j + t, bit 2c + h: row j's weight 16h + 4c + t), 4
+      chunks of nibble bytes as Q4_1's;
     - Q4_K (1184): the 8 d, the 8 dmin, the 6-bit scales unpacked to bytes (sub-block s of row j at 8s + j), the
       mins likewise, 32 chunks of nibble bytes (chunk k: bytes 4k..4k+3);
     - Q6_K (1680): the 8 d, per block of 32 b each row's int8 scale pair (sc[2b], sc[2b+1]) (16 bytes a block),
@@ -130,9 +130,9 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
         rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _chunks(g[..., 4:], 4)], axis=-1)
     elif kind == WeightType.Q5_0:
         bits = np.unpackbits(g[..., 2:6], axis=-1, bitorder="little")  # [G, j, b, 32]: bit v = weight v's fifth bit
-        masks = bits.reshape(-1, GROUP, nb, 2, 4, 4).transpose(0, 2, 4, 3, 1, 5)  # [G, b, c, h, j, t]
-        masks = np.packbits(masks.reshape(-1, nb, 8, 32), axis=-1, bitorder="little").reshape(-1, nb, 32)
-        rec = np.concatenate([_side_by_side(g[..., :2]), masks, _chunks(g[..., 6:], 4)], axis=-1)
+        bits = bits.reshape(-1, GROUP, nb, 2, 4, 4).transpose(0, 2, 1, 5, 4, 3)  # [G, b, j, t, c, h]
+        fifth = np.packbits(bits.reshape(-1, nb, 32, 8), axis=-1, bitorder="little").reshape(-1, nb, 32)
+        rec = np.concatenate([_side_by_side(g[..., :2]), fifth, _chunks(g[..., 6:], 4)], axis=-1)
     elif kind == WeightType.Q4_K:
         sc, mn = q4k_scales(g[..., 4:16])
         rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _apart_t(sc), _apart_t(mn),
@@ -167,8 +167,8 @@ def unpack_rows(kind: WeightType, packed: np.ndarray, n: int, cols: int) -> np.n
     elif kind == WeightType.Q4_1:
         parts = [_apart(rec[..., :16], 2), _apart(rec[..., 16:32], 2), _unchunk(rec[..., 32:], 4)]
     elif kind == WeightType.Q5_0:
-        bits = np.unpackbits(rec[..., 16:48].reshape(-1, nb, 8, 4), axis=-1, bitorder="little")  # [G, b, 2c+h, 32]
-        bits = bits.reshape(-1, nb, 4, 2, GROUP, 4).transpose(0, 4, 1, 3, 2, 5)  # [G, j, b, h, c, t]
+        bits = np.unpackbits(rec[..., 16:48].reshape(-1, nb, 32, 1), axis=-1, bitorder="little")  # [G, b, 4j+t, 2c+h]
+        bits = bits.reshape(-1, nb, GROUP, 4, 4, 2).transpose(0, 2, 1, 5, 4, 3)  # [G, j, b, h, c, t]
         qh = np.packbits(bits.reshape(-1, GROUP, nb, 32), axis=-1, bitorder="little")
         parts = [_apart(rec[..., :16], 2), qh, _unchunk(rec[..., 48:], 4)]
     elif kind == WeightType.Q4_K:

@@ -21,7 +21,7 @@
  *         each row's qs bytes 4k..4k+3);
  *   Q6_K (1680 bytes): d[8] (fp16), per block of 32 b the row's scale pair (sc[2b], sc[2b+1]) (8 x 16 bytes),
  *         32 chunks of ql, 16 chunks of qh (chunk k: each row's ql / qh bytes 4k..4k+3);
- *   Q5_0 (176 bytes a block of 32): d[8] (fp16), 8 fifth-bit masks (mask 2c + h, bit 4j + t: row j's weight
+ *   Q5_0 (176 bytes a block of 32): d[8] (fp16), a chunk of fifth bits (byte 4j + t, bit 2c + h: row j's weight
  *         16h + 4c + t), 4 chunks of qs (chunk c: each row's qs bytes 4c..4c+3).
  * One integer instruction on a chunk against 4 activations broadcast to every lane then adds 4 products to each
  * of 8 rows' sums (16 rows on 512-bit vectors: two groups side by side).
@@ -184,10 +184,8 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
             const float d = kq_h2f(((const uint16_t *)r)[j]);
             for (int v = 0; v < QK; ++v) {
                 const int h = v / 16, c = (v % 16) / 4, t = v % 4;
-                uint32_t mask;
-                memcpy(&mask, r + 16 + 4 * (2 * c + h), 4);
-                const uint8_t byte = r[48 + 32 * c + 4 * j + t];
-                const int q = ((h ? byte >> 4 : byte & 0x0F) | (((mask >> (4 * j + t)) & 1) << 4)) - 16;
+                const uint8_t byte = r[48 + 32 * c + 4 * j + t], fifth = r[16 + 4 * j + t];
+                const int q = ((h ? byte >> 4 : byte & 0x0F) | (((fifth >> (2 * c + h)) & 1) << 4)) - 16;
                 out[b * QK + v] = d * (float)q;
             }
         }
@@ -242,12 +240,6 @@ static inline kvi KQ(bc4)(const int8_t *x) {
     memcpy(&v, x, 4);
     return _mm512_set1_epi32(v);
 }
-static inline kvi KQ(fifth)(kvi q, const uint8_t *a, const uint8_t *b) { /* + 16 where a mask bit is set */
-    uint32_t lo, hi;
-    memcpy(&lo, a, 4);
-    memcpy(&hi, b, 4);
-    return _mm512_mask_add_epi8(q, (__mmask64)lo | (__mmask64)hi << 32, q, _mm512_set1_epi8(16));
-}
 #define G1(p) (p) /* the second group's pointer */
 #else
 #define KQ(name) name##_8
@@ -296,21 +288,6 @@ static inline kvi KQ(bc4)(const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
     return _mm256_set1_epi32(v);
-}
-static inline kvi KQ(fifth)(kvi q, const uint8_t *a, const uint8_t *b) {
-    (void)b;
-    uint32_t m;
-    memcpy(&m, a, 4);
-#if KQ_VNNI
-    return _mm256_mask_add_epi8(q, (__mmask32)m, q, _mm256_set1_epi8(16));
-#else
-    /* byte i of the 32 gets mask bit i: byte i / 8 of the mask to bytes 8(i / 8).., then its own bit */
-    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), idx), bit), bit);
-    return _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-#endif
 }
 #define G1(p) ((void)(p), (const uint8_t *)0)
 #endif
@@ -443,7 +420,7 @@ static inline __attribute__((always_inline)) void KQ(q50)(const int MB, const in
                                                            const int16_t *S, int K, const uint8_t *g0,
                                                            const uint8_t *g1, kvf *acc) {
     const int nb = K / QK;
-    const kvi low = V8(0x0F);
+    const kvi low = V8(0x0F), bit4 = V8(0x10);
 #if !KQ_VNNI
     const kvi ones = _mm256_set1_epi16(1);
 #endif
@@ -452,10 +429,15 @@ static inline __attribute__((always_inline)) void KQ(q50)(const int MB, const in
         const uint8_t *r0 = g0 + (long)b * REC_Q50, *r1 = G1(g1 + (long)b * REC_Q50);
         kvi a[KQ_MB], plo[KQ_MB], phi[KQ_MB];
         for (int i = 0; i < MB; ++i) a[i] = plo[i] = phi[i] = VZERO();
+        const kvi fifth = KQ(ld)(r0 + 16, G1(r1 + 16)); /* bit 2c + h of byte 4j + t */
+#pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
             const kvi raw = KQ(ld)(r0 + 48 + 32 * c, G1(r1 + 48 + 32 * c));
-            const kvi lo = KQ(fifth)(VAND(raw, low), r0 + 16 + 8 * c, G1(r1 + 16 + 8 * c));
-            const kvi hi = KQ(fifth)(VAND(VSRL16(raw, 4), low), r0 + 20 + 8 * c, G1(r1 + 20 + 8 * c));
+            /* bit 2c (low nibbles) and 2c + 1 (high) to bit 4 (16-bit shifts: bit 4 of a byte comes from its own) */
+            const kvi flo = c == 0 ? VSLL16(fifth, 4) : c == 1 ? VSLL16(fifth, 2) : c == 2 ? fifth : VSRL16(fifth, 2);
+            const kvi fhi = c == 0 ? VSLL16(fifth, 3) : c == 1 ? VSLL16(fifth, 1) : c == 2 ? VSRL16(fifth, 1)
+                                                                                       : VSRL16(fifth, 3);
+            const kvi lo = VOR(VAND(raw, low), VAND(flo, bit4)), hi = VOR(VAND(VSRL16(raw, 4), low), VAND(fhi, bit4));
             for (int i = 0; i < MB; ++i) {
                 const int8_t *xb = xq + (long)i * K + b * QK + 4 * c;
 #if KQ_VNNI
