@@ -100,6 +100,28 @@ def q4k_pack_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
     return np.concatenate([d, m, md], axis=-1).astype(np.uint8)
 
 
+def q6k_fields(ql: np.ndarray, qh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K's bytes ``ql [..., 128]``, ``qh [..., 64]`` -> each weight's low 4 and high 2 bits ``[..., 256]`` each: in
+    each half of 128 weights, ql byte l (0..63) holds weights l (low nibble) and 64 + l (high nibble), qh byte l
+    (0..31) weights l, 32 + l, 64 + l, 96 + l (bits 0-1, 2-3, 4-5, 6-7)."""
+    shape = ql.shape[:-1]
+    q = ql.reshape(*shape, 2, 1, 64)
+    low = np.concatenate([q & 0x0F, q >> 4], axis=-2).reshape(*shape, 256)
+    h = qh.reshape(*shape, 2, 1, 32)
+    high = np.concatenate([(h >> (2 * r)) & 3 for r in range(4)], axis=-2).reshape(*shape, 256)
+    return low, high
+
+
+def q6k_bytes(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of ``q6k_fields``."""
+    shape = low.shape[:-1]
+    lo = low.reshape(*shape, 2, 2, 64)
+    ql = (lo[..., 0, :] | (lo[..., 1, :] << 4)).reshape(*shape, 128)
+    hi = high.reshape(*shape, 2, 4, 32)
+    qh = (hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)).reshape(*shape, 64)
+    return ql.astype(np.uint8), qh.astype(np.uint8)
+
+
 def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
     """GGUF rows ``[n, blocks * BLOCK_BYTES]`` -> the kernels' layout ``[ceil(n / 8), blocks * RECORD_BYTES]``.
 
@@ -115,8 +137,11 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
       chunks of nibble bytes as Q4_1's;
     - Q4_K (1184): the 8 d, the 8 dmin, the 6-bit scales unpacked to bytes (sub-block s of row j at 8s + j), the
       mins likewise, 32 chunks of nibble bytes (chunk k: bytes 4k..4k+3);
-    - Q6_K (1680): the 8 d, per block of 32 b each row's int8 scale pair (sc[2b], sc[2b+1]) (16 bytes a block),
-      32 chunks of the low-bit bytes ``ql``, 16 chunks of the high-bit bytes ``qh``.
+    - Q6_K (1680): the 8 d, then per block of 32 weights b (208 bytes): each row's int8 scale pair (sc[2b],
+      sc[2b+1]), 4 chunks of low bits (chunk p: the low 4 bits of weights 32b + 4p + t, low nibble, and
+      32b + 16 + 4p + t, high nibble), 2 chunks of high bits (chunk k: bits 2u, 2u + 1 the high 2 bits of weight
+      32b + 16k + 4u + t): the file's 4-bit and 2-bit fields regrouped by block (``q6k_fields``), so the kernel
+      reads every byte once, in order.
     """
     n, width = rows.shape
     bb = BLOCK_BYTES[kind]
@@ -138,9 +163,16 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
         rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _apart_t(sc), _apart_t(mn),
                               _chunks(g[..., 16:], 32)], axis=-1)
     elif kind == WeightType.Q6_K:
-        pairs = g[..., 192:208].reshape(-1, GROUP, nb, 8, 2).transpose(0, 2, 3, 1, 4).reshape(-1, nb, 128)
-        rec = np.concatenate([_side_by_side(g[..., 208:210]), pairs, _chunks(g[..., :128], 32),
-                              _chunks(g[..., 128:192], 16)], axis=-1)
+        low, high = q6k_fields(g[..., :128], g[..., 128:192])  # [G, j, S, 256] each
+        low = low.reshape(-1, GROUP, nb, 8, 2, 4, 4)  # [G, j, S, b, half, p, t]
+        ql = low[..., 0, :, :] | (low[..., 1, :, :] << 4)  # [G, j, S, b, p, t]
+        high = high.reshape(-1, GROUP, nb, 8, 2, 4, 4)  # [G, j, S, b, k, u, t]
+        qh = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (high[..., 3, :] << 6)  # [.., k, t]
+        pairs = g[..., 192:208].reshape(-1, GROUP, nb, 8, 2)  # [G, j, S, b, 2]
+        blocks = np.concatenate([pairs.transpose(0, 2, 3, 1, 4).reshape(-1, nb, 8, 16),
+                                 ql.transpose(0, 2, 3, 4, 1, 5).reshape(-1, nb, 8, 128),
+                                 qh.transpose(0, 2, 3, 4, 1, 5).reshape(-1, nb, 8, 64)], axis=-1)
+        rec = np.concatenate([_side_by_side(g[..., 208:210]), blocks.reshape(-1, nb, 8 * 208)], axis=-1)
     else:
         raise ValueError(f"no packed layout for {kind.name}")
     return np.ascontiguousarray(rec.reshape(rec.shape[0], -1))
@@ -176,8 +208,14 @@ def unpack_rows(kind: WeightType, packed: np.ndarray, n: int, cols: int) -> np.n
         parts = [_apart(rec[..., :16], 2), _apart(rec[..., 16:32], 2), q4k_pack_scales(sc, mn),
                  _unchunk(rec[..., 160:], 32)]
     elif kind == WeightType.Q6_K:
-        pairs = rec[..., 16:144].reshape(-1, nb, 8, GROUP, 2).transpose(0, 3, 1, 2, 4).reshape(-1, GROUP, nb, 16)
-        parts = [_unchunk(rec[..., 144:1168], 32), _unchunk(rec[..., 1168:], 16), pairs, _apart(rec[..., :16], 2)]
+        blocks = rec[..., 16:].reshape(-1, nb, 8, 208)  # [G, S, b, bytes]
+        pairs = blocks[..., :16].reshape(-1, nb, 8, GROUP, 2).transpose(0, 3, 1, 2, 4).reshape(-1, GROUP, nb, 16)
+        ql = blocks[..., 16:144].reshape(-1, nb, 8, 4, GROUP, 4).transpose(0, 4, 1, 2, 3, 5)  # [G, j, S, b, p, t]
+        qh = blocks[..., 144:].reshape(-1, nb, 8, 2, GROUP, 4).transpose(0, 4, 1, 2, 3, 5)  # [G, j, S, b, k, t]
+        low = np.stack([ql & 0x0F, ql >> 4], axis=-3)  # [G, j, S, b, half, p, t]
+        high = np.stack([(qh >> (2 * u)) & 3 for u in range(4)], axis=-2)  # [G, j, S, b, k, u, t]
+        gql, gqh = q6k_bytes(low.reshape(-1, GROUP, nb, 256), high.reshape(-1, GROUP, nb, 256))
+        parts = [gql, gqh, pairs, _apart(rec[..., :16], 2)]
     else:
         raise ValueError(f"no packed layout for {kind.name}")
     rows = np.concatenate(parts, axis=-1)

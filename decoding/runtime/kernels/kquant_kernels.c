@@ -19,8 +19,11 @@
  * bytes holds 4 bytes of each row in turn (bytes 4j..4j+3: row j):
  *   Q4_K (1184 bytes): d[8], dmin[8] (fp16), sc[sub][row] (64 bytes), m[sub][row] (64), 32 chunks of qs (chunk k:
  *         each row's qs bytes 4k..4k+3);
- *   Q6_K (1680 bytes): d[8] (fp16), per block of 32 b the row's scale pair (sc[2b], sc[2b+1]) (8 x 16 bytes),
- *         32 chunks of ql, 16 chunks of qh (chunk k: each row's ql / qh bytes 4k..4k+3);
+ *   Q6_K (1680 bytes): d[8] (fp16), then per block of 32 weights b, in the order the kernel reads them (208 bytes):
+ *         the rows' scale pairs (sc[2b], sc[2b+1]) (16 bytes), 4 chunks of low bits (chunk p, byte 4j + t: the low 4
+ *         bits of row j's weights 32b + 4p + t (low nibble) and 32b + 16 + 4p + t (high nibble)), 2 chunks of high
+ *         bits (chunk k, byte 4j + t, bits 2u, 2u + 1: the high 2 bits of row j's weight 32b + 16k + 4u + t): the
+ *         file's bit fields regrouped by block, so every byte is read once and in order;
  *   Q5_0 (176 bytes a block of 32): d[8] (fp16), a chunk of fifth bits (byte 4j + t, bit 2c + h: row j's weight
  *         16h + 4c + t), 4 chunks of qs (chunk c: each row's qs bytes 4c..4c+3).
  * One integer instruction on a chunk against 4 activations broadcast to every lane then adds 4 products to each
@@ -170,11 +173,11 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
             const float d = kq_h2f(((const uint16_t *)r)[j]);
             float *o = out + s * QK_K;
             for (int v = 0; v < QK_K; ++v) {
-                const int h = v / 128, l = v % 128, lo = l % 64, sub = v / 16;
-                const uint8_t qlb = r[144 + 32 * (16 * h + lo / 4) + 4 * j + lo % 4];
-                const uint8_t qhb = r[1168 + 32 * (8 * h + (l % 32) / 4) + 4 * j + l % 4];
-                const int q = ((l < 64 ? qlb & 0x0F : qlb >> 4) | (((qhb >> (2 * (l / 32))) & 3) << 4)) - 32;
-                const float dl = d * (float)((const int8_t *)r)[16 + 16 * (sub / 2) + 2 * j + sub % 2];
+                const int b = v / 32, k = (v % 32) / 16, p = (v % 16) / 4, t = v % 4;
+                const uint8_t *rb = r + 16 + 208 * b;
+                const uint8_t qlb = rb[16 + 32 * p + 4 * j + t], qhb = rb[144 + 32 * k + 4 * j + t];
+                const int q = ((k ? qlb >> 4 : qlb & 0x0F) | (((qhb >> (2 * p)) & 3) << 4)) - 32;
+                const float dl = d * (float)((const int8_t *)rb)[2 * j + k];
                 o[v] = dl * (float)q;
             }
         }
@@ -345,14 +348,15 @@ static inline __attribute__((always_inline)) void KQ(q4k)(const int MB, const in
 }
 
 /* ---- Q6_K ------------------------------------------------------------------------------------------------------ */
-/* Block v (0..3) of half h of super-block s: weights 128h + 32v + 4c + t for chunks c = 0..7; T[i] += its part. */
-static inline __attribute__((always_inline)) void KQ(q6k_block)(const int MB, const int v, const int8_t *xq,
-                                                                 const float *xd, const int16_t *S, int K, int s,
-                                                                 int h, const uint8_t *r0, const uint8_t *r1,
-                                                                 kvf *T) {
-    const int nb = K / QK, b = 4 * h + v, bb = 8 * s + b;
+/* Block b (0..7) of the super-block at r0 (r1): weights 32b + 4c + t (sub-block 2b: c < 4; 2b + 1: c >= 4) of each
+   activation row from x (the super-block's first); T[i] = fma(float(i), d_x, T[i]). */
+static inline __attribute__((always_inline)) void KQ(q6k_block)(const int MB, const int8_t *xq, const float *xd,
+                                                                 const int16_t *S, int K, int bb, const uint8_t *r0,
+                                                                 const uint8_t *r1, kvf *T) {
+    const int nb = K / QK;
     const kvi low = V8(0x0F), top = V8(0x30);
-    const kvi P = KQ(i8x16)(r0 + 16 + 16 * b, r1 + 16 + 16 * b); /* (sc_2b, sc_2b+1) int16 pairs */
+    const kvi P = KQ(i8x16)(r0, G1(r1)); /* (sc_2b, sc_2b+1) int16 pairs */
+    const kvi H0 = KQ(ld)(r0 + 144, G1(r1 + 144)), H1 = KQ(ld)(r0 + 176, G1(r1 + 176));
 #if KQ_VNNI
     const kvi sa = VSRA32(VSLL32(P, 16), 16), sb = VSRA32(P, 16);
     kvi aa[KQ_MB], ab[KQ_MB];
@@ -360,33 +364,33 @@ static inline __attribute__((always_inline)) void KQ(q6k_block)(const int MB, co
 #else
     const kvi sca = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(P, 0xA0), 0xA0); /* (sc_2b, sc_2b) */
     const kvi scb = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(P, 0xF5), 0xF5); /* (sc_2b+1, sc_2b+1) */
-    kvi a32[KQ_MB], p16[KQ_MB];
-    for (int i = 0; i < MB; ++i) a32[i] = p16[i] = VZERO();
+    kvi a32[KQ_MB], pa[KQ_MB], pb[KQ_MB];
+    for (int i = 0; i < MB; ++i) a32[i] = pa[i] = pb[i] = VZERO();
 #endif
-    for (int c = 0; c < 8; ++c) {
-        const int lq = 144 + 32 * (16 * h + 8 * (v & 1) + c), hq = 1168 + 32 * (8 * h + c);
-        const kvi L = KQ(ld)(r0 + lq, r1 + lq), H = KQ(ld)(r0 + hq, r1 + hq);
-        const kvi nib = v < 2 ? VAND(L, low) : VAND(VSRL16(L, 4), low);
-        const kvi hb = v == 0 ? VSLL16(H, 4) : v == 1 ? VSLL16(H, 2) : v == 2 ? H : VSRL16(H, 2);
-        const kvi q = VOR(nib, VAND(hb, top));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) { /* weights 4p + t (low nibbles, high bits in H0) and 16 + 4p + t (high, H1) */
+        const kvi L = KQ(ld)(r0 + 16 + 32 * p, G1(r1 + 16 + 32 * p));
+        const kvi h0 = p == 0 ? VSLL16(H0, 4) : p == 1 ? VSLL16(H0, 2) : p == 2 ? H0 : VSRL16(H0, 2);
+        const kvi h1 = p == 0 ? VSLL16(H1, 4) : p == 1 ? VSLL16(H1, 2) : p == 2 ? H1 : VSRL16(H1, 2);
+        const kvi qa = VOR(VAND(L, low), VAND(h0, top)), qb = VOR(VAND(VSRL16(L, 4), low), VAND(h1, top));
         for (int i = 0; i < MB; ++i) {
-            const kvi x = KQ(bc4)(xq + (long)i * K + s * QK_K + 32 * b + 4 * c);
+            const int8_t *x = xq + (long)i * K + 32 * bb + 4 * p;
 #if KQ_VNNI
-            if (c < 4)
-                aa[i] = VDOT(aa[i], q, x);
-            else
-                ab[i] = VDOT(ab[i], q, x);
+            aa[i] = VDOT(aa[i], qa, KQ(bc4)(x));
+            ab[i] = VDOT(ab[i], qb, KQ(bc4)(x + 16));
 #else /* two chunks' pairs in int16 (at most 4 * 63 * 127), then times the scale into int32 */
-            const kvi p = _mm256_maddubs_epi16(q, x);
-            if (c & 1)
-                a32[i] = VADD32(a32[i], VMADD16(_mm256_add_epi16(p16[i], p), c < 4 ? sca : scb));
-            else
-                p16[i] = p;
+            const kvi ua = _mm256_maddubs_epi16(qa, KQ(bc4)(x)), ub = _mm256_maddubs_epi16(qb, KQ(bc4)(x + 16));
+            if (p & 1) {
+                a32[i] = VADD32(a32[i], VMADD16(_mm256_add_epi16(pa[i], ua), sca));
+                a32[i] = VADD32(a32[i], VMADD16(_mm256_add_epi16(pb[i], ub), scb));
+            } else {
+                pa[i] = ua, pb[i] = ub;
+            }
 #endif
         }
     }
     for (int i = 0; i < MB; ++i) {
-        const kvi corr = VMADD16(P, VSET32(kq_pair(S + (long)i * (K / 16) + 16 * s + 2 * b))); /* sc.S per lane */
+        const kvi corr = VMADD16(P, VSET32(kq_pair(S + (long)i * (K / 16) + 2 * bb))); /* sc . S per lane */
 #if KQ_VNNI
         const kvi dot = VADD32(VMULLO32(aa[i], sa), VMULLO32(ab[i], sb));
 #else
@@ -404,12 +408,8 @@ static inline __attribute__((always_inline)) void KQ(q6k)(const int MB, const in
         const uint8_t *r0 = g0 + (long)s * REC_Q6K, *r1 = G1(g1 + (long)s * REC_Q6K);
         kvf T[KQ_MB];
         for (int i = 0; i < MB; ++i) T[i] = VZEROF();
-        for (int h = 0; h < 2; ++h) {
-            KQ(q6k_block)(MB, 0, xq, xd, S, K, s, h, r0, r1, T);
-            KQ(q6k_block)(MB, 1, xq, xd, S, K, s, h, r0, r1, T);
-            KQ(q6k_block)(MB, 2, xq, xd, S, K, s, h, r0, r1, T);
-            KQ(q6k_block)(MB, 3, xq, xd, S, K, s, h, r0, r1, T);
-        }
+        for (int b = 0; b < 8; ++b)
+            KQ(q6k_block)(MB, xq, xd, S, K, 8 * s + b, r0 + 16 + 208 * b, G1(r1 + 16 + 208 * b), T);
         const kvf d = KQ(f16)(r0, r1);
         for (int i = 0; i < MB; ++i) acc[i] = VFMA(d, T[i], acc[i]);
     }
