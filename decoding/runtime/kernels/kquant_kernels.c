@@ -62,6 +62,7 @@ enum { KW_Q4_1 = 2, KW_Q4_K = 3, KW_Q6_K = 4, KW_Q5_0 = 5, KW_PARTS = 16 }; /* W
 #define REC_Q6K 1680
 #define REC_Q50 176
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task, as quant_kernels.c */
+#define KQ_PAIR_ROWS 6     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define KQ_VNNI 1
@@ -110,12 +111,15 @@ static inline int32_t kq_pair(const int16_t *s) { /* sums 2b, 2b + 1 as one int3
 #undef KQ_LANES
 #endif
 
-/* Weight groups [g0, g1) for every activation row. */
+/* Weight groups [g0, g1) for every activation row. On AVX-512, from KQ_PAIR_ROWS rows on, two groups at a time on
+   16 lanes (fewer instructions a weight); fewer rows (a decode step, a small verify), one group at a time: a pair
+   reads two streams of weights at once, which made one row from memory about twice as slow (measured on an EPYC;
+   the two give the same bits, so the choice never changes a result). */
 static void kq_groups(int wtype, const int8_t *xq, const float *xd, const float *xs, const int16_t *S, int M, int K,
                       const uint8_t *w, long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias,
                       const float *res, long ldr) {
 #if KQ_VNNI
-    for (; g0 + 1 < g1; g0 += 2)
+    for (; M >= KQ_PAIR_ROWS && g0 + 1 < g1; g0 += 2)
         kq_rows_16(wtype, xq, xd, xs, S, M, K, w + g0 * ldg, w + (g0 + 1) * ldg, N, 8 * g0, y, ldy, bias, res, ldr);
 #endif
     for (; g0 < g1; ++g0) kq_rows_8(wtype, xq, xd, xs, S, M, K, w + g0 * ldg, 0, N, 8 * g0, y, ldy, bias, res, ldr);
@@ -246,7 +250,7 @@ static inline kvi KQ(bc4)(const int8_t *x) {
 #define G1(p) (p) /* the second group's pointer */
 #else
 #define KQ(name) name##_8
-#define KQ_MB 2
+#define KQ_MB 4 /* AVX2's 16 registers spill a few accumulators: still faster than reading the weights twice */
 #define kvi __m256i
 #define kvf __m256
 #define VZERO() _mm256_setzero_si256()
@@ -485,10 +489,8 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
         switch (mb) {
         case 1: KQ(tile)(1, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 2: KQ(tile)(2, wtype, x, d, s, sm, K, g0, g1, acc); break;
-#if KQ_MB > 2
         case 3: KQ(tile)(3, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 4: KQ(tile)(4, wtype, x, d, s, sm, K, g0, g1, acc); break;
-#endif
         }
         for (int i = 0; i < mb; ++i) {
             float out[KQ_LANES], extra[KQ_LANES];
