@@ -1,9 +1,12 @@
 """The quantized CPU runtime's weights (``LlamaWeights``): read from a GGUF file as stored, or quantized from a
 loaded transformers model, and the check that the runtime can run an architecture at all.
 
-A GGUF file's Q8_0 / Q4_1 tensors are used as stored (other types are requantized to a fallback format);
-its q / k rows are put back in transformers' order (llama.cpp permutes them for its RoPE). A transformers
-model's linear layers are quantized to the requested format, its embedding and LM head to Q8_0.
+A GGUF file's tensors are used as stored wherever the kernels have their type (``GGUF_AS_STORED``: Q8_0, Q4_1,
+Q4_K, Q6_K, Q5_0), chosen per tensor from its own type; any other type (F16, Q5_K, ...) is requantized to a
+fallback format. Fused matrices (q/k/v, gate/up) whose parts a file stores in different types (a Q4_K_M's
+Q6_K attn_v beside Q4_K q and k) stay as stored too: a parts matrix (``quant.join_rows``), each part computed in
+its own format. Its q / k rows are put back in transformers' order (llama.cpp permutes them for its RoPE). A
+transformers model's linear layers are quantized to the requested format, its embedding and LM head to Q8_0.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from transformers import LlamaConfig, PretrainedConfig
 
 from decoding.errors import ModelFileError, ModelLoadError
-from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
+from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ class LlamaWeights:
     layers: list[LayerWeights]
     norm: torch.Tensor  # fp32 [E]
     head: QuantMatrix  # [V, E] (the embedding itself when tied)
-    source: str  # e.g. "gguf:Q4_1" or "quantized:q8_0"
+    source: str  # "gguf:Q4_K+Q6_K+Q8_0" (the formats held; "+F16>Q8_0": F16 held as Q8_0) or "quantized:q8_0"
 
     @property
     def nbytes(self) -> int:
@@ -217,19 +220,23 @@ def gguf_rope(reader: Any, arch: str, head_dim: int, context: int) -> dict[str, 
     return out
 
 
-_GGML_KINDS = {"Q8_0": WeightType.Q8_0, "Q4_1": WeightType.Q4_1}
+GGUF_AS_STORED = {"Q8_0": WeightType.Q8_0, "Q4_1": WeightType.Q4_1, "Q4_K": WeightType.Q4_K,
+                  "Q6_K": WeightType.Q6_K, "Q5_0": WeightType.Q5_0}  # GGUF types the kernels read as stored
 
 
-def _gguf_matrix(tensor: Any, fallback: WeightType) -> QuantMatrix:
-    """A GGUF weight as a ``QuantMatrix``: Q8_0 / Q4_1 blocks as stored, anything else requantized."""
+def _gguf_matrix(tensor: Any, fallback: WeightType, order: np.ndarray | None = None) -> QuantMatrix:
+    """A GGUF weight as a ``QuantMatrix`` (its rows in ``order`` if given): blocks of a type in ``GGUF_AS_STORED``
+    as stored, anything else requantized to ``fallback``."""
     from gguf import quants
 
     cols = int(tensor.shape[0])  # ggml lists the row length first
-    kind = _GGML_KINDS.get(tensor.tensor_type.name)
+    kind = GGUF_AS_STORED.get(tensor.tensor_type.name)
     if kind is not None:
-        return QuantMatrix.from_rows(kind, np.asarray(tensor.data, dtype=np.uint8).reshape(-1, tensor.data.shape[-1]),
-                                     cols)
+        raw = np.asarray(tensor.data, dtype=np.uint8).reshape(-1, tensor.data.shape[-1])
+        return QuantMatrix.from_rows(kind, raw if order is None else raw[order], cols)
     dense = quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1, cols)
+    if order is not None:
+        dense = dense[order]
     return quantize(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)), fallback)
 
 
@@ -262,49 +269,49 @@ def gguf_torch_config(path: Path) -> Any:
 
 
 def weights_from_gguf(path: Path, fallback: WeightType = WeightType.Q8_0) -> LlamaWeights:
-    """Read a Llama GGUF file into ``LlamaWeights`` without dequantizing its Q8_0 / Q4_1 tensors."""
+    """Read a Llama GGUF file into ``LlamaWeights``, each tensor as stored where the kernels read its type (see the
+    module's docstring) and requantized to ``fallback`` otherwise."""
     reader = read_gguf(path)
     config = gguf_config(reader)
     check_supported(config)
     tensors = {t.name: t for t in reader.tensors}
     _, h, g, _, _ = llama_dims(config)
+    requantized: set[str] = set()
 
-    def mat(name: str) -> QuantMatrix:
+    def mat(name: str, heads: int = 0) -> QuantMatrix:
+        """``heads``: q / k rows, un-permuted (on the stored bytes: a row's blocks move as they are)."""
         if name not in tensors:
             raise ModelFileError(f"GGUF file {path} has no tensor {name}")
-        return _gguf_matrix(tensors[name], fallback)
+        t = tensors[name]
+        if t.tensor_type.name not in GGUF_AS_STORED:
+            requantized.add(t.tensor_type.name)
+        return _gguf_matrix(t, fallback, _unpermute_rows(int(t.shape[1]), heads) if heads else None)
 
     def vec(name: str) -> torch.Tensor:
         if name not in tensors:
             raise ModelFileError(f"GGUF file {path} has no tensor {name}")
         return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32).reshape(-1))
 
-    def fuse(parts: list[QuantMatrix]) -> QuantMatrix:
-        """Fused rows need one block format: a mixed group (e.g. from a K-quant file) is requantized."""
-        if len({p.kind for p in parts}) > 1:
-            logger.info("requantizing a mixed %s group of %s to %s", [p.kind.name for p in parts], path.name,
-                        fallback.name)
-            parts = [p if p.kind == fallback else quantize(p.dequantize(), fallback) for p in parts]
-        return stack_rows(parts)
-
     layers = []
     for i in range(config.num_hidden_layers):
         b = f"blk.{i}."
-        q, k = mat(b + "attn_q.weight"), mat(b + "attn_k.weight")
-        q = q.select_rows(_unpermute_rows(q.rows, h))
-        k = k.select_rows(_unpermute_rows(k.rows, g))
         layers.append(LayerWeights(
             attn_norm=vec(b + "attn_norm.weight"),
             ffn_norm=vec(b + "ffn_norm.weight"),
-            qkv=fuse([q, k, mat(b + "attn_v.weight")]),
+            qkv=join_rows([mat(b + "attn_q.weight", h), mat(b + "attn_k.weight", g), mat(b + "attn_v.weight")]),
             o=mat(b + "attn_output.weight"),
-            gate_up=fuse([mat(b + "ffn_gate.weight"), mat(b + "ffn_up.weight")]),
+            gate_up=join_rows([mat(b + "ffn_gate.weight"), mat(b + "ffn_up.weight")]),
             down=mat(b + "ffn_down.weight"),
         ))  # fmt: skip
     embed = mat("token_embd.weight")
     head = embed if config.tie_word_embeddings else mat("output.weight")
-    kinds = sorted({tensors[n].tensor_type.name for n in tensors if tensors[n].data.ndim == 2})
-    return LlamaWeights(config, embed, layers, vec("output_norm.weight"), head, "gguf:" + "+".join(kinds))
+    held = {k for m in (embed, head, *(m for lw in layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)))
+            for k in m.kinds}
+    tag = "+".join([*sorted(k.name for k in held), *(f"{t}>{fallback.name}" for t in sorted(requantized))])
+    if requantized:
+        logger.info("%s: %s tensors requantized to %s (no kernel reads them as stored)", path.name,
+                    ", ".join(sorted(requantized)), fallback.name)
+    return LlamaWeights(config, embed, layers, vec("output_norm.weight"), head, "gguf:" + tag)
 
 
 # ---- weights from a transformers model --------------------------------------------------------------------

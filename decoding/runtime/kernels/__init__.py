@@ -1,6 +1,6 @@
 """Batch-invariant CPU kernels for the target's forwards (decode steps and draft-tree verification).
 
-Two C files (AVX2 + FMA + F16C, OpenMP) compiled once with a C compiler (default ``cc`` on the PATH) into a
+The C files (AVX2 + FMA + F16C, OpenMP) compiled once with a C compiler (default ``cc`` on the PATH) into a
 cache dir (default ``~/.cache/ragspec/kernels``) and loaded with ctypes. Both, whether the kernels are used
 at all and the ISA path are plain configuration (``configure``, called by the service from its settings
 before it loads a model): this package reads no environment variables.
@@ -18,7 +18,9 @@ model loads. ``build`` compiles any path (compiling needs no CPU support: an ima
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
   layer;
 - ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32, fp16, bf16 or int8 KV),
-  used by both CPU runtimes, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``).
+  used by both CPU runtimes, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``);
+- ``kquant_kernels.c``: the linear layers on GGUF's Q4_K / Q6_K / Q5_0 weights and on matrices whose parts are of
+  several formats (called by ``quant_kernels.c``).
 
 Where they cannot be used (no compiler, a CPU without AVX2, ``configure(enabled=False)``) the target runs on
 transformers with fp32 weights: same results up to rounding, slower.
@@ -53,7 +55,8 @@ from decoding.runtime.quant import QuantMatrix
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"))
+SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"),
+           Path(__file__).with_name("kquant_kernels.c"))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 ISAS = ("avx2", "avx512", "amx")  # the paths, in order of preference; "auto" picks the best one built and present

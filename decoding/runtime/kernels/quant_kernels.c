@@ -40,7 +40,10 @@
 #endif
 
 #define QK 32
-enum { W_Q8_0 = 1, W_Q4_1 = 2 };
+enum { W_Q8_0 = 1, W_Q4_1 = 2 }; /* Q4_K, Q6_K, Q5_0 and parts matrices: kquant_kernels.c */
+void kq_matmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
+                    long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr);
+void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out);
 
 /* A block's integer dot products: DOT4(acc, u, s) adds, per 32-bit lane, the four products of u's unsigned and
    s's signed bytes; FINISH turns the accumulator into int32 lanes. */
@@ -533,6 +536,10 @@ void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd
    per group of 8 rows. */
 void qmatmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
                   long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
+    if (wtype > W_Q4_1) {
+        kq_matmul_part(xq, xd, xs, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr);
+        return;
+    }
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
 #if AMX
     if (M >= AMX_MIN_ROWS) {
@@ -572,6 +579,10 @@ void rs_qlinear(const float *x, int M, int K, const uint8_t *w, int wtype, long 
 /* ---- dequantization (embedding rows, references) -------------------------------------------------------- */
 
 static void dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
+    if (wtype > W_Q4_1) {
+        kq_dequant_row(group, wtype, K, j, out);
+        return;
+    }
     for (int b = 0; b < K / QK; ++b) {
         if (wtype == W_Q4_1) {
             const uint8_t *rec = group + (long)b * REC_Q41;
