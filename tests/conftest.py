@@ -220,6 +220,13 @@ class CountingEmbedder:
         return self.inner.encode_query(text)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n N --dist loadfile`` the files go to the workers in the order below (``heavy`` first): pytest-xdist's
+    default (since 3.6) would reorder them by their number of tests, and start a long module of few tests last."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules marked ``heavy`` first (the order otherwise kept): with the suite spread over workers a file at a
     time, a long module that started last would leave one worker running alone at the end."""

@@ -17,6 +17,7 @@ import torch
 
 import app.services
 from app.settings import Settings
+from decoding.runtime.bundled import BUNDLED
 from decoding.runtime.models import LoadedModel
 from retrieval.embedding import Embedder
 from tests.app.live import LANDMARKS, ThreadServer, service_settings, thread_server, upload_text, wait_indexed
@@ -33,7 +34,10 @@ def shared_models() -> Iterator[None]:
     embedders: dict[tuple[str, str, str], Embedder] = {}
 
     def shared_llm(settings: Settings, spec: str, rope_scaling: dict[str, Any] | None = None) -> LoadedModel:
-        options = (spec, rope_scaling, settings.models_dir, settings.device, settings.dtype, settings.cpu_kernels,
+        # the models dir (by default under each server's own data dir) only says where "bundled" is: a model named
+        # by its path is the same model whatever it is, and loaded once for every module's server
+        models_dir = settings.models_dir if spec == BUNDLED else None
+        options = (spec, rope_scaling, models_dir, settings.device, settings.dtype, settings.cpu_kernels,
                    settings.cpu_quant, settings.kv_dtype, settings.kernel_cache, settings.kernel_compiler)
         key = json.dumps(options, sort_keys=True, default=str)
         if key not in models:

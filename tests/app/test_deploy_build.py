@@ -65,7 +65,7 @@ def test_prebuilt_kernels_load_where_the_compiler_is_gone(tmp_path: Path) -> Non
     compiler = tmp_path / "bin" / "gcc"
     compiler.parent.mkdir()
     compiler.symlink_to(str(shutil.which("gcc")))
-    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path),
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO),  # this checkout's code
            "RAGSPEC_KERNEL_CACHE": str(tmp_path / "kernels"), "RAGSPEC_KERNEL_COMPILER": str(compiler)}
     built = subprocess.run([str(venv_bin / "ragspec"), "kernels", "--all"], capture_output=True, text=True, env=env,
                            timeout=600)

@@ -12,7 +12,8 @@ bf16 KV cache, its default, attention on the bf16 tiles). All give the same bits
 attention on the bf16 tiles, which has its own (bf16 queries and numerators; see the C file). ``auto`` takes the
 best path the CPU reports; asking for a path the CPU lacks raises ``KernelUnavailable`` at ``configure``, before a
 model loads. ``build`` compiles any path (compiling needs no CPU support: an image builds every path,
-``built_isas``); ``load`` loads the configured one.
+``built_isas``; ``build_all`` compiles several paths at once, one compiler process per source and path on every
+CPU); ``load`` loads the configured one.
 
 - ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations, RMSNorm, RoPE + KV store, SiLU, and one call per decoder
@@ -42,7 +43,8 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -327,28 +329,74 @@ def built_isas() -> list[str]:
 def build(force: bool = False, isa: str | None = None) -> Path:
     """Compile the kernels for ``isa`` (default: the configured path) into the cache dir (atomically) and return
     the library path. Compiling needs no CPU support for the path; loading does."""
-    isa = _config.isa if isa is None else isa
+    return build_all([_config.isa if isa is None else isa], force=force)[0]
+
+
+def build_jobs() -> int:
+    """How many compiler processes ``build_all`` runs at once: one per CPU this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def build_all(isas: Sequence[str] | None = None, force: bool = False, jobs: int | None = None) -> list[Path]:
+    """Compile the kernels of every path in ``isas`` (default: ``built_isas()``) into the cache dir and return their
+    libraries, in the order asked (one already there is kept unless ``force``).
+
+    Each source of each path is one compiler process, ``jobs`` of them at once (default ``build_jobs()``), the
+    longest first; a path's objects are then linked into its library, which is moved into place atomically (no
+    temporary file is left behind, whatever fails). Raises ``RuntimeError`` if compiling fails (the command and the
+    end of its output)."""
+    isas = built_isas() if isas is None else list(isas)
+    for isa in isas:
+        if isa not in ISAS:
+            raise KernelUnavailable(f"unknown CPU kernel path {isa!r}; use one of {', '.join(ISAS)}")
     compiler = _config.compiler or shutil.which("cc") or shutil.which("gcc") or ""
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
-    out = _library_path(compiler, isa)
-    if out.is_file() and not force:
-        return out
-    openmp = private_openmp(compiler)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        cmd = [compiler, *_flags(isa), *(str(src) for src in SOURCES), *_link(openmp), "-o", tmp]
+    outs = {isa: _library_path(compiler, isa) for isa in isas}
+    todo = [isa for isa in dict.fromkeys(isas) if force or not outs[isa].is_file()]
+    if todo:
+        openmp = private_openmp(compiler)
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_dir()))
+        try:
+            _compile(compiler, todo, openmp, work, jobs or build_jobs(), outs)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for isa in todo:
+            logger.info("built CPU kernels at %s", outs[isa])
+    return [outs[isa] for isa in isas]
+
+
+def _compile(compiler: str, isas: list[str], openmp: Path | None, work: Path, jobs: int, outs: dict[str, Path]) -> None:
+    """The compiler processes of ``build_all``: objects in ``work``, each path linked once its objects are built."""
+
+    def run(cmd: list[str]) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the CPU kernels failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    logger.info("built CPU kernels at %s", out)
-    return out
+
+    # the wider paths' big source first: the longest jobs start at once, the short ones fill in behind them
+    order = sorted(((isa, src) for isa in isas for src in SOURCES),
+                   key=lambda job: (-job[1].stat().st_size, -ISAS.index(job[0])))
+    obj = {(isa, src): work / f"{isa}-{src.stem}.o" for isa, src in order}
+    compile_flags = [f for f in FLAGS if f != "-shared"]
+    commands = [[compiler, *compile_flags, *ISA_FLAGS[isa], "-c", str(src), "-o", str(obj[isa, src])]
+                for isa, src in order]
+    with ThreadPoolExecutor(max_workers=min(jobs, len(commands))) as pool:  # threads: the work is in the processes
+        futures = [pool.submit(run, cmd) for cmd in commands]
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                for pending in futures:
+                    pending.cancel()
+                raise error
+    for isa in isas:
+        library = work / f"{isa}.so"
+        run([compiler, *_flags(isa), *(str(obj[isa, src]) for src in SOURCES), *_link(openmp), "-o", str(library)])
+        os.replace(library, outs[isa])
 
 
 def _open(isa: str) -> ctypes.CDLL:

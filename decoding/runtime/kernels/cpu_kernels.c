@@ -1257,10 +1257,24 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
 #endif
 
 /* attention_part for keys / values stored as kvm (0 fp32, 1 fp16, 2 int8 rows with their scales, 3 bf16): the
-   attention of every sequence of a forward at once (no tiles). */
+   attention of every sequence of a forward at once (no tiles). Each storage gets a function of its own (the same
+   code, kvm a constant in each): inlined all four into one function they took the compiler twice as long (its
+   passes grow faster than the function), for the same instructions. */
+#define ATTENTION_OF(MODE)                                                                                         \
+    static __attribute__((noinline)) void attention_part_##MODE(const att_seq *seqs, int ns, int H, int D, int G, \
+                                                                long q_sh, long q_sn, long kv_sn, float scale,    \
+                                                                long o_sn, long o_sh, float *work) {              \
+        attention_part(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work, MODE);                     \
+    }
+ATTENTION_OF(0)
+ATTENTION_OF(1)
+ATTENTION_OF(2)
+ATTENTION_OF(3)
+#undef ATTENTION_OF
+
 void attention_seqs_part(const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn,
                          float scale, long o_sn, long o_sh, float *work, int kvm) {
-#define ATTENTION(MODE) attention_part(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work, MODE)
+#define ATTENTION(MODE) attention_part_##MODE(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work)
     if (kvm == 3)
         ATTENTION(3);
     else if (kvm == 2)
