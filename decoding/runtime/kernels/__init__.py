@@ -33,6 +33,7 @@ the C files), so a token's logits inside a verify pass equal its logits in a pla
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -43,8 +44,9 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -356,18 +358,35 @@ def build_all(isas: Sequence[str] | None = None, force: bool = False, jobs: int 
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) found; install gcc to enable the CPU kernels")
     outs = {isa: _library_path(compiler, isa) for isa in isas}
-    todo = [isa for isa in dict.fromkeys(isas) if force or not outs[isa].is_file()]
-    if todo:
-        openmp = private_openmp(compiler)
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_dir()))
-        try:
-            _compile(compiler, todo, openmp, work, jobs or build_jobs(), outs)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        for isa in todo:
-            logger.info("built CPU kernels at %s", outs[isa])
+    if not force and all(out.is_file() for out in outs.values()):
+        return [outs[isa] for isa in isas]
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with _building(cache_dir()):  # another process building here: wait, then take what it built
+        todo = [isa for isa in dict.fromkeys(isas) if force or not outs[isa].is_file()]
+        if todo:
+            openmp = private_openmp(compiler)
+            work = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_dir()))
+            try:
+                _compile(compiler, todo, openmp, work, jobs or build_jobs(), outs)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            for isa in todo:
+                logger.info("built CPU kernels at %s", outs[isa])
     return [outs[isa] for isa in isas]
+
+
+@contextmanager
+def _building(directory: Path) -> Iterator[None]:
+    """Held while building into ``directory``, across processes (an flock on the directory itself: no lock file
+    is left in the cache): workers or replicas starting at once on an empty cache compile a library once, not each
+    their own copy. Where the file system has no locks, builds go on unlocked (each still atomic)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _compile(compiler: str, isas: list[str], openmp: Path | None, work: Path, jobs: int, outs: dict[str, Path]) -> None:
