@@ -387,6 +387,39 @@ static inline __attribute__((always_inline)) void rows_blocks(
 }
 #endif
 
+/* rows_blocks as attention_part calls it: one function per KV storage (kvm a constant in each), for a whole block
+ * (cnt = KEY_BLOCK, known when compiled; the next block prefetched) or any count (no prefetch). Inlined at each of
+ * attention_part's four call sites, in each of its four storages, it made the compiler take three times as long for
+ * the same arithmetic (a call per block of keys and rows tile costs nothing next to it). */
+#define ROWS_ARGS                                                                                                  \
+    int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, float scale,        \
+        float *const *part, float *const *m, float *const *l
+#define ROWS_BLOCKS_OF(MODE)                                                                                       \
+    static __attribute__((noinline)) void rows_full_##MODE(ROWS_ARGS, const char *pf_k, const char *pf_v,         \
+                                                           int pf_lines) {                                        \
+        rows_blocks(R, q, dv, kb, ldk, vb, ldv, KEY_BLOCK, scale, part, m, l, MODE, pf_k, pf_v, pf_lines);        \
+    }                                                                                                              \
+    static __attribute__((noinline)) void rows_any_##MODE(ROWS_ARGS, int cnt) {                                    \
+        rows_blocks(R, q, dv, kb, ldk, vb, ldv, cnt, scale, part, m, l, MODE, 0, 0, 0);                           \
+    }
+ROWS_BLOCKS_OF(0)
+ROWS_BLOCKS_OF(1)
+ROWS_BLOCKS_OF(2)
+ROWS_BLOCKS_OF(3)
+#undef ROWS_BLOCKS_OF
+#undef ROWS_ARGS
+/* kvm: a constant where these are used (attention_part_0 .. _3), so each picks its function when compiled */
+#define ROWS_FULL(kvm, ...)                                                                                        \
+    ((kvm) == 0   ? rows_full_0(__VA_ARGS__)                                                                       \
+     : (kvm) == 1 ? rows_full_1(__VA_ARGS__)                                                                       \
+     : (kvm) == 2 ? rows_full_2(__VA_ARGS__)                                                                       \
+                  : rows_full_3(__VA_ARGS__))
+#define ROWS_ANY(kvm, ...)                                                                                         \
+    ((kvm) == 0   ? rows_any_0(__VA_ARGS__)                                                                        \
+     : (kvm) == 1 ? rows_any_1(__VA_ARGS__)                                                                        \
+     : (kvm) == 2 ? rows_any_2(__VA_ARGS__)                                                                        \
+                  : rows_any_3(__VA_ARGS__))
+
 #ifdef __AVX512F__
 /* ---- bf16 blocks: the layout the tiles and the vector bf16 dot products read, the numerators' exp ------------ */
 /* r[i] <- column i of the 16 x 16 dwords r (rows i) */
@@ -850,8 +883,8 @@ static inline __attribute__((always_inline)) void attention_part(
                             rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k,
                                               calls ? 0 : pf_v, lines);
                         else
-                            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm,
-                                        calls ? 0 : pf_k, calls ? 0 : pf_v, lines);
+                            ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, ps, ms, ls, calls ? 0 : pf_k,
+                                      calls ? 0 : pf_v, lines);
                         R = 0, ++calls;
                     }
                 }
@@ -860,8 +893,8 @@ static inline __attribute__((always_inline)) void attention_part(
             rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
                               lines);
         else if (R)
-            rows_blocks(R, qs, dv, kb, kv_sn, vb, kv_sn, KEY_BLOCK, scale, ps, ms, ls, kvm, calls ? 0 : pf_k,
-                        calls ? 0 : pf_v, lines);
+            ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
+                      lines);
     }
     float kbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
     float vbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
@@ -913,9 +946,9 @@ static inline __attribute__((always_inline)) void attention_part(
                 if (dot16)
                     rows_blocks_dot16(R, qs, D, cnt, scale, kt, vp, ps, ms, ls, 0, 0, 0);
                 else if (in_place) /* the same values as gathered: loading widens them the same way */
-                    rows_blocks(R, qs, dv, kd, kv_sn, vd, kv_sn, cnt, scale, ps, ms, ls, kvm, 0, 0, 0);
+                    ROWS_ANY(kvm, R, qs, dv, kd, kv_sn, vd, kv_sn, scale, ps, ms, ls, cnt);
                 else
-                    rows_blocks(R, qs, dv, kbuf, D, vbuf, D, cnt, scale, ps, ms, ls, 0, 0, 0, 0);
+                    rows_any_0(R, qs, dv, kbuf, D, vbuf, D, scale, ps, ms, ls, cnt);
             }
         }
         for (int h = g * group; h < (g + 1) * group; ++h) {
