@@ -265,8 +265,9 @@ def _kernels(args: argparse.Namespace, settings: Settings) -> int:
 
     configure_kernels(settings)
     try:
-        for isa in kernels.built_isas() if args.all else [kernels.config().isa]:  # the configured path last
-            say(str(kernels.build(force=args.force, isa=isa)))
+        isas = kernels.built_isas() if args.all else [kernels.config().isa]  # the configured path last
+        for library in kernels.build_all(isas, force=args.force):  # every path's sources compiled at once
+            say(str(library))
     except (OSError, RuntimeError) as exc:
         sys.stderr.write(f"ragspec kernels: {exc}\n")
         return 1
