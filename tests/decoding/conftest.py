@@ -100,28 +100,32 @@ def fake_quantized_activations(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inv) * (amax / 127.0)).reshape(x.shape)
 
 
-def quantized_reference(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, CpuLlama]:
-    """transformers' Llama on the dequantized weights, with every linear layer's input quantized as the
-    kernels quantize it: what CpuLlama computes, up to fp32 summation order."""
-    hf = make_tiny_llama(seed, cpu_kernels=False, layers=3)
-    weights = weights_from_hf(hf, kind)
-    ours = CpuLlama(weights, torch.float32)
+def load_dequantized(hf: torch.nn.Module, weights: Any) -> None:
+    """Copy the runtime's weights, dequantized, into transformers' Llama (q / k / v and gate / up split again)."""
     inner = hf.model
     with torch.no_grad():
         inner.embed_tokens.weight.copy_(weights.embed.dequantize())
         hf.lm_head.weight.copy_(weights.head.dequantize())
         for layer, lw in zip(inner.layers, weights.layers, strict=True):
             at, mlp = layer.self_attn, layer.mlp
-            qkv = lw.qkv.dequantize()
-            q, k = at.q_proj.out_features, at.k_proj.out_features
+            qkv, q, k = lw.qkv.dequantize(), at.q_proj.out_features, at.k_proj.out_features
             at.q_proj.weight.copy_(qkv[:q])
             at.k_proj.weight.copy_(qkv[q : q + k])
             at.v_proj.weight.copy_(qkv[q + k :])
             at.o_proj.weight.copy_(lw.o.dequantize())
-            gu = lw.gate_up.dequantize()
-            mlp.gate_proj.weight.copy_(gu[: mlp.gate_proj.out_features])
-            mlp.up_proj.weight.copy_(gu[mlp.gate_proj.out_features :])
+            gu, i = lw.gate_up.dequantize(), mlp.gate_proj.out_features
+            mlp.gate_proj.weight.copy_(gu[:i])
+            mlp.up_proj.weight.copy_(gu[i:])
             mlp.down_proj.weight.copy_(lw.down.dequantize())
+
+
+def quantized_reference(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, CpuLlama]:
+    """transformers' Llama on the dequantized weights, with every linear layer's input quantized as the
+    kernels quantize it: what CpuLlama computes, up to fp32 summation order."""
+    hf = make_tiny_llama(seed, cpu_kernels=False, layers=3)
+    weights = weights_from_hf(hf, kind)
+    ours = CpuLlama(weights, torch.float32)
+    load_dequantized(hf, weights)
     for module in hf.modules():
         if isinstance(module, torch.nn.Linear):
             module.register_forward_pre_hook(lambda _m, args: (fake_quantized_activations(args[0]),))

@@ -493,30 +493,15 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
         case 4: KQ(tile)(4, wtype, x, d, s, sm, K, g0, g1, acc); break;
         }
         for (int i = 0; i < mb; ++i) {
-            float out[KQ_LANES], extra[KQ_LANES];
             kvf v = acc[i];
 #if KQ_LANES == 16
             const __mmask16 mask = (__mmask16)((1u << valid) - 1);
             if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + n0));
             if (res) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, res + (long)(m + i) * ldr + n0), v);
             _mm512_mask_storeu_ps(y + (long)(m + i) * ldy + n0, mask, v);
-            (void)out, (void)extra;
 #else
-            if (bias) {
-                for (int j = 0; j < 8; ++j) extra[j] = j < valid ? bias[n0 + j] : 0.0f;
-                v = _mm256_add_ps(v, _mm256_loadu_ps(extra));
-            }
-            if (res) {
-                for (int j = 0; j < 8; ++j) extra[j] = j < valid ? res[(long)(m + i) * ldr + n0 + j] : 0.0f;
-                v = _mm256_add_ps(_mm256_loadu_ps(extra), v);
-            }
-            float *yr = y + (long)(m + i) * ldy + n0;
-            if (valid == 8) {
-                _mm256_storeu_ps(yr, v);
-            } else {
-                _mm256_storeu_ps(out, v);
-                for (int j = 0; j < valid; ++j) yr[j] = out[j];
-            }
+            store_tile8(v, bias ? bias + n0 : 0, res ? res + (long)(m + i) * ldr + n0 : 0, y + (long)(m + i) * ldy + n0,
+                        valid);
 #endif
         }
     }

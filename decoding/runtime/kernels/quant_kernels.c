@@ -319,25 +319,9 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
             for (int i = 0; i < 4; ++i) acc[i] = mins[i] = _mm256_setzero_ps();
             (wtype == W_Q4_1 ? Q41_GROUP : Q80_GROUP)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb,
                                                           K, w + g * ldg, acc, mins);
-            for (int i = 0; i < mb; ++i) {
-                float out[8], extra[8];
-                __m256 v = _mm256_add_ps(acc[i], mins[i]);
-                if (bias) {
-                    for (int j = 0; j < 8; ++j) extra[j] = j < valid ? bias[n0 + j] : 0.0f;
-                    v = _mm256_add_ps(v, _mm256_loadu_ps(extra));
-                }
-                if (res) {
-                    for (int j = 0; j < 8; ++j) extra[j] = j < valid ? res[(long)(m + i) * ldr + n0 + j] : 0.0f;
-                    v = _mm256_add_ps(_mm256_loadu_ps(extra), v);
-                }
-                float *yr = y + (long)(m + i) * ldy + n0;
-                if (valid == 8) {
-                    _mm256_storeu_ps(yr, v);
-                } else {
-                    _mm256_storeu_ps(out, v);
-                    for (int j = 0; j < valid; ++j) yr[j] = out[j];
-                }
-            }
+            for (int i = 0; i < mb; ++i)
+                store_tile8(_mm256_add_ps(acc[i], mins[i]), bias ? bias + n0 : 0,
+                            res ? res + (long)(m + i) * ldr + n0 : 0, y + (long)(m + i) * ldy + n0, valid);
         }
     }
 }

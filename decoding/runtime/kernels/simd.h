@@ -5,6 +5,27 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* An 8-column output tile's epilogue, the same for every weight format: v (+ bias) (+ the residual row), stored to
+ * y; at the matrix's edge only the first `valid` columns are read and written. bias / res: this tile's columns, or
+ * NULL. */
+static inline void store_tile8(__m256 v, const float *bias, const float *res, float *y, int valid) {
+    float out[8], extra[8];
+    if (bias) {
+        for (int j = 0; j < 8; ++j) extra[j] = j < valid ? bias[j] : 0.0f;
+        v = _mm256_add_ps(v, _mm256_loadu_ps(extra));
+    }
+    if (res) {
+        for (int j = 0; j < 8; ++j) extra[j] = j < valid ? res[j] : 0.0f;
+        v = _mm256_add_ps(_mm256_loadu_ps(extra), v);
+    }
+    if (valid == 8) {
+        _mm256_storeu_ps(y, v);
+    } else {
+        _mm256_storeu_ps(out, v);
+        for (int j = 0; j < valid; ++j) y[j] = out[j];
+    }
+}
+
 /* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
    tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's layer_batch). The vector bf16
    dot products keep blocks of 64 keys laid out the same way (rs_tile_keys says which a library keeps). */

@@ -41,6 +41,7 @@ from tests.decoding.conftest import (
     TinyTarget,
     TinyTokenizer,
     fake_quantized_activations,
+    load_dequantized,
     make_tiny_llama,
     run,
 )
@@ -457,21 +458,7 @@ def test_the_k_quant_forward_matches_transformers_on_the_dequantized_weights(
     path, hf, _ = kquant_file
     weights = weights_from_gguf(path)
     ours = CpuLlama(weights, torch.float32)
-    inner = hf.model
-    with torch.no_grad():
-        inner.embed_tokens.weight.copy_(weights.embed.dequantize())
-        hf.lm_head.weight.copy_(weights.head.dequantize())
-        for layer, lw in zip(inner.layers, weights.layers, strict=True):
-            at, mlp = layer.self_attn, layer.mlp
-            qkv, q, k = lw.qkv.dequantize(), at.q_proj.out_features, at.k_proj.out_features
-            at.q_proj.weight.copy_(qkv[:q])
-            at.k_proj.weight.copy_(qkv[q : q + k])
-            at.v_proj.weight.copy_(qkv[q + k :])
-            at.o_proj.weight.copy_(lw.o.dequantize())
-            gu, i = lw.gate_up.dequantize(), mlp.gate_proj.out_features
-            mlp.gate_proj.weight.copy_(gu[:i])
-            mlp.up_proj.weight.copy_(gu[i:])
-            mlp.down_proj.weight.copy_(lw.down.dequantize())
+    load_dequantized(hf, weights)
     hooks = [m.register_forward_pre_hook(lambda _m, args: (fake_quantized_activations(args[0]),))
              for m in hf.modules() if isinstance(m, torch.nn.Linear)]
     g = torch.Generator().manual_seed(4)
