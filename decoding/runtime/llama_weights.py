@@ -1,9 +1,10 @@
 """The quantized CPU runtime's weights (``LlamaWeights``): read from a GGUF file as stored, or quantized from a
 loaded transformers model, and the check that the runtime can run an architecture at all.
 
-A GGUF file's tensors are used as stored wherever the kernels have their type (``GGUF_AS_STORED``: Q8_0, Q4_1,
-Q4_K, Q6_K, Q5_0), chosen per tensor from its own type; any other type (F16, Q5_K, ...) is requantized to a
-fallback format. Fused matrices (q/k/v, gate/up) whose parts a file stores in different types (a Q4_K_M's
+A GGUF file's tensors are used as stored, each in its own type (``GGUF_AS_STORED``: the K-quants Q4_K, Q5_K,
+Q6_K; the 32-weight blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL, IQ4_XS; and F16, BF16, F32): the kernels read
+every one of them, so nothing is dequantized or requantized at load, and a file holding a type they lack (Q2_K,
+Q3_K, the other IQ types, ...) is refused at load naming the tensor and its type. Fused matrices (q/k/v, gate/up) whose parts a file stores in different types (a Q4_K_M's
 Q6_K attn_v beside Q4_K q and k) stay as stored too: a parts matrix (``quant.join_rows``), each part computed in
 its own format. Its q / k rows are put back in transformers' order (llama.cpp permutes them for its RoPE). A
 transformers model's linear layers are quantized to the requested format, its embedding and LM head to Q8_0.
@@ -220,24 +221,20 @@ def gguf_rope(reader: Any, arch: str, head_dim: int, context: int) -> dict[str, 
     return out
 
 
-GGUF_AS_STORED = {"Q8_0": WeightType.Q8_0, "Q4_1": WeightType.Q4_1, "Q4_K": WeightType.Q4_K,
-                  "Q6_K": WeightType.Q6_K, "Q5_0": WeightType.Q5_0}  # GGUF types the kernels read as stored
+GGUF_AS_STORED = {kind.name: kind for kind in WeightType if kind != WeightType.PARTS}  # every type the kernels read
 
 
-def _gguf_matrix(tensor: Any, fallback: WeightType, order: np.ndarray | None = None) -> QuantMatrix:
-    """A GGUF weight as a ``QuantMatrix`` (its rows in ``order`` if given): blocks of a type in ``GGUF_AS_STORED``
-    as stored, anything else requantized to ``fallback``."""
-    from gguf import quants
-
+def _gguf_matrix(path: Path, tensor: Any, order: np.ndarray | None = None) -> QuantMatrix:
+    """A GGUF weight as a ``QuantMatrix`` of its own type, its bytes as stored (its rows in ``order`` if given); a
+    type the kernels do not read raises ``ModelFileError`` naming the tensor and its type."""
     cols = int(tensor.shape[0])  # ggml lists the row length first
     kind = GGUF_AS_STORED.get(tensor.tensor_type.name)
-    if kind is not None:
-        raw = np.asarray(tensor.data, dtype=np.uint8).reshape(-1, tensor.data.shape[-1])
-        return QuantMatrix.from_rows(kind, raw if order is None else raw[order], cols)
-    dense = quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1, cols)
-    if order is not None:
-        dense = dense[order]
-    return quantize(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)), fallback)
+    if kind is None:
+        raise ModelFileError(f"{path.name}: tensor {tensor.name} is {tensor.tensor_type.name}, which the quantized "
+                             f"CPU runtime does not read (it reads {', '.join(GGUF_AS_STORED)}); requantize the "
+                             "file to one of those (e.g. llama.cpp's llama-quantize to Q4_K_M)")
+    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(int(np.prod(tensor.shape[1:])), -1)
+    return QuantMatrix.from_rows(kind, raw if order is None else raw[order], cols)
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
@@ -268,29 +265,29 @@ def gguf_torch_config(path: Path) -> Any:
     return config
 
 
-def weights_from_gguf(path: Path, fallback: WeightType = WeightType.Q8_0) -> LlamaWeights:
-    """Read a Llama GGUF file into ``LlamaWeights``, each tensor as stored where the kernels read its type (see the
-    module's docstring) and requantized to ``fallback`` otherwise."""
+def weights_from_gguf(path: Path) -> LlamaWeights:
+    """Read a Llama GGUF file into ``LlamaWeights``, each tensor as stored in its own type (see the module's
+    docstring); a tensor of a type the kernels do not read raises ``ModelFileError``."""
     reader = read_gguf(path)
     config = gguf_config(reader)
     check_supported(config)
     tensors = {t.name: t for t in reader.tensors}
     _, h, g, _, _ = llama_dims(config)
-    requantized: set[str] = set()
 
     def mat(name: str, heads: int = 0) -> QuantMatrix:
         """``heads``: q / k rows, un-permuted (on the stored bytes: a row's blocks move as they are)."""
         if name not in tensors:
             raise ModelFileError(f"GGUF file {path} has no tensor {name}")
         t = tensors[name]
-        if t.tensor_type.name not in GGUF_AS_STORED:
-            requantized.add(t.tensor_type.name)
-        return _gguf_matrix(t, fallback, _unpermute_rows(int(t.shape[1]), heads) if heads else None)
+        return _gguf_matrix(path, t, _unpermute_rows(int(t.shape[1]), heads) if heads else None)
 
     def vec(name: str) -> torch.Tensor:
+        from gguf import quants
+
         if name not in tensors:
             raise ModelFileError(f"GGUF file {path} has no tensor {name}")
-        return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32).reshape(-1))
+        t = tensors[name]
+        return torch.from_numpy(np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1))
 
     layers = []
     for i in range(config.num_hidden_layers):
@@ -307,10 +304,7 @@ def weights_from_gguf(path: Path, fallback: WeightType = WeightType.Q8_0) -> Lla
     head = embed if config.tie_word_embeddings else mat("output.weight")
     held = {k for m in (embed, head, *(m for lw in layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)))
             for k in m.kinds}
-    tag = "+".join([*sorted(k.name for k in held), *(f"{t}>{fallback.name}" for t in sorted(requantized))])
-    if requantized:
-        logger.info("%s: %s tensors requantized to %s (no kernel reads them as stored)", path.name,
-                    ", ".join(sorted(requantized)), fallback.name)
+    tag = "+".join(sorted(k.name for k in held))
     return LlamaWeights(config, embed, layers, vec("output_norm.weight"), head, "gguf:" + tag)
 
 

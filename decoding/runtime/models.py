@@ -265,7 +265,7 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
     ``spec``: ``'bundled'`` (SmolLM2 under ``models_dir``, see ``decoding.runtime.bundled``), a GGUF file or a dir
     holding one (with the tokenizer files beside it, or the GGUF's own tokenizer), a local HF dir, or a hub id.
     On a CPU with fp32 activations the target runs on the quantized runtime (``decoding.runtime.cpu_llama``) unless
-    ``options.cpu_quant`` is ``'none'``: a GGUF's Q8_0 / Q4_1 tensors as stored (other types requantized), an HF
+    ``options.cpu_quant`` is ``'none'``: a GGUF's tensors as stored (each in its own type), an HF
     model quantized at load. Elsewhere transformers runs the model, an fp32 CPU model's small forwards on
     ``decoding.runtime.kernels`` (unless ``cpu_kernels`` is off). A ``rope_scaling`` (e.g. ``{"rope_type":
     "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}``) replaces the config's on every runtime
@@ -364,7 +364,7 @@ def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any 
 
     kind = NAMES.get(o.cpu_quant, WeightType.Q8_0)
     if gguf is not None:
-        weights = weights_from_gguf(gguf, fallback=kind)
+        weights = weights_from_gguf(gguf)
         if o.rope_scaling is not None:
             rope_tag = apply_rope_scaling(weights.config, o.rope_scaling)
     else:

@@ -40,19 +40,34 @@ class WeightType(IntEnum):
     Q4_K = 3
     Q6_K = 4
     Q5_0 = 5
+    Q4_0 = 6
+    Q5_1 = 7
+    IQ4_NL = 8
+    IQ4_XS = 9
+    Q5_K = 10
+    F16 = 11
+    BF16 = 12
+    F32 = 13
     PARTS = 16  # rows of several matrices, one after the other (join_rows)
 
 
 BLOCK_BYTES = {WeightType.Q8_0: 34, WeightType.Q4_1: 20, WeightType.Q4_K: 144, WeightType.Q6_K: 210,
-               WeightType.Q5_0: 22}
-BLOCK_WEIGHTS = {WeightType.Q8_0: QK, WeightType.Q4_1: QK, WeightType.Q4_K: QK_K, WeightType.Q6_K: QK_K,
-                 WeightType.Q5_0: QK}
+               WeightType.Q5_0: 22, WeightType.Q4_0: 18, WeightType.Q5_1: 24, WeightType.IQ4_NL: 18,
+               WeightType.IQ4_XS: 136, WeightType.Q5_K: 176, WeightType.F16: 2, WeightType.BF16: 2, WeightType.F32: 4}
+BLOCK_WEIGHTS = {**{kind: QK for kind in (WeightType.Q8_0, WeightType.Q4_1, WeightType.Q5_0, WeightType.Q4_0,
+                                          WeightType.Q5_1, WeightType.IQ4_NL)},
+                 **{kind: QK_K for kind in (WeightType.Q4_K, WeightType.Q5_K, WeightType.Q6_K, WeightType.IQ4_XS)},
+                 **{kind: 1 for kind in (WeightType.F16, WeightType.BF16, WeightType.F32)}}
+FLOATS = frozenset({WeightType.F16, WeightType.BF16, WeightType.F32})  # rows kept as they are, fp32 activations
 NAMES = {"q8_0": WeightType.Q8_0, "q4_1": WeightType.Q4_1}  # what ``quantize`` makes (settings' cpu_quant)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 
 # one block of 8 rows, packed (see pack_rows)
 RECORD_BYTES = {WeightType.Q8_0: 272, WeightType.Q4_1: 160, WeightType.Q4_K: 1184, WeightType.Q6_K: 1680,
-                WeightType.Q5_0: 176}
+                WeightType.Q5_0: 176, WeightType.Q4_0: 144, WeightType.Q5_1: 192, WeightType.IQ4_NL: 144,
+                WeightType.IQ4_XS: 1104, WeightType.Q5_K: 1440, WeightType.F16: 16, WeightType.BF16: 16,
+                WeightType.F32: 32}
 GROUP = 8
 
 
@@ -122,6 +137,41 @@ def q6k_bytes(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ql.astype(np.uint8), qh.astype(np.uint8)
 
 
+def _fifth_chunk(qh: np.ndarray) -> np.ndarray:
+    """The 32-weight blocks' fifth bits ``[G, 8 rows, blocks, 4]`` (bit v: weight v) -> ``[G, blocks, 32]``: byte
+    4j + t, bit 2c + h: row j's weight 16h + 4c + t."""
+    nb = qh.shape[2]
+    bits = np.unpackbits(qh, axis=-1, bitorder="little")  # [G, j, b, 32]
+    bits = bits.reshape(-1, GROUP, nb, 2, 4, 4).transpose(0, 2, 1, 5, 4, 3)  # [G, b, j, t, c, h]
+    return np.packbits(bits.reshape(-1, nb, 32, 8), axis=-1, bitorder="little").reshape(-1, nb, 32)
+
+
+def _fifth_bytes(chunk: np.ndarray) -> np.ndarray:
+    """The inverse of ``_fifth_chunk``."""
+    nb = chunk.shape[1]
+    bits = np.unpackbits(chunk.reshape(-1, nb, 32, 1), axis=-1, bitorder="little")  # [G, b, 4j+t, 2c+h]
+    bits = bits.reshape(-1, nb, GROUP, 4, 4, 2).transpose(0, 2, 1, 5, 4, 3)  # [G, j, b, h, c, t]
+    return np.packbits(bits.reshape(-1, GROUP, nb, 32), axis=-1, bitorder="little")
+
+
+def iq4xs_scales(head: np.ndarray) -> np.ndarray:
+    """IQ4_XS's scale bytes ``[..., 6]`` (uint16 scales_h, then scales_l[4]) -> the 8 sub-blocks' scales minus 32
+    (int8 ``[..., 8]``): the low 4 bits of scale s in nibble s % 2 of scales_l[s // 2], its top 2 in bits 2s, 2s + 1
+    of scales_h."""
+    high = head[..., 0].astype(np.uint16) | (head[..., 1].astype(np.uint16) << 8)
+    lo = np.stack([head[..., 2:6] & 0x0F, head[..., 2:6] >> 4], axis=-1).reshape(*head.shape[:-1], 8)
+    hi = (high[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    return ((lo | (hi.astype(np.uint8) << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
+def iq4xs_pack_scales(sc: np.ndarray) -> np.ndarray:
+    """The inverse of ``iq4xs_scales``."""
+    ls = (sc.astype(np.int16) + 32).astype(np.uint16)
+    high = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=-1).astype(np.uint16)
+    low = (ls[..., 0::2] & 0x0F) | ((ls[..., 1::2] & 0x0F) << 4)
+    return np.concatenate([(high & 0xFF)[..., None], (high >> 8)[..., None], low], axis=-1).astype(np.uint8)
+
+
 def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
     """GGUF rows ``[n, blocks * BLOCK_BYTES]`` -> the kernels' layout ``[ceil(n / 8), blocks * RECORD_BYTES]``.
 
@@ -135,6 +185,14 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
       weights 4c..4c+3 and 16+4c..16+4c+3);
     - Q5_0 (176): the 8 scales, a chunk of fifth bits (byte 4j + t, bit 2c + h: row j's weight 16h + 4c + t), 4
       chunks of nibble bytes as Q4_1's;
+    - Q4_0 and IQ4_NL (144): the 8 scales, 4 chunks of nibble bytes as Q4_1's;
+    - Q5_1 (192): the 8 scales, the 8 minimums, the fifth bits as Q5_0's, 4 chunks of nibble bytes;
+    - Q5_K (1440): as Q4_K, with 8 chunks of the fifth bits (chunk c: each row's qh bytes 4c..4c+3) before the
+      nibbles;
+    - IQ4_XS (1104): the 8 d, the 8 sub-blocks' scales minus 32 as int8 (sub-block s of row j at 8s + j), 32
+      chunks of nibble bytes (chunk k: bytes 4k..4k+3);
+    - F16, BF16, F32: the 8 rows as they are, one after the other (nothing interleaved: the kernels read a row's
+      values in order).
     - Q4_K (1184): the 8 d, the 8 dmin, the 6-bit scales unpacked to bytes (sub-block s of row j at 8s + j), the
       mins likewise, 32 chunks of nibble bytes (chunk k: bytes 4k..4k+3);
     - Q6_K (1680): the 8 d, then per block of 32 weights b (208 bytes): each row's int8 scale pair (sc[2b],
@@ -149,15 +207,26 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
     padded = np.zeros(((n + GROUP - 1) // GROUP * GROUP, width), dtype=np.uint8)
     padded[:n] = rows
     g = padded.reshape(-1, GROUP, nb, bb)  # [G, j, b, bytes]
+    if kind in FLOATS:
+        return np.ascontiguousarray(padded.reshape(-1, GROUP * width))
     if kind == WeightType.Q8_0:
         rec = np.concatenate([_side_by_side(g[..., :2]), _chunks(g[..., 2:], 8)], axis=-1)
+    elif kind in (WeightType.Q4_0, WeightType.IQ4_NL):
+        rec = np.concatenate([_side_by_side(g[..., :2]), _chunks(g[..., 2:], 4)], axis=-1)
+    elif kind == WeightType.Q5_1:
+        rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _fifth_chunk(g[..., 4:8]),
+                              _chunks(g[..., 8:], 4)], axis=-1)
+    elif kind == WeightType.Q5_K:
+        sc, mn = q4k_scales(g[..., 4:16])
+        rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _apart_t(sc), _apart_t(mn),
+                              _chunks(g[..., 16:48], 8), _chunks(g[..., 48:], 32)], axis=-1)
+    elif kind == WeightType.IQ4_XS:
+        sc = iq4xs_scales(g[..., 2:8]).view(np.uint8)
+        rec = np.concatenate([_side_by_side(g[..., :2]), _apart_t(sc), _chunks(g[..., 8:], 32)], axis=-1)
     elif kind == WeightType.Q4_1:
         rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _chunks(g[..., 4:], 4)], axis=-1)
     elif kind == WeightType.Q5_0:
-        bits = np.unpackbits(g[..., 2:6], axis=-1, bitorder="little")  # [G, j, b, 32]: bit v = weight v's fifth bit
-        bits = bits.reshape(-1, GROUP, nb, 2, 4, 4).transpose(0, 2, 1, 5, 4, 3)  # [G, b, j, t, c, h]
-        fifth = np.packbits(bits.reshape(-1, nb, 32, 8), axis=-1, bitorder="little").reshape(-1, nb, 32)
-        rec = np.concatenate([_side_by_side(g[..., :2]), fifth, _chunks(g[..., 6:], 4)], axis=-1)
+        rec = np.concatenate([_side_by_side(g[..., :2]), _fifth_chunk(g[..., 2:6]), _chunks(g[..., 6:], 4)], axis=-1)
     elif kind == WeightType.Q4_K:
         sc, mn = q4k_scales(g[..., 4:16])
         rec = np.concatenate([_side_by_side(g[..., :2]), _side_by_side(g[..., 2:4]), _apart_t(sc), _apart_t(mn),
@@ -193,16 +262,27 @@ def _together_t(v: np.ndarray) -> np.ndarray:
 def unpack_rows(kind: WeightType, packed: np.ndarray, n: int, cols: int) -> np.ndarray:
     """The inverse of ``pack_rows``: GGUF rows ``[n, blocks * BLOCK_BYTES]``."""
     nb = cols // BLOCK_WEIGHTS[kind]
+    if kind in FLOATS:
+        return np.ascontiguousarray(packed.reshape(-1, cols * BLOCK_BYTES[kind])[:n])
     rec = packed.reshape(-1, nb, RECORD_BYTES[kind])
     if kind == WeightType.Q8_0:
         parts = [_apart(rec[..., :16], 2), _unchunk(rec[..., 16:], 8)]
+    elif kind in (WeightType.Q4_0, WeightType.IQ4_NL):
+        parts = [_apart(rec[..., :16], 2), _unchunk(rec[..., 16:], 4)]
+    elif kind == WeightType.Q5_1:
+        parts = [_apart(rec[..., :16], 2), _apart(rec[..., 16:32], 2), _fifth_bytes(rec[..., 32:64]),
+                 _unchunk(rec[..., 64:], 4)]
+    elif kind == WeightType.Q5_K:
+        sc, mn = _together_t(rec[..., 32:96]), _together_t(rec[..., 96:160])
+        parts = [_apart(rec[..., :16], 2), _apart(rec[..., 16:32], 2), q4k_pack_scales(sc, mn),
+                 _unchunk(rec[..., 160:416], 8), _unchunk(rec[..., 416:], 32)]
+    elif kind == WeightType.IQ4_XS:
+        sc = _together_t(rec[..., 16:80]).view(np.int8)
+        parts = [_apart(rec[..., :16], 2), iq4xs_pack_scales(sc), _unchunk(rec[..., 80:], 32)]
     elif kind == WeightType.Q4_1:
         parts = [_apart(rec[..., :16], 2), _apart(rec[..., 16:32], 2), _unchunk(rec[..., 32:], 4)]
     elif kind == WeightType.Q5_0:
-        bits = np.unpackbits(rec[..., 16:48].reshape(-1, nb, 32, 1), axis=-1, bitorder="little")  # [G, b, 4j+t, 2c+h]
-        bits = bits.reshape(-1, nb, GROUP, 4, 4, 2).transpose(0, 2, 1, 5, 4, 3)  # [G, j, b, h, c, t]
-        qh = np.packbits(bits.reshape(-1, GROUP, nb, 32), axis=-1, bitorder="little")
-        parts = [_apart(rec[..., :16], 2), qh, _unchunk(rec[..., 48:], 4)]
+        parts = [_apart(rec[..., :16], 2), _fifth_bytes(rec[..., 16:48]), _unchunk(rec[..., 48:], 4)]
     elif kind == WeightType.Q4_K:
         sc, mn = _together_t(rec[..., 32:96]), _together_t(rec[..., 96:160])
         parts = [_apart(rec[..., :16], 2), _apart(rec[..., 16:32], 2), q4k_pack_scales(sc, mn),
@@ -231,7 +311,38 @@ def dequantize_rows(kind: WeightType, raw: np.ndarray, cols: int) -> np.ndarray:
     def f16(a: np.ndarray) -> np.ndarray:
         return a.copy().view(np.float16).astype(np.float32)
 
-    if kind == WeightType.Q8_0:
+    def nibbles(qs: np.ndarray) -> np.ndarray:  # 16 bytes -> 32 values: low nibbles first, then high
+        return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+    def fifth(qh: np.ndarray) -> np.ndarray:
+        return np.unpackbits(qh, axis=-1, bitorder="little")
+
+    if kind in FLOATS:
+        if kind == WeightType.F32:
+            return np.ascontiguousarray(raw).view(np.float32).reshape(n, cols).copy()
+        if kind == WeightType.F16:
+            return np.ascontiguousarray(raw).view(np.float16).astype(np.float32).reshape(n, cols)
+        return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n, cols)
+    if kind == WeightType.Q4_0:
+        out = f16(blocks[..., 0:2]) * (nibbles(blocks[..., 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
+    elif kind == WeightType.IQ4_NL:
+        out = f16(blocks[..., 0:2]) * IQ4_VALUES[nibbles(blocks[..., 2:])].astype(np.float32)
+    elif kind == WeightType.Q5_1:
+        q = (nibbles(blocks[..., 8:]) | (fifth(blocks[..., 4:8]) << 4)).astype(np.float32)
+        out = f16(blocks[..., 0:2]) * q + f16(blocks[..., 2:4])
+    elif kind == WeightType.Q5_K:
+        sc, mn = q4k_scales(blocks[..., 4:16])
+        dl = (f16(blocks[..., 0:2]) * sc.astype(np.float32))[..., None]  # [n, S, 8, 1]
+        ml = (f16(blocks[..., 2:4]) * mn.astype(np.float32))[..., None]
+        qs = blocks[..., 48:].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+        qh = blocks[..., 16:48].reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+        q = ((qs & 0x0F).reshape(n, -1, 8, 32) | ((qh & 1) << 4)).astype(np.float32)
+        out = dl * q - ml
+    elif kind == WeightType.IQ4_XS:
+        dl = (f16(blocks[..., 0:2]) * iq4xs_scales(blocks[..., 2:8]).astype(np.float32))[..., None]  # [n, S, 8, 1]
+        q = IQ4_VALUES[nibbles(blocks[..., 8:].reshape(n, -1, 8, 16))].astype(np.float32)
+        out = dl * q
+    elif kind == WeightType.Q8_0:
         out = f16(blocks[..., 0:2]) * blocks[..., 2:].view(np.int8).astype(np.float32)
     elif kind == WeightType.Q4_1:
         qs = blocks[..., 4:]

@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("quant_kernels.c"),
-           Path(__file__).with_name("kquant_kernels.c"))
+           Path(__file__).with_name("kquant_kernels.c"), Path(__file__).with_name("float_kernels.c"))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by both: part of the build's identity
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 ISAS = ("avx2", "avx512", "amx")  # the paths, in order of preference; "auto" picks the best one built and present

@@ -57,10 +57,20 @@
 
 #define QK 32
 #define QK_K 256
-enum { KW_Q4_1 = 2, KW_Q4_K = 3, KW_Q6_K = 4, KW_Q5_0 = 5, KW_PARTS = 16 }; /* WeightType in quant.py */
+enum { KW_Q4_1 = 2, KW_Q4_K = 3, KW_Q6_K = 4, KW_Q5_0 = 5, KW_Q4_0 = 6, KW_Q5_1 = 7, KW_IQ4_NL = 8, KW_IQ4_XS = 9,
+       KW_Q5_K = 10, KW_PARTS = 16 }; /* WeightType in quant.py */
 #define REC_Q4K 1184
 #define REC_Q6K 1680
+#define REC_Q5K 1440
+#define REC_IQ4XS 1104
 #define REC_Q50 176
+#define REC_Q40 144 /* IQ4_NL's too */
+#define REC_Q51 192
+
+/* IQ4_NL's and IQ4_XS's 16 weight values (ggml-common.h's kvalues_iq4nl), as int8 and plus 128 as uint8 (the VNNI
+   paths multiply unsigned weights by signed activations, then take 128 times the activations' sum back off). */
+static const int8_t kq_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const uint8_t kq_iq4_plus128[16] __attribute__((unused)) = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task, as quant_kernels.c */
 #define KQ_PAIR_ROWS 6     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
 
@@ -70,8 +80,9 @@ enum { KW_Q4_1 = 2, KW_Q4_K = 3, KW_Q6_K = 4, KW_Q5_0 = 5, KW_PARTS = 16 }; /* W
 #define KQ_VNNI 0
 #endif
 
-void qmatmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
-                  long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr);
+void qmatmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                  const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
+                  long ldr);
 
 static inline float kq_h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -127,25 +138,27 @@ static void kq_groups(int wtype, const int8_t *xq, const float *xd, const float 
 
 /* A parts matrix: w points at {n, then per part: weights, type, bytes per group, rows} (int64 each); part p's rows
    follow part p - 1's in y (and in bias / res). Each part runs as a matrix of its own on the same activations. */
-static void kq_parts(const int8_t *xq, const float *xd, const float *xs, int M, int K, const int64_t *desc, float *y,
-                     long ldy, const float *bias, const float *res, long ldr) {
+static void kq_parts(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                     const int64_t *desc, float *y, long ldy, const float *bias, const float *res, long ldr) {
     long off = 0;
     for (int p = 0; p < (int)desc[0]; ++p) {
         const int64_t *d = desc + 1 + 4 * p;
-        qmatmul_part(xq, xd, xs, M, K, (const uint8_t *)(intptr_t)d[0], (int)d[1], (long)d[2], (int)d[3], y + off, ldy,
+        qmatmul_part(x, ldx, xq, xd, xs, M, K, (const uint8_t *)(intptr_t)d[0], (int)d[1], (long)d[2], (int)d[3], y + off, ldy,
                      bias ? bias + off : 0, res ? res + off : 0, ldr);
         off += d[3];
     }
 }
 
 /* y[M, N] = xq @ w^T (+ bias) (+ res) for the formats above (called by qmatmul_part, inside a parallel region). */
-void kq_matmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
-                    long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
+void kq_matmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                    const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
+                    long ldr) {
     if (wtype == KW_PARTS) {
-        kq_parts(xq, xd, xs, M, K, (const int64_t *)w, y, ldy, bias, res, ldr);
+        kq_parts(x, ldx, xq, xd, xs, M, K, (const int64_t *)w, y, ldy, bias, res, ldr);
         return;
     }
-    const int16_t *S = wtype == KW_Q4_K ? 0 : kq_bsums(xq, M, K); /* every thread its own */
+    const int sums = wtype != KW_Q4_K && wtype != KW_Q5_K && wtype != KW_Q5_1;
+    const int16_t *S = sums ? kq_bsums(xq, M, K) : 0; /* every thread its own */
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
 #pragma omp for schedule(static)
     for (int t = 0; t < tasks; ++t) {
@@ -185,15 +198,53 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
                 o[v] = dl * (float)q;
             }
         }
-    } else if (wtype == KW_Q5_0) {
+    } else if (wtype == KW_Q5_K) {
+        for (int s = 0; s < K / QK_K; ++s) {
+            const uint8_t *r = group + (long)s * REC_Q5K;
+            const float d = kq_h2f(((const uint16_t *)r)[j]), dmin = kq_h2f(((const uint16_t *)(r + 16))[j]);
+            for (int sub = 0; sub < 8; ++sub) {
+                const float dl = d * (float)r[32 + 8 * sub + j], ml = dmin * (float)r[96 + 8 * sub + j];
+                const int jj = sub / 2, high = sub % 2;
+                for (int l = 0; l < 32; ++l) {
+                    const uint8_t byte = r[416 + 32 * (8 * jj + l / 4) + 4 * j + l % 4];
+                    const uint8_t fifth = (r[160 + 32 * (l / 4) + 4 * j + l % 4] >> sub) & 1;
+                    out[s * QK_K + 32 * sub + l] = dl * (float)((high ? byte >> 4 : byte & 0x0F) | (fifth << 4)) - ml;
+                }
+            }
+        }
+    } else if (wtype == KW_IQ4_XS) {
+        for (int s = 0; s < K / QK_K; ++s) {
+            const uint8_t *r = group + (long)s * REC_IQ4XS;
+            const float d = kq_h2f(((const uint16_t *)r)[j]);
+            for (int ib = 0; ib < 8; ++ib) {
+                const float dl = d * (float)((const int8_t *)r)[16 + 8 * ib + j];
+                for (int v = 0; v < QK; ++v) {
+                    const int h = v / 16, c = (v % 16) / 4, t = v % 4;
+                    const uint8_t byte = r[80 + 32 * (4 * ib + c) + 4 * j + t];
+                    out[s * QK_K + 32 * ib + v] = dl * (float)kq_iq4_values[h ? byte >> 4 : byte & 0x0F];
+                }
+            }
+        }
+    } else { /* the 32-weight blocks */
+        const int rec = wtype == KW_Q5_0 ? REC_Q50 : wtype == KW_Q5_1 ? REC_Q51 : REC_Q40;
+        const int qoff = wtype == KW_Q5_0 ? 48 : wtype == KW_Q5_1 ? 64 : 16, foff = wtype == KW_Q5_0 ? 16 : 32;
         for (int b = 0; b < K / QK; ++b) {
-            const uint8_t *r = group + (long)b * REC_Q50;
+            const uint8_t *r = group + (long)b * rec;
             const float d = kq_h2f(((const uint16_t *)r)[j]);
             for (int v = 0; v < QK; ++v) {
                 const int h = v / 16, c = (v % 16) / 4, t = v % 4;
-                const uint8_t byte = r[48 + 32 * c + 4 * j + t], fifth = r[16 + 4 * j + t];
-                const int q = ((h ? byte >> 4 : byte & 0x0F) | (((fifth >> (2 * c + h)) & 1) << 4)) - 16;
-                out[b * QK + v] = d * (float)q;
+                const uint8_t byte = r[qoff + 32 * c + 4 * j + t], nib = h ? byte >> 4 : byte & 0x0F;
+                const int fifth = (r[foff + 4 * j + t] >> (2 * c + h)) & 1;
+                float w;
+                if (wtype == KW_Q5_0)
+                    w = d * (float)((nib | (fifth << 4)) - 16);
+                else if (wtype == KW_Q5_1)
+                    w = d * (float)(nib | (fifth << 4)) + kq_h2f(((const uint16_t *)(r + 16))[j]);
+                else if (wtype == KW_Q4_0)
+                    w = d * (float)(nib - 8);
+                else
+                    w = d * (float)kq_iq4_values[nib];
+                out[b * QK + v] = w;
             }
         }
     }
@@ -226,6 +277,7 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
 #define VFMA _mm512_fmadd_ps
 #define VFNMA _mm512_fnmadd_ps
 #define VMULF _mm512_mul_ps
+#define VSHUF _mm512_shuffle_epi8
 /* a chunk of two groups: 32 bytes of each side by side */
 static inline kvi KQ(ld)(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
@@ -237,6 +289,9 @@ static inline kvf KQ(f16)(const uint8_t *a, const uint8_t *b) { /* 8 fp16 of eac
 }
 static inline kvi KQ(u8x8)(const uint8_t *a, const uint8_t *b) { /* 8 bytes of each group -> int32 lanes */
     return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b)));
+}
+static inline kvi KQ(i8x8)(const uint8_t *a, const uint8_t *b) { /* 8 signed bytes of each group -> int32 lanes */
+    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b)));
 }
 static inline kvi KQ(i8x16)(const uint8_t *a, const uint8_t *b) { /* 16 bytes of each group -> int16 lanes */
     return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
@@ -275,6 +330,7 @@ static inline kvi KQ(bc4)(const int8_t *x) {
 #define VFMA _mm256_fmadd_ps
 #define VFNMA _mm256_fnmadd_ps
 #define VMULF _mm256_mul_ps
+#define VSHUF _mm256_shuffle_epi8
 static inline kvi KQ(ld)(const uint8_t *a, const uint8_t *b) {
     (void)b;
     return _mm256_loadu_si256((const __m256i *)a);
@@ -286,6 +342,10 @@ static inline kvf KQ(f16)(const uint8_t *a, const uint8_t *b) {
 static inline kvi KQ(u8x8)(const uint8_t *a, const uint8_t *b) {
     (void)b;
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)a));
+}
+static inline kvi KQ(i8x8)(const uint8_t *a, const uint8_t *b) {
+    (void)b;
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)a));
 }
 static inline kvi KQ(i8x16)(const uint8_t *a, const uint8_t *b) {
     (void)b;
@@ -419,48 +479,196 @@ static inline __attribute__((always_inline)) void KQ(q6k)(const int MB, const in
     }
 }
 
-/* ---- Q5_0 ------------------------------------------------------------------------------------------------------ */
-static inline __attribute__((always_inline)) void KQ(q50)(const int MB, const int8_t *xq, const float *xd,
-                                                           const int16_t *S, int K, const uint8_t *g0,
-                                                           const uint8_t *g1, kvf *acc) {
+/* ---- the 32-weight blocks: Q5_0, Q4_0, Q5_1, IQ4_NL (W, a constant where inlined) ------------------------------- */
+/* The 16 IQ4 values as the byte table the shuffles read (one copy per 128-bit lane): plus 128 where the products run
+   on dpbusd (unsigned x signed), as int8 where they run on maddubs with the signs moved onto the activations. */
+static inline kvi KQ(iq4_table)(void) {
+#if KQ_VNNI
+    const __m128i t = _mm_loadu_si128((const __m128i *)kq_iq4_plus128);
+#else
+    const __m128i t = _mm_loadu_si128((const __m128i *)kq_iq4_values);
+#endif
+#if KQ_LANES == 16
+    return _mm512_broadcast_i32x4(t);
+#else
+    return _mm256_broadcastsi128_si256(t);
+#endif
+}
+
+static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const int W, const int8_t *xq,
+                                                           const float *xd, const float *xs, const int16_t *S, int K,
+                                                           const uint8_t *g0, const uint8_t *g1, kvf *acc) {
     const int nb = K / QK;
+    const int rec = W == KW_Q5_0 ? REC_Q50 : W == KW_Q5_1 ? REC_Q51 : REC_Q40;
+    const int qoff = W == KW_Q5_0 ? 48 : W == KW_Q5_1 ? 64 : 16, foff = W == KW_Q5_0 ? 16 : 32;
+    const int fifth_bits = W == KW_Q5_0 || W == KW_Q5_1;
     const kvi low = V8(0x0F), bit4 = V8(0x10);
+    const kvi table = W == KW_IQ4_NL ? KQ(iq4_table)() : VZERO();
 #if !KQ_VNNI
     const kvi ones = _mm256_set1_epi16(1);
 #endif
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int b = 0; b < nb; ++b) {
-        const uint8_t *r0 = g0 + (long)b * REC_Q50, *r1 = G1(g1 + (long)b * REC_Q50);
+        const uint8_t *r0 = g0 + (long)b * rec, *r1 = G1(g1 + (long)b * rec);
         kvi a[KQ_MB], plo[KQ_MB], phi[KQ_MB];
         for (int i = 0; i < MB; ++i) a[i] = plo[i] = phi[i] = VZERO();
-        const kvi fifth = KQ(ld)(r0 + 16, G1(r1 + 16)); /* bit 2c + h of byte 4j + t */
+        const kvi fifth = fifth_bits ? KQ(ld)(r0 + foff, G1(r1 + foff)) : VZERO(); /* bit 2c + h of byte 4j + t */
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-            const kvi raw = KQ(ld)(r0 + 48 + 32 * c, G1(r1 + 48 + 32 * c));
-            /* bit 2c (low nibbles) and 2c + 1 (high) to bit 4 (16-bit shifts: bit 4 of a byte comes from its own) */
-            const kvi flo = c == 0 ? VSLL16(fifth, 4) : c == 1 ? VSLL16(fifth, 2) : c == 2 ? fifth : VSRL16(fifth, 2);
-            const kvi fhi = c == 0 ? VSLL16(fifth, 3) : c == 1 ? VSLL16(fifth, 1) : c == 2 ? VSRL16(fifth, 1)
-                                                                                       : VSRL16(fifth, 3);
-            const kvi lo = VOR(VAND(raw, low), VAND(flo, bit4)), hi = VOR(VAND(VSRL16(raw, 4), low), VAND(fhi, bit4));
+            const kvi raw = KQ(ld)(r0 + qoff + 32 * c, G1(r1 + qoff + 32 * c));
+            kvi lo = VAND(raw, low), hi = VAND(VSRL16(raw, 4), low);
+            if (fifth_bits) { /* bit 2c (low nibbles) and 2c + 1 (high) to bit 4 (16-bit shifts: bit 4 of a byte
+                                 comes from its own) */
+                const kvi flo = c == 0 ? VSLL16(fifth, 4) : c == 1 ? VSLL16(fifth, 2) : c == 2 ? fifth
+                                                                                               : VSRL16(fifth, 2);
+                const kvi fhi = c == 0 ? VSLL16(fifth, 3) : c == 1 ? VSLL16(fifth, 1) : c == 2 ? VSRL16(fifth, 1)
+                                                                                               : VSRL16(fifth, 3);
+                lo = VOR(lo, VAND(flo, bit4)), hi = VOR(hi, VAND(fhi, bit4));
+            }
+            if (W == KW_IQ4_NL) lo = VSHUF(table, lo), hi = VSHUF(table, hi);
             for (int i = 0; i < MB; ++i) {
                 const int8_t *xb = xq + (long)i * K + b * QK + 4 * c;
 #if KQ_VNNI
                 a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
-#else /* int16 lanes: 8 products of at most 31 * 127 each */
-                plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
-                phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 16)));
+#else
+                if (W == KW_IQ4_NL) { /* signed weights: |w| times x with w's sign; pairs <= 2 * 127 * 127 */
+                    const kvi xl = KQ(bc4)(xb), xh = KQ(bc4)(xb + 16);
+                    const kvi pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xl, lo));
+                    const kvi ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xh, hi));
+                    a[i] = VADD32(a[i], VADD32(VMADD16(pl, ones), VMADD16(ph, ones)));
+                } else { /* int16 lanes: 8 products of at most 31 * 127 each */
+                    plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
+                    phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 16)));
+                }
 #endif
             }
         }
         const kvf d = KQ(f16)(r0, r1);
+        const kvf mn = W == KW_Q5_1 ? KQ(f16)(r0 + 16, r1 + 16) : VZEROF();
         for (int i = 0; i < MB; ++i) {
 #if !KQ_VNNI
-            a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
+            if (W != KW_IQ4_NL) a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
 #endif
-            const int16_t *sp = S + (long)i * (K / 16) + 2 * b;
-            const kvi isum = VSUB32(a[i], VSET32(16 * ((int)sp[0] + (int)sp[1])));
+            const int16_t *sp = S ? S + (long)i * (K / 16) + 2 * b : 0;
+            /* the weights' offset times the activations' sum: Q5_0 16, Q4_0 8; IQ4_NL 128 on dpbusd (the table's) */
+            const int offset = W == KW_Q5_0 ? 16 : W == KW_Q4_0 ? 8 : W == KW_IQ4_NL && KQ_VNNI ? 128 : 0;
+            const kvi isum = offset ? VSUB32(a[i], VSET32(offset * ((int)sp[0] + (int)sp[1]))) : a[i];
             acc[i] = VFMA(VCVT(isum), VMULF(d, VSETF(xd[(long)i * nb + b])), acc[i]);
+            if (W == KW_Q5_1) acc[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), acc[i]);
         }
+    }
+}
+
+/* ---- Q5_K: Q4_K with a fifth bit per weight ---------------------------------------------------------------------- */
+static inline __attribute__((always_inline)) void KQ(q5k)(const int MB, const int8_t *xq, const float *xd,
+                                                           const float *xs, int K, const uint8_t *g0,
+                                                           const uint8_t *g1, kvf *acc) {
+    const int nsb = K / QK_K, nb = K / QK;
+    const kvi low = V8(0x0F), bit4 = V8(0x10);
+    for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
+    for (int s = 0; s < nsb; ++s) {
+        const uint8_t *r0 = g0 + (long)s * REC_Q5K, *r1 = G1(g1 + (long)s * REC_Q5K);
+        kvf T[KQ_MB], U[KQ_MB];
+        for (int i = 0; i < MB; ++i) T[i] = U[i] = VZEROF();
+        for (int jj = 0; jj < 4; ++jj) { /* 64 weights: sub-blocks 2jj (low nibbles, bit 2jj) and 2jj + 1 (high) */
+            const kvi sc_lo = KQ(u8x8)(r0 + 32 + 8 * (2 * jj), r1 + 32 + 8 * (2 * jj));
+            const kvi sc_hi = KQ(u8x8)(r0 + 32 + 8 * (2 * jj + 1), r1 + 32 + 8 * (2 * jj + 1));
+            kvi alo[KQ_MB], ahi[KQ_MB];
+            for (int i = 0; i < MB; ++i) alo[i] = ahi[i] = VZERO();
+#if !KQ_VNNI /* int16 partial sums over 4 chunks (8 products of at most 31 * 127), then times the scale in int32 */
+            const kvi scp_lo = VOR(sc_lo, VSLL32(sc_lo, 16)), scp_hi = VOR(sc_hi, VSLL32(sc_hi, 16));
+            kvi plo[KQ_MB], phi[KQ_MB];
+            for (int i = 0; i < MB; ++i) plo[i] = phi[i] = VZERO();
+#endif
+            for (int c = 0; c < 8; ++c) {
+                const kvi raw = KQ(ld)(r0 + 416 + 32 * (8 * jj + c), r1 + 416 + 32 * (8 * jj + c));
+                const kvi h = KQ(ld)(r0 + 160 + 32 * c, r1 + 160 + 32 * c);
+                const kvi flo = jj == 0 ? VSLL16(h, 4) : jj == 1 ? VSLL16(h, 2) : jj == 2 ? h : VSRL16(h, 2);
+                const kvi fhi = jj == 0 ? VSLL16(h, 3) : jj == 1 ? VSLL16(h, 1) : jj == 2 ? VSRL16(h, 1) : VSRL16(h, 3);
+                const kvi lo = VOR(VAND(raw, low), VAND(flo, bit4));
+                const kvi hi = VOR(VAND(VSRL16(raw, 4), low), VAND(fhi, bit4));
+                for (int i = 0; i < MB; ++i) {
+                    const int8_t *xb = xq + (long)i * K + s * QK_K + 64 * jj + 4 * c;
+#if KQ_VNNI
+                    alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
+                    ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
+#else
+                    plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
+                    phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 32)));
+                    if (c == 3 || c == 7) {
+                        alo[i] = VADD32(alo[i], VMADD16(plo[i], scp_lo));
+                        ahi[i] = VADD32(ahi[i], VMADD16(phi[i], scp_hi));
+                        plo[i] = phi[i] = VZERO();
+                    }
+#endif
+                }
+            }
+            for (int h = 0; h < 2; ++h) {
+                const int sub = 2 * jj + h, b = s * 8 + sub;
+                const kvf mn = VCVT(KQ(u8x8)(r0 + 96 + 8 * sub, r1 + 96 + 8 * sub));
+                for (int i = 0; i < MB; ++i) {
+#if KQ_VNNI
+                    const kvi isum = VMULLO32(h ? ahi[i] : alo[i], h ? sc_hi : sc_lo);
+#else
+                    const kvi isum = h ? ahi[i] : alo[i];
+#endif
+                    T[i] = VFMA(VCVT(isum), VSETF(xd[(long)i * nb + b]), T[i]);
+                    U[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), U[i]);
+                }
+            }
+        }
+        const kvf d = KQ(f16)(r0, r1), dm = KQ(f16)(r0 + 16, r1 + 16);
+        for (int i = 0; i < MB; ++i) acc[i] = VFNMA(dm, U[i], VFMA(d, T[i], acc[i]));
+    }
+}
+
+/* ---- IQ4_XS: 8 sub-blocks of 32 IQ4 values, each with a 6-bit scale (stored minus 32) ------------------------ */
+static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const int8_t *xq, const float *xd,
+                                                             const int16_t *S, int K, const uint8_t *g0,
+                                                             const uint8_t *g1, kvf *acc) {
+    const int nsb = K / QK_K, nb = K / QK;
+    const kvi low = V8(0x0F), table = KQ(iq4_table)();
+#if !KQ_VNNI
+    const kvi ones = _mm256_set1_epi16(1);
+#endif
+    for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
+    for (int s = 0; s < nsb; ++s) {
+        const uint8_t *r0 = g0 + (long)s * REC_IQ4XS, *r1 = G1(g1 + (long)s * REC_IQ4XS);
+        kvf T[KQ_MB];
+        for (int i = 0; i < MB; ++i) T[i] = VZEROF();
+        for (int ib = 0; ib < 8; ++ib) {
+            kvi a[KQ_MB];
+            for (int i = 0; i < MB; ++i) a[i] = VZERO();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                const kvi raw = KQ(ld)(r0 + 80 + 32 * (4 * ib + c), G1(r1 + 80 + 32 * (4 * ib + c)));
+                const kvi lo = VSHUF(table, VAND(raw, low)), hi = VSHUF(table, VAND(VSRL16(raw, 4), low));
+                for (int i = 0; i < MB; ++i) {
+                    const int8_t *xb = xq + (long)i * K + s * QK_K + 32 * ib + 4 * c;
+#if KQ_VNNI
+                    a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
+#else
+                    const kvi xl = KQ(bc4)(xb), xh = KQ(bc4)(xb + 16);
+                    const kvi pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xl, lo));
+                    const kvi ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xh, hi));
+                    a[i] = VADD32(a[i], VADD32(VMADD16(pl, ones), VMADD16(ph, ones)));
+#endif
+                }
+            }
+            const kvi sc = KQ(i8x8)(r0 + 16 + 8 * ib, G1(r1 + 16 + 8 * ib));
+            const int b = s * 8 + ib;
+            for (int i = 0; i < MB; ++i) {
+#if KQ_VNNI
+                const int16_t *sp = S + (long)i * (K / 16) + 2 * b;
+                const kvi dot = VSUB32(a[i], VSET32(128 * ((int)sp[0] + (int)sp[1])));
+#else
+                const kvi dot = a[i];
+#endif
+                T[i] = VFMA(VCVT(VMULLO32(dot, sc)), VSETF(xd[(long)i * nb + b]), T[i]);
+            }
+        }
+        const kvf d = KQ(f16)(r0, r1);
+        for (int i = 0; i < MB; ++i) acc[i] = VFMA(d, T[i], acc[i]);
     }
 }
 
@@ -468,12 +676,16 @@ static inline __attribute__((always_inline)) void KQ(q50)(const int MB, const in
 static inline __attribute__((always_inline)) void KQ(tile)(const int MB, int wtype, const int8_t *xq,
                                                             const float *xd, const float *xs, const int16_t *S,
                                                             int K, const uint8_t *g0, const uint8_t *g1, kvf *acc) {
-    if (wtype == KW_Q4_K)
-        KQ(q4k)(MB, xq, xd, xs, K, g0, g1, acc);
-    else if (wtype == KW_Q6_K)
-        KQ(q6k)(MB, xq, xd, S, K, g0, g1, acc);
-    else
-        KQ(q50)(MB, xq, xd, S, K, g0, g1, acc);
+    switch (wtype) {
+    case KW_Q4_K: KQ(q4k)(MB, xq, xd, xs, K, g0, g1, acc); break;
+    case KW_Q5_K: KQ(q5k)(MB, xq, xd, xs, K, g0, g1, acc); break;
+    case KW_Q6_K: KQ(q6k)(MB, xq, xd, S, K, g0, g1, acc); break;
+    case KW_IQ4_XS: KQ(iq4xs)(MB, xq, xd, S, K, g0, g1, acc); break;
+    case KW_Q5_0: KQ(q32)(MB, KW_Q5_0, xq, xd, xs, S, K, g0, g1, acc); break;
+    case KW_Q4_0: KQ(q32)(MB, KW_Q4_0, xq, xd, xs, S, K, g0, g1, acc); break;
+    case KW_Q5_1: KQ(q32)(MB, KW_Q5_1, xq, xd, xs, S, K, g0, g1, acc); break;
+    default: KQ(q32)(MB, KW_IQ4_NL, xq, xd, xs, S, K, g0, g1, acc); break;
+    }
 }
 
 static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const float *xs, const int16_t *S, int M, int K,
@@ -531,5 +743,6 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
 #undef VFMA
 #undef VFNMA
 #undef VMULF
+#undef VSHUF
 #undef G1
 #endif

@@ -40,10 +40,15 @@
 #endif
 
 #define QK 32
-enum { W_Q8_0 = 1, W_Q4_1 = 2 }; /* Q4_K, Q6_K, Q5_0 and parts matrices: kquant_kernels.c */
-void kq_matmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
-                    long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr);
+enum { W_Q8_0 = 1, W_Q4_1 = 2, W_F16 = 11 }; /* the K-quants, other 32-blocks and parts: kquant_kernels.c; F16, BF16,
+                                                F32 (W_F16 and on): float_kernels.c */
+void kq_matmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                    const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
+                    long ldr);
 void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out);
+void fl_matmul_part(const float *x, long ldx, int M, int K, const uint8_t *w, int wtype, long ldg, int N, float *y,
+                    long ldy, const float *bias, const float *res, long ldr);
+void fl_dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j, float *out);
 
 /* A block's integer dot products: DOT4(acc, u, s) adds, per 32-bit lane, the four products of u's unsigned and
    s's signed bytes; FINISH turns the accumulator into int32 lanes. */
@@ -516,12 +521,18 @@ void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd
     for (int m = 0; m < M; ++m) quantize_row(x + m * ldx, K, xq + (long)m * K, xd + (long)m * (K / QK), xs + (long)m * (K / QK));
 }
 
-/* y[M, N] = xq @ w^T (+ bias) (+ res): activations already quantized by quantize_part; w packed, ldg bytes
-   per group of 8 rows. */
-void qmatmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
-                  long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
+/* y[M, N] = x @ w^T (+ bias) (+ res): the activations x [M, K] (ldx floats a row) already quantized by quantize_part
+   into xq / xd / xs, which the quantized formats read (the float formats read x); w packed, ldg bytes per group of 8
+   rows. */
+void qmatmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
+                  const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
+                  long ldr) {
+    if (wtype >= W_F16 && wtype < 16) {
+        fl_matmul_part(x, ldx, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr);
+        return;
+    }
     if (wtype > W_Q4_1) {
-        kq_matmul_part(xq, xd, xs, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr);
+        kq_matmul_part(x, ldx, xq, xd, xs, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr);
         return;
     }
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
@@ -556,13 +567,17 @@ void rs_qlinear(const float *x, int M, int K, const uint8_t *w, int wtype, long 
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         quantize_part(x, K, M, K, xq, xd, xs);
-        qmatmul_part(xq, xd, xs, M, K, w, wtype, ldg, N, y, N, bias, res, N);
+        qmatmul_part(x, K, xq, xd, xs, M, K, w, wtype, ldg, N, y, N, bias, res, N);
     }
 }
 
 /* ---- dequantization (embedding rows, references) -------------------------------------------------------- */
 
-static void dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
+static void dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j, float *out) {
+    if (wtype >= W_F16 && wtype < 16) {
+        fl_dequant_row(group, wtype, ldg, K, j, out);
+        return;
+    }
     if (wtype > W_Q4_1) {
         kq_dequant_row(group, wtype, K, j, out);
         return;
@@ -590,7 +605,7 @@ static void dequant_row(const uint8_t *group, int wtype, int K, int j, float *ou
 /* out[r, :] = dequant(w[rows[r], :]) for r < R (w packed, ldg bytes per group of 8 rows). */
 void rs_dequant_rows(const uint8_t *w, int wtype, long ldg, int K, const int64_t *rows, int R, float *out, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && R > 64)
-    for (int r = 0; r < R; ++r) dequant_row(w + (rows[r] / 8) * ldg, wtype, K, (int)(rows[r] % 8), out + (long)r * K);
+    for (int r = 0; r < R; ++r) dequant_row(w + (rows[r] / 8) * ldg, wtype, ldg, K, (int)(rows[r] % 8), out + (long)r * K);
 }
 
 /* ---- norms, rotary embedding, activation ---------------------------------------------------------------- */
@@ -780,7 +795,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         norm_quantize_part(x, E, M, E, L->attn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
+        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
 #pragma omp for schedule(static) /* rotary embedding, keys and values stored: every row of every sequence */
         for (int r = 0; r < M; ++r) {
             const int i = row_seq[r], m = r - row0[i];
@@ -801,11 +816,11 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
                                 kv_mode);
         }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
-        qmatmul_part(T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
+        qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
         norm_quantize_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
+        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
         silu_mul_quantize_part(T->gu, M, I, T->act, T->xq, T->xd, T->xs);
-        qmatmul_part(T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
+        qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
     }
     for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */
         const rs_kv_layer *c = seq[i].kv + l;
@@ -828,7 +843,7 @@ void rs_head(const float *x, int M, int keep, int E, const float *norm, float ep
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         norm_quantize_part(xs, E, keep, E, norm, eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->xq, T->xd, T->xs, keep, E, w, wtype, ldw, V, logits, V, 0, 0, 0);
+        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, keep, E, w, wtype, ldw, V, logits, V, 0, 0, 0);
     }
 }
 
