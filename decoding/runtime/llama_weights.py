@@ -1,13 +1,14 @@
-"""The quantized CPU runtime's weights (``LlamaWeights``): read from a GGUF file as stored, or quantized from a
-loaded transformers model, and the check that the runtime can run an architecture at all.
+"""The quantized CPU runtime's weights (``LlamaWeights``): read from a GGUF file as stored, or quantized from a loaded
+transformers model, and the check that the runtime can run an architecture at all.
 
-A GGUF file's tensors are used as stored, each in its own type (``GGUF_AS_STORED``: the K-quants Q4_K, Q5_K,
-Q6_K; the 32-weight blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL, IQ4_XS; and F16, BF16, F32): the kernels read
-every one of them, so nothing is dequantized or requantized at load, and a file holding a type they lack (Q2_K,
-Q3_K, the other IQ types, ...) is refused at load naming the tensor and its type. Fused matrices (q/k/v, gate/up) whose parts a file stores in different types (a Q4_K_M's
-Q6_K attn_v beside Q4_K q and k) stay as stored too: a parts matrix (``quant.join_rows``), each part computed in
-its own format. Its q / k rows are put back in transformers' order (llama.cpp permutes them for its RoPE). A
-transformers model's linear layers are quantized to the requested format, its embedding and LM head to Q8_0.
+A GGUF file's tensors are used as stored, each in its own type (``GGUF_AS_STORED``: the K-quants Q4_K, Q5_K, Q6_K;
+the 32-weight blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL, IQ4_XS; and F16, BF16, F32): the kernels read every one
+of them, so nothing is dequantized or requantized at load, and a file holding a type they lack (Q2_K, Q3_K, the
+other IQ types, ...) is refused at load naming the tensor and its type. Fused matrices (q/k/v, gate/up) whose parts
+a file stores in different types (a Q4_K_M's Q6_K attn_v beside Q4_K q and k) stay as stored too: a parts matrix
+(``quant.join_rows``), each part computed in its own format. Its q / k rows are put back in transformers' order
+(llama.cpp permutes them for its RoPE). A transformers model's linear layers are quantized to the requested format,
+its embedding and LM head to Q8_0.
 """
 
 from __future__ import annotations

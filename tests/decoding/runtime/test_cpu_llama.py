@@ -466,13 +466,13 @@ def test_gguf_weights_are_read_as_stored_and_unpermuted(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
     write_gguf(path, hf)
     weights = weights_from_gguf(path)
-    assert weights.source == "gguf:Q4_1+Q8_0+F16>Q8_0"  # the formats held; F16 tensors held as Q8_0
+    assert weights.source == "gguf:F16+Q4_1+Q8_0"  # the formats held, each as stored
     c = weights.config
     assert (c.num_hidden_layers, c.hidden_size, c.num_key_value_heads, c.vocab_size) == (2, 64, 2, 97)
     assert not c.tie_word_embeddings
     layer, lw = hf.model.layers[1], weights.layers[1]
     assert lw.qkv.kind == WeightType.Q4_1 and lw.gate_up.kind == WeightType.PARTS  # Q4_1 gate as stored
-    assert [p.kind for p in lw.gate_up.parts] == [WeightType.Q4_1, WeightType.Q8_0]  # F16 up -> requantized
+    assert [p.kind for p in lw.gate_up.parts] == [WeightType.Q4_1, WeightType.F16]  # F16 up as stored
     qkv = torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
     step = (qkv.detach().view(-1, 2, 32).amax(-1) - qkv.detach().view(-1, 2, 32).amin(-1)).max() / 15
     assert (lw.qkv.dequantize() - qkv).abs().max() <= step  # right rows in the right order

@@ -1,14 +1,17 @@
-"""GGUF's K-quant and 5-bit weights read as stored (Q4_K, Q6_K, Q5_0), against gguf-py as the oracle: the packed
-layout gives back the file's bytes and gguf-py's ``quants.dequantize`` bit for bit (in Python and in the kernels),
-the kernels' matmul equals the float product of the dequantized weights and the same quantized activations within
-fp32 rounding, a row alone equals the same row among 64 shuffled ones bit for bit on every ISA path this CPU has
-(and every path gives the avx2 path's bits), a fused matrix of mixed formats computes each part in its own, and a
-tiny Llama written as a Q4_K / Q6_K / Q5_0 GGUF loads with those types as stored and decodes speculatively exactly as
-greedily.
+"""GGUF's weight formats read as stored (the K-quants Q4_K, Q5_K, Q6_K; Q5_0, Q4_0, Q5_1; IQ4_NL, IQ4_XS; F16, BF16,
+F32; Q8_0 / Q4_1 have tests of their own in test_kernels), against gguf-py as the oracle: the packed layout gives
+back the file's bytes and gguf-py's ``quants.dequantize`` bit for bit (in Python and in the kernels), the kernels'
+matmul equals the float product of the dequantized weights and the same activations (quantized as the kernels
+quantize them, or fp32 for the float formats) within fp32 rounding, a row alone equals the same row among 64
+shuffled ones bit for bit on every ISA path this CPU has (and every path gives the avx2 path's bits), a fused matrix
+of mixed formats computes each part in its own, and tiny Llamas written as GGUFs of llama.cpp's mixes (Q4_K_M,
+Q5_K_M, IQ4_XS, F16) load with those types as stored, match transformers on the same weights and decode
+speculatively exactly as greedily; a type the kernels lack is refused by name.
 
-gguf-py 0.19 quantizes Q5_0 but not the K-quants: their blocks here are random bytes (every bit pattern the format
-has, scales and mins included, with finite fp16 fields) or made by the small reference quantizers below, which
-only need to give sensible weights (gguf-py's dequantize is what every value is checked against)."""
+gguf-py quantizes Q4_0, Q5_0, Q5_1 and the float formats but not the K-quants or IQ4: their blocks here are random
+bytes (every bit pattern the format has, scales and mins included, with finite fp16 fields) or made by the small
+reference quantizers below, which only need to give sensible weights (gguf-py's dequantize is what every value is
+checked against)."""
 
 from __future__ import annotations
 
@@ -22,14 +25,18 @@ import torch
 from gguf import GGMLQuantizationType
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from decoding.errors import ModelFileError
 from decoding.runtime import kernels
 from decoding.runtime.cpu_llama import CpuLlama, weights_from_gguf
 from decoding.runtime.kernels import available_isas
 from decoding.runtime.quant import (
     BLOCK_BYTES,
     BLOCK_WEIGHTS,
+    FLOATS,
+    IQ4_VALUES,
     QuantMatrix,
     WeightType,
+    iq4xs_pack_scales,
     join_rows,
     q4k_pack_scales,
     quantize,
@@ -46,11 +53,18 @@ from tests.decoding.conftest import (
     run,
 )
 
-FORMATS = [WeightType.Q4_K, WeightType.Q6_K, WeightType.Q5_0]
+BLOCKS = [WeightType.Q4_K, WeightType.Q5_K, WeightType.Q6_K, WeightType.Q5_0, WeightType.Q4_0, WeightType.Q5_1,
+          WeightType.IQ4_NL, WeightType.IQ4_XS]  # the quantized formats read here
+FLOAT_FORMATS = [WeightType.F16, WeightType.BF16, WeightType.F32]
+FORMATS = [*BLOCKS, *FLOAT_FORMATS]
 GGML = {kind: GGMLQuantizationType[kind.name] for kind in (*FORMATS, WeightType.Q8_0, WeightType.Q4_1)}
 HERE = [isa for isa in kernels.ISAS if isa in available_isas()]  # the paths this CPU runs
-FP16_FIELDS = {WeightType.Q4_K: (0, 2), WeightType.Q6_K: (208,), WeightType.Q5_0: (0,), WeightType.Q8_0: (0,),
-               WeightType.Q4_1: (0, 2)}  # byte offsets of a block's fp16 scales
+FP16_FIELDS = {WeightType.Q4_K: (0, 2), WeightType.Q5_K: (0, 2), WeightType.Q6_K: (208,), WeightType.Q5_0: (0,),
+               WeightType.Q4_0: (0,), WeightType.Q5_1: (0, 2), WeightType.IQ4_NL: (0,), WeightType.IQ4_XS: (0,),
+               WeightType.Q8_0: (0,), WeightType.Q4_1: (0, 2)}  # byte offsets of a block's fp16 scales
+# served bytes / file bytes: the packed records are the file's bytes, but for the K-quants' 6-bit scales (12 bytes
+# a super-block unpacked to 16) and IQ4_XS's (6 unpacked to 8)
+GROWTH = {WeightType.Q4_K: 148 / 144, WeightType.Q5_K: 180 / 176, WeightType.IQ4_XS: 138 / 136}
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +76,12 @@ def libraries() -> dict[str, object]:
 
 
 def random_blocks(kind: WeightType, rows: int, cols: int, seed: int, scale: float = 0.01) -> np.ndarray:
-    """GGUF rows of random bytes (every bit pattern of the quants, scales and mins) with finite fp16 scales."""
+    """GGUF rows of random bytes (every bit pattern of the quants, scales and mins) with finite fp16 scales; for the
+    float formats, random weights of about ``scale`` x 10 as the file stores them."""
     rng = np.random.default_rng(seed)
+    if kind in FLOATS:
+        w = (rng.standard_normal((rows, cols)) * scale * 10).astype(np.float32)
+        return np.asarray(gguf.quants.quantize(w, GGML[kind])).view(np.uint8).reshape(rows, -1)
     nb = cols // BLOCK_WEIGHTS[kind]
     raw = rng.integers(0, 256, (rows, nb, BLOCK_BYTES[kind]), dtype=np.uint8)
     for off in FP16_FIELDS[kind]:
@@ -108,12 +126,71 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     return blocks.reshape(n, -1)
 
 
+def quantize_q5_k(w: np.ndarray) -> np.ndarray:
+    """A simple Q5_K quantizer (Q4_K's, 32 levels): GGUF rows."""
+    n, cols = w.shape
+    x = w.astype(np.float32).reshape(n, cols // 256, 8, 32)
+    mn_f = np.maximum(-x.min(-1), 0.0)
+    sc_f = (x.max(-1) + mn_f) / 31
+    d = (sc_f.max(-1, keepdims=True) / 63).astype(np.float16)
+    dmin = (mn_f.max(-1, keepdims=True) / 63).astype(np.float16)
+    df, dmf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(np.rint(np.divide(sc_f, df, out=np.zeros_like(sc_f), where=df > 0)), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(np.divide(mn_f, dmf, out=np.zeros_like(mn_f), where=dmf > 0)), 0, 63).astype(np.uint8)
+    step = (df * sc)[..., None]
+    q = np.divide(x + (dmf * m)[..., None], step, out=np.zeros_like(x), where=step > 0)
+    q = np.clip(np.rint(q), 0, 31).astype(np.uint8)  # [n, S, 8 sub-blocks, 32]
+    low = (q & 0x0F).reshape(n, -1, 4, 2, 32)  # [n, S, 64-chunk, half, 32]
+    qs = (low[..., 0, :] | (low[..., 1, :] << 4)).reshape(n, -1, 128)
+    qh = ((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=-2).astype(np.uint8)  # bit s: sub-block s
+    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), q4k_pack_scales(sc, m), qh, qs], axis=-1)
+    return blocks.reshape(n, -1)
+
+
+def _iq4_nearest(y: np.ndarray) -> np.ndarray:
+    """The index of the IQ4 value nearest each of ``y`` (in units of the block's scale)."""
+    return np.abs(y[..., None] - IQ4_VALUES.astype(np.float32)).argmin(-1).astype(np.uint8)
+
+
+def _iq4_nibbles(q: np.ndarray) -> np.ndarray:
+    """Indices ``[..., 32]`` -> 16 bytes: weight t in the low nibble of byte t, weight 16 + t in its high nibble."""
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
+def quantize_iq4_nl(w: np.ndarray) -> np.ndarray:
+    """A simple IQ4_NL quantizer (the block's largest magnitude on the table's end): GGUF rows."""
+    n, cols = w.shape
+    x = w.astype(np.float32).reshape(n, cols // 32, 32)
+    d = (np.abs(x).max(-1, keepdims=True) / 127).astype(np.float16)
+    df = d.astype(np.float32)
+    q = _iq4_nearest(np.divide(x, df, out=np.zeros_like(x), where=df > 0))
+    return np.concatenate([d.view(np.uint8), _iq4_nibbles(q)], axis=-1).reshape(n, -1)
+
+
+def quantize_iq4_xs(w: np.ndarray) -> np.ndarray:
+    """A simple IQ4_XS quantizer (a 6-bit scale per 32 of a super-block's d): GGUF rows."""
+    n, cols = w.shape
+    x = w.astype(np.float32).reshape(n, cols // 256, 8, 32)
+    sub = np.abs(x).max(-1) / 127  # each sub-block's own step
+    d = (sub.max(-1, keepdims=True) / 31).astype(np.float16)
+    df = d.astype(np.float32)
+    sc = np.clip(np.rint(np.divide(sub, df, out=np.zeros_like(sub), where=df > 0)), -32, 31).astype(np.int8)
+    step = (df * sc)[..., None]
+    q = _iq4_nearest(np.divide(x, step, out=np.zeros_like(x), where=step > 0))
+    blocks = np.concatenate([d.view(np.uint8), iq4xs_pack_scales(sc), _iq4_nibbles(q).reshape(n, -1, 128)], axis=-1)
+    return blocks.reshape(n, -1)
+
+
+TEST_QUANTIZERS = {WeightType.Q4_K: quantize_q4_k, WeightType.Q5_K: quantize_q5_k, WeightType.Q6_K: quantize_q6_k,
+                   WeightType.IQ4_NL: quantize_iq4_nl, WeightType.IQ4_XS: quantize_iq4_xs}
+
+
 def to_blocks(w: np.ndarray, kind: WeightType) -> np.ndarray:
-    if kind == WeightType.Q4_K:
-        return quantize_q4_k(w)
-    if kind == WeightType.Q6_K:
-        return quantize_q6_k(w)
-    return np.asarray(gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), GGML[kind]))
+    """GGUF rows ``[n, bytes]`` of ``w`` in ``kind`` (gguf-py's quantizer where it has one)."""
+    if kind in TEST_QUANTIZERS:
+        return TEST_QUANTIZERS[kind](w)
+    out = np.asarray(gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), GGML[kind]))
+    return out.view(np.uint8).reshape(w.shape[0], -1)
 
 
 def oracle(raw: np.ndarray, kind: WeightType, cols: int) -> torch.Tensor:
@@ -147,17 +224,19 @@ def test_the_kernels_dequantize_as_gguf_does(libraries: dict[str, object], kind:
 
 @pytest.mark.parametrize("kind", FORMATS)
 def test_served_bytes_stay_within_1_05x_of_the_file(kind: WeightType) -> None:
-    """Whole groups of 8 rows: the packed weights are the file's bytes (Q4_K: its scales unpacked, 148 / 144)."""
+    """Whole groups of 8 rows: the packed weights are the file's bytes (the K-quants' and IQ4_XS's scales
+    unpacked)."""
     raw = random_blocks(kind, 64, 2048, seed=3)
     ratio = QuantMatrix.from_rows(kind, raw, 2048).nbytes / raw.nbytes
-    assert ratio == (148 / 144 if kind == WeightType.Q4_K else 1.0)
+    assert ratio == GROWTH.get(kind, 1.0)
     assert ratio <= 1.05
 
 
 def test_the_test_quantizers_make_close_weights() -> None:
     """The reference quantizers above: within a step of the weights (what gguf-py dequantizes them to)."""
     w = np.random.default_rng(2).standard_normal((16, 512)).astype(np.float32)
-    for kind, tol in ((WeightType.Q4_K, 0.25), (WeightType.Q6_K, 0.07), (WeightType.Q5_0, 0.15)):
+    for kind, tol in ((WeightType.Q4_K, 0.25), (WeightType.Q5_K, 0.12), (WeightType.Q6_K, 0.07),
+                      (WeightType.Q5_0, 0.15), (WeightType.IQ4_NL, 0.25), (WeightType.IQ4_XS, 0.25)):
         back = oracle(to_blocks(w, kind), kind, 512).numpy()
         assert np.abs(back - w).max() < tol * np.abs(w).max(), kind
 
@@ -175,9 +254,10 @@ def test_k_quants_need_whole_super_blocks_and_are_not_made_from_floats() -> None
 
 
 def _reference(x: torch.Tensor, qm: QuantMatrix) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp64 product of the activations as the kernels quantize them and the weights as gguf-py dequantizes them,
-    and the fp64 sum of |products| per output (the scale of fp32 rounding)."""
-    xq, w = fake_quantized_activations(x).double(), qm.dequantize().double()
+    """fp64 product of the activations as the kernels read them (quantized, or fp32 for the float formats) and the
+    weights as gguf-py dequantizes them, and the fp64 sum of |products| per output (the scale of fp32 rounding)."""
+    xq = (x if qm.kinds <= FLOATS else fake_quantized_activations(x)).double()
+    w = qm.dequantize().double()
     return xq @ w.T, xq.abs() @ w.abs().T
 
 
@@ -200,10 +280,11 @@ def test_matmul_equals_the_float_product_within_fp32_rounding(
         assert bool(((plain.double() - want).abs() <= 1e-6 * scale + 1e-6).all()), isa
 
 
-@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("kind", BLOCKS)
 def test_extreme_blocks_stay_exact(libraries: dict[str, object], kind: WeightType) -> None:
-    """Every quant at its largest (all bits set) against activations at +-127: the widest integer sums the
-    kernels form (AVX2's int16 lanes at their bound) come out exact."""
+    """Every quant at its largest (all bits set; IQ4: also its most negative value, -127, on half the rows) against
+    activations at +-127: the widest integer sums the kernels form (AVX2's int16 lanes at their bound) come out
+    exact."""
     rows, cols = 16, 512
     raw = np.full((rows, cols // BLOCK_WEIGHTS[kind] * BLOCK_BYTES[kind]), 0xFF, dtype=np.uint8)
     nb = cols // BLOCK_WEIGHTS[kind]
@@ -212,6 +293,8 @@ def test_extreme_blocks_stay_exact(libraries: dict[str, object], kind: WeightTyp
         blocks[..., off : off + 2] = np.full((rows, nb), 0.001, dtype=np.float16).view(np.uint8).reshape(rows, nb, 2)
     if kind == WeightType.Q6_K:
         blocks[::2, :, 192:208] = 0x80  # int8 scales of -128 on half the rows, -1 on the others
+    if kind in (WeightType.IQ4_NL, WeightType.IQ4_XS):
+        blocks[::2, :, BLOCK_BYTES[kind] - BLOCK_WEIGHTS[kind] // 2 :] = 0x00  # index 0: -127
     qm = QuantMatrix.from_rows(kind, raw, cols)
     x = torch.ones(3, cols)
     x[1] = -1.0
@@ -261,13 +344,16 @@ def test_a_matrix_of_mixed_formats_computes_each_part_in_its_own(libraries: dict
     parts = [QuantMatrix.from_rows(kind, random_blocks(kind, n, k, seed=n), k)
              for kind, n in ((WeightType.Q4_K, 20), (WeightType.Q4_K, 12), (WeightType.Q6_K, 13),
                              (WeightType.Q8_0, 8), (WeightType.Q5_0, 3))]
+    parts += [QuantMatrix.from_rows(kind, random_blocks(kind, 5, k, seed=21), k)
+              for kind in (WeightType.F16, WeightType.IQ4_XS)]  # a float part reads the fp32 activations
     joined = join_rows(parts)
-    assert joined.kind == WeightType.PARTS and joined.rows == 56
-    assert [p.kind for p in joined.parts] == [WeightType.Q4_K, WeightType.Q6_K, WeightType.Q8_0, WeightType.Q5_0]
+    assert joined.kind == WeightType.PARTS and joined.rows == 66
+    assert [p.kind for p in joined.parts] == [WeightType.Q4_K, WeightType.Q6_K, WeightType.Q8_0, WeightType.Q5_0,
+                                              WeightType.F16, WeightType.IQ4_XS]
     assert joined.nbytes == sum(p.nbytes for p in joined.parts)
     assert torch.equal(joined.dequantize(), torch.cat([p.dequantize() for p in parts]))
     assert join_rows(parts[:2]).kind == WeightType.Q4_K  # one format: one plain matrix
-    x, bias, res = torch.randn(9, k, generator=g), torch.randn(56, generator=g), torch.randn(9, 56, generator=g)
+    x, bias, res = torch.randn(9, k, generator=g), torch.randn(66, generator=g), torch.randn(9, 66, generator=g)
     for isa, lib in libraries.items():
         got = kernels.qlinear(lib, x, joined, bias, res)  # type: ignore[arg-type]
         want, at = [], 0
@@ -277,23 +363,43 @@ def test_a_matrix_of_mixed_formats_computes_each_part_in_its_own(libraries: dict
         assert torch.equal(got, torch.cat(want, dim=1)), isa
 
 
-# ---- a tiny Llama stored as K-quants ----------------------------------------------------------------------------
+# ---- tiny Llamas stored in llama.cpp's mixes -------------------------------------------------------------------
 
-# per tensor the GGUF type (a tuple: per layer), as a Q4_K_M file mixes them: Q6_K on v and down in one layer of two
-# and on the output; and Q5_0 (what a Q4_K_M holds where rows are not whole super-blocks) in layer 1's o and up
-LAYOUT = {"token_embd": WeightType.Q4_K, "output": WeightType.Q6_K, "attn_q": WeightType.Q4_K,
-          "attn_k": WeightType.Q4_K, "attn_v": (WeightType.Q6_K, WeightType.Q4_K),
-          "attn_output": (WeightType.Q4_K, WeightType.Q5_0), "ffn_gate": WeightType.Q4_K,
-          "ffn_up": (WeightType.Q4_K, WeightType.Q5_0), "ffn_down": (WeightType.Q4_K, WeightType.Q6_K)}
+W = WeightType
+Layout = dict[str, WeightType | tuple[WeightType, WeightType]]
+# per tensor the GGUF type (a tuple: per layer), as llama.cpp's mixes hold them: a Q4_K_M puts Q6_K on v and down in
+# one layer of two and on the output, and Q5_0 where rows are not whole super-blocks (here in layer 1's o and up);
+# a Q5_K_M the same with Q5_K / Q5_1 (and Q8_0 for Q6_K); an IQ4_XS falls back on IQ4_NL (and Q4_0 here); an F16 /
+# BF16 file may hold F32 tensors too. Each mix: its layout and the runtime tag it loads as.
+LAYOUTS: dict[str, tuple[Layout, str]] = {
+    "Q4_K_M": ({"token_embd": W.Q4_K, "output": W.Q6_K, "attn_q": W.Q4_K, "attn_k": W.Q4_K,
+                "attn_v": (W.Q6_K, W.Q4_K), "attn_output": (W.Q4_K, W.Q5_0), "ffn_gate": W.Q4_K,
+                "ffn_up": (W.Q4_K, W.Q5_0), "ffn_down": (W.Q4_K, W.Q6_K)}, "Q4_K+Q5_0+Q6_K"),
+    "Q5_K_M": ({"token_embd": W.Q5_K, "output": W.Q6_K, "attn_q": W.Q5_K, "attn_k": W.Q5_K,
+                "attn_v": (W.Q6_K, W.Q5_K), "attn_output": (W.Q5_K, W.Q5_1), "ffn_gate": W.Q5_K,
+                "ffn_up": (W.Q5_K, W.Q5_1), "ffn_down": (W.Q6_K, W.Q8_0)}, "Q5_1+Q5_K+Q6_K+Q8_0"),
+    "IQ4_XS": ({"token_embd": W.IQ4_XS, "output": W.Q6_K, "attn_q": W.IQ4_XS, "attn_k": W.IQ4_XS,
+                "attn_v": (W.IQ4_NL, W.IQ4_XS), "attn_output": (W.IQ4_XS, W.Q4_0), "ffn_gate": W.IQ4_XS,
+                "ffn_up": (W.IQ4_XS, W.IQ4_NL), "ffn_down": (W.Q4_0, W.IQ4_XS)}, "IQ4_NL+IQ4_XS+Q4_0+Q6_K"),
+    "F16": ({"token_embd": W.F16, "output": W.BF16, "attn_q": W.F16, "attn_k": W.BF16, "attn_v": W.F32,
+             "attn_output": (W.F16, W.BF16), "ffn_gate": W.F16, "ffn_up": (W.F16, W.F32), "ffn_down": W.BF16},
+            "BF16+F16+F32"),
+}
 
 
-def _kind(name: str, layer: int) -> WeightType:
-    kind = LAYOUT[name]
+def _kind(layout: Layout, name: str, layer: int) -> WeightType:
+    kind = layout[name]
     return kind[layer % 2] if isinstance(kind, tuple) else kind
 
 
-def write_kquant_gguf(path: Path, hf: torch.nn.Module) -> dict[str, tuple[np.ndarray, WeightType]]:
-    """The tiny Llama as a K-quant GGUF (q / k rows permuted as llama.cpp's converter does); the blocks written."""
+def _runs(kinds: list[WeightType]) -> list[WeightType]:
+    """The formats of a fused matrix's parts: neighbours of one format are one part."""
+    return [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
+
+
+def write_kquant_gguf(path: Path, hf: torch.nn.Module, layout: Layout) -> dict[str, tuple[np.ndarray, WeightType]]:
+    """The tiny Llama as a GGUF of ``layout``'s types (q / k rows permuted as llama.cpp's converter does); the blocks
+    written."""
     c = hf.config
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(c.num_hidden_layers)
@@ -323,20 +429,20 @@ def write_kquant_gguf(path: Path, hf: torch.nn.Module) -> dict[str, tuple[np.nda
         written[name] = (blocks, kind)
         w.add_tensor(name, blocks, raw_dtype=GGML[kind])
 
-    put("token_embd.weight", hf.model.embed_tokens.weight.detach().numpy(), LAYOUT["token_embd"])  # type: ignore[arg-type]
+    put("token_embd.weight", hf.model.embed_tokens.weight.detach().numpy(), _kind(layout, "token_embd", 0))
     for i, layer in enumerate(hf.model.layers):
         at, mlp, b = layer.self_attn, layer.mlp, f"blk.{i}."
         put(b + "attn_norm.weight", layer.input_layernorm.weight.detach().numpy(), None)
         put(b + "ffn_norm.weight", layer.post_attention_layernorm.weight.detach().numpy(), None)
-        put(b + "attn_q.weight", permute(at.q_proj.weight, c.num_attention_heads), _kind("attn_q", i))
-        put(b + "attn_k.weight", permute(at.k_proj.weight, c.num_key_value_heads), _kind("attn_k", i))
-        put(b + "attn_v.weight", at.v_proj.weight.detach().numpy(), _kind("attn_v", i))
-        put(b + "attn_output.weight", at.o_proj.weight.detach().numpy(), _kind("attn_output", i))
-        put(b + "ffn_gate.weight", mlp.gate_proj.weight.detach().numpy(), _kind("ffn_gate", i))
-        put(b + "ffn_up.weight", mlp.up_proj.weight.detach().numpy(), _kind("ffn_up", i))
-        put(b + "ffn_down.weight", mlp.down_proj.weight.detach().numpy(), _kind("ffn_down", i))
+        put(b + "attn_q.weight", permute(at.q_proj.weight, c.num_attention_heads), _kind(layout, "attn_q", i))
+        put(b + "attn_k.weight", permute(at.k_proj.weight, c.num_key_value_heads), _kind(layout, "attn_k", i))
+        put(b + "attn_v.weight", at.v_proj.weight.detach().numpy(), _kind(layout, "attn_v", i))
+        put(b + "attn_output.weight", at.o_proj.weight.detach().numpy(), _kind(layout, "attn_output", i))
+        put(b + "ffn_gate.weight", mlp.gate_proj.weight.detach().numpy(), _kind(layout, "ffn_gate", i))
+        put(b + "ffn_up.weight", mlp.up_proj.weight.detach().numpy(), _kind(layout, "ffn_up", i))
+        put(b + "ffn_down.weight", mlp.down_proj.weight.detach().numpy(), _kind(layout, "ffn_down", i))
     put("output_norm.weight", hf.model.norm.weight.detach().numpy(), None)
-    put("output.weight", hf.lm_head.weight.detach().numpy(), LAYOUT["output"])  # type: ignore[arg-type]
+    put("output.weight", hf.lm_head.weight.detach().numpy(), _kind(layout, "output", 0))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -358,21 +464,24 @@ def tiny_kquant_llama(seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
-@pytest.fixture(scope="module")
-def kquant_file(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    path = tmp_path_factory.mktemp("kquant") / "tiny-q4_k_m.gguf"
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def kquant_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny Llama written as a GGUF of one of llama.cpp's mixes: (path, the HF model, the blocks, the layout, the
+    runtime tag's formats)."""
+    layout, tag = LAYOUTS[request.param]
+    path = tmp_path_factory.mktemp("formats") / f"tiny-{request.param.lower()}.gguf"
     hf = tiny_kquant_llama(7)
-    written = write_kquant_gguf(path, hf)
-    return path, hf, written
+    written = write_kquant_gguf(path, hf, layout)
+    return path, hf, written, layout, tag
 
 
-def test_a_k_quant_gguf_loads_with_its_types_as_stored(kquant_file: Any) -> None:
+def test_a_gguf_loads_with_its_types_as_stored(kquant_file: Any) -> None:
     """Every tensor in the type the file gives it (a mixed q/k/v or gate/up: a parts matrix of its types), the rows
     gguf-py dequantizes (q / k un-permuted), the runtime tag naming the formats held, the served bytes within
     1.05x of the file's tensor bytes."""
-    path, _, written = kquant_file
+    path, _, written, layout, tag = kquant_file
     weights = weights_from_gguf(path)
-    assert weights.source == "gguf:Q4_K+Q5_0+Q6_K"
+    assert weights.source == f"gguf:{tag}"
     c = weights.config
     h, g, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
 
@@ -389,48 +498,69 @@ def test_a_k_quant_gguf_loads_with_its_types_as_stored(kquant_file: Any) -> None
         assert torch.equal(lw.qkv.dequantize(), qkv) and lw.qkv.rows == (h + 2 * g) * d
         gu = torch.cat([dense(b + "ffn_gate.weight"), dense(b + "ffn_up.weight")])
         assert torch.equal(lw.gate_up.dequantize(), gu)
-        if i % 2 == 0:  # Q6_K v beside Q4_K q / k: kept as stored, two parts
-            assert [p.kind for p in lw.qkv.parts] == [WeightType.Q4_K, WeightType.Q6_K]
-            assert lw.gate_up.kind == WeightType.Q4_K
-        else:  # Q5_0 up beside a Q4_K gate
-            assert lw.qkv.kind == WeightType.Q4_K
-            assert [p.kind for p in lw.gate_up.parts] == [WeightType.Q4_K, WeightType.Q5_0]
-        assert lw.o.kind == _kind("attn_output", i) and lw.down.kind == _kind("ffn_down", i)
+        for fused, names in ((lw.qkv, ("attn_q", "attn_k", "attn_v")), (lw.gate_up, ("ffn_gate", "ffn_up"))):
+            kinds = _runs([_kind(layout, name, i) for name in names])  # e.g. a Q6_K v beside Q4_K q / k: two parts
+            assert [p.kind for p in fused.parts] == kinds if len(kinds) > 1 else fused.kind == kinds[0]
+        assert lw.o.kind == _kind(layout, "attn_output", i) and lw.down.kind == _kind(layout, "ffn_down", i)
         assert torch.equal(lw.o.dequantize(), dense(b + "attn_output.weight"))
         assert torch.equal(lw.down.dequantize(), dense(b + "ffn_down.weight"))
-    assert weights.embed.kind == WeightType.Q4_K and weights.head.kind == WeightType.Q6_K
+    assert weights.embed.kind == layout["token_embd"] and weights.head.kind == layout["output"]
     assert torch.equal(weights.head.dequantize(), dense("output.weight"))
     file_bytes = sum(raw.nbytes for raw, _ in written.values())
     norms = 4 * c.hidden_size * (2 * c.num_hidden_layers + 1)
     assert weights.nbytes - norms <= 1.05 * file_bytes
 
 
-def test_other_types_are_requantized_and_named_so(tmp_path: Path) -> None:
-    """A type no kernel reads as stored (F16 here) is requantized to the fallback, and the tag says so; a fused
-    group mixing it with a stored type keeps the stored part as it is."""
+def test_a_type_the_kernels_lack_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    """A Q3_K tensor (no kernel reads it): one ModelFileError naming the file, the tensor, its type and the types
+    read; nothing is requantized behind the user's back."""
+    layout: Layout = {**LAYOUTS["Q4_K_M"][0], "ffn_down": (W.Q4_K, W.Q6_K)}
+    path = tmp_path / "tiny-q3_k.gguf"
+    hf = tiny_kquant_llama(3)
+    write_kquant_gguf(path, hf, layout)
+    reader = gguf.GGUFReader(str(path))
+    down = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
+    assert down.tensor_type == GGMLQuantizationType.Q6_K  # rewrite its type in the header: Q3_K blocks, 110 bytes
+    raw = bytearray(path.read_bytes())
+    # the tensor infos follow the metadata: name, n_dims (u32), dims (u64 each), type (u32), offset (u64)
+    name = b"blk.1.ffn_down.weight"
+    at = raw.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    at += 4 + 8 * int.from_bytes(raw[at : at + 4], "little")
+    assert int.from_bytes(raw[at : at + 4], "little") == int(GGMLQuantizationType.Q6_K)
+    raw[at : at + 4] = int(GGMLQuantizationType.Q3_K).to_bytes(4, "little")  # Q3_K: 110 bytes < Q6_K's 210: fits
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ModelFileError) as caught:
+        weights_from_gguf(path)
+    message = str(caught.value)
+    assert "blk.1.ffn_down.weight is Q3_K" in message and "tiny-q3_k.gguf" in message and "\n" not in message
+    assert "Q4_K" in message and "IQ4_XS" in message  # the types it reads
+
+
+def test_the_test_files_f16_tensor_loads_as_stored(tmp_path: Path) -> None:
+    """conftest's tiny GGUF (Q4_1, Q8_0 and an F16 ffn_up): the F16 part of the fused gate/up kept as F16."""
     from tests.decoding.conftest import write_gguf
 
     path = tmp_path / "tiny.gguf"
-    write_gguf(path, make_tiny_llama(2, cpu_kernels=False))  # Q4_1, Q8_0 and an F16 ffn_up
+    write_gguf(path, make_tiny_llama(2, cpu_kernels=False))
     weights = weights_from_gguf(path)
-    assert weights.source == "gguf:Q4_1+Q8_0+F16>Q8_0"
+    assert weights.source == "gguf:F16+Q4_1+Q8_0"
     gu = weights.layers[0].gate_up
-    assert gu.kind == WeightType.PARTS and [p.kind for p in gu.parts] == [WeightType.Q4_1, WeightType.Q8_0]
+    assert gu.kind == WeightType.PARTS and [p.kind for p in gu.parts] == [WeightType.Q4_1, WeightType.F16]
 
 
 def test_speculative_greedy_equals_plain_greedy_on_every_path(
     libraries: dict[str, object], kquant_file: Any
 ) -> None:
-    """The K-quant model end to end (fp16 KV): speculative decoding gives the plain greedy tokens on each path,
-    and every path the avx2 path's tokens and logits bit for bit."""
-    path, _, _ = kquant_file
+    """Each mix end to end (fp16 KV): speculative decoding gives the plain greedy tokens on each path, and every
+    path the avx2 path's tokens and logits bit for bit."""
+    path, _, _, _, tag = kquant_file
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     tokens, logits = {}, {}
     try:
         for isa, lib in libraries.items():
             model = CpuLlama(weights_from_gguf(path), torch.float16)
-            assert model.runtime_tag == "cpu-quantized:gguf:Q4_K+Q5_0+Q6_K/kv-float16"
+            assert model.runtime_tag == f"cpu-quantized:gguf:{tag}/kv-float16"
             model.lib = lib  # type: ignore[assignment]
             engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-kquant-{isa}", torch.device("cpu"), (), 512))
             plain = run(engine, PROMPT, 40, [], None).token_ids
@@ -445,22 +575,28 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(
         assert tokens[isa] == tokens["avx2"] and torch.equal(logits[isa], logits["avx2"]), isa
 
 
-def test_the_k_quant_forward_matches_transformers_on_the_dequantized_weights(
-    kquant_file: Any,
-) -> None:
-    """transformers' Llama on the weights gguf-py dequantizes, every linear layer's input quantized as the kernels
-    quantize it: what the runtime computes, up to fp32 summation order. That order moves an activation across a
-    rounding boundary of its int8 quantization now and then (that position's logits then move by up to a few
-    percent of their spread, and the later ones too when it was in a cached key or value): the median position
-    agrees to 1e-5 of the spread (observed ~1e-6), a long sequence loosely."""
+def test_the_forward_matches_transformers_on_the_dequantized_weights(kquant_file: Any) -> None:
+    """transformers' Llama on the weights gguf-py dequantizes, every quantized linear layer's input quantized as the
+    kernels quantize it (the float formats read fp32 inputs): what the runtime computes, up to fp32 summation
+    order. That order moves an activation across a rounding boundary of its int8 quantization now and then (that
+    position's logits then move by up to a few percent of their spread, and the later ones reading it too when it
+    was in a cached key or value): the median position agrees to 1e-5 of the spread (observed ~1e-6), a long sequence
+    loosely."""
     if kernels.load() is None:
         pytest.skip("CPU kernels unavailable on this machine")
-    path, hf, _ = kquant_file
+    path, hf, _, layout, _ = kquant_file
     weights = weights_from_gguf(path)
     ours = CpuLlama(weights, torch.float32)
     load_dequantized(hf, weights)
+    linears = [(hf.lm_head, _kind(layout, "output", 0))]
+    for i, layer in enumerate(hf.model.layers):
+        at, mlp = layer.self_attn, layer.mlp
+        linears += [(at.q_proj, _kind(layout, "attn_q", i)), (at.k_proj, _kind(layout, "attn_k", i)),
+                    (at.v_proj, _kind(layout, "attn_v", i)), (at.o_proj, _kind(layout, "attn_output", i)),
+                    (mlp.gate_proj, _kind(layout, "ffn_gate", i)), (mlp.up_proj, _kind(layout, "ffn_up", i)),
+                    (mlp.down_proj, _kind(layout, "ffn_down", i))]
     hooks = [m.register_forward_pre_hook(lambda _m, args: (fake_quantized_activations(args[0]),))
-             for m in hf.modules() if isinstance(m, torch.nn.Linear)]
+             for m, kind in linears if kind not in FLOATS]
     g = torch.Generator().manual_seed(4)
     try:
         with torch.inference_mode():
@@ -477,5 +613,5 @@ def test_the_k_quant_forward_matches_transformers_on_the_dequantized_weights(
             hook.remove()
     assert float(torch.cat(per_position).median()) < 1e-5
     diff, scale = (got - want).abs(), want.std()
-    assert diff.mean() < 1e-2 * scale and diff.max() < 5e-2 * scale
+    assert diff.mean() < 1e-2 * scale and diff.max() < 1e-1 * scale  # a flip: ~2-6% at the positions reading it
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.97
