@@ -17,6 +17,7 @@ from app.settings import Settings
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.kernels import KernelUnavailable, available_isas, resolve_isa
+from decoding.runtime.kernels import cpu as kernel_cpu
 from decoding.runtime.quant import WeightType, quantize
 from decoding.speculative.engine import Engine
 from tests.decoding.conftest import PROMPT, RandomTreeDrafter, TinyTarget, TinyTokenizer, quantized_tiny_llama, run
@@ -42,7 +43,7 @@ def test_paths_are_chosen_from_the_cpu_flags() -> None:
 
 def test_the_service_refuses_a_path_the_cpu_lacks_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     before = kernels.config()
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: AVX2)
+    monkeypatch.setattr(kernel_cpu, "cpu_flags", lambda: AVX2)  # where resolve_isa reads it
     with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=avx512: .*needs avx512_vnni"):
         configure_kernels(Settings(cpu_isa="avx512"))
     with pytest.raises(ModelLoadError, match=r"RAGSPEC_CPU_ISA=amx: .*needs amx_bf16, amx_int8, amx_tile, avx512_bf16"):

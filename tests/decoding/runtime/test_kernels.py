@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from decoding.runtime import kernels
 from decoding.runtime.attention import _visibility
+from decoding.runtime.kernels.building import _rename_soname
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import make_tiny_llama
 
@@ -333,8 +334,8 @@ def test_a_renamed_runtime_keeps_its_bytes_but_its_name() -> None:
     if not lib.is_file():
         pytest.skip("no system libgomp here")
     data = lib.read_bytes()
-    renamed = kernels._rename_soname(data, b"libgomp.so.1", kernels.PRIVATE_OPENMP.encode())
+    renamed = _rename_soname(data, b"libgomp.so.1", kernels.PRIVATE_OPENMP.encode())
     assert renamed is not None and len(renamed) == len(data)
     assert b"libgomp.so.1\0" not in renamed and kernels.PRIVATE_OPENMP.encode() + b"\0" in renamed
-    assert kernels._rename_soname(b"not an elf", b"libgomp.so.1", b"librsmp.so.1") is None
-    assert kernels._rename_soname(data, b"libgomp.so.1", b"short") is None
+    assert _rename_soname(b"not an elf", b"libgomp.so.1", b"librsmp.so.1") is None
+    assert _rename_soname(data, b"libgomp.so.1", b"short") is None
