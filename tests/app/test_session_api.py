@@ -123,6 +123,11 @@ def test_capabilities_match_what_ask_answers(
     with the reason /v1/ask then gives in its 400."""
     a, _ = clients
     caps = a.get("/v1/capabilities").json()
+    target = server.app.state.services.target
+    assert caps["model"] == {"name": target.name, "runtime": target.runtime, "context_window": target.max_context,
+                             "weight_mb": round(target.weight_bytes / 1e6, 1)}
+    assert caps["model"]["runtime"].startswith("cpu-quantized:gguf:Q4_1+Q8_0/")  # the bundled GGUF's formats
+    assert caps["model"]["weight_mb"] > 50
     assert caps["max_new_tokens"] == server.settings.max_new_tokens
     assert caps["default_max_tokens"] == 6
     assert {m["name"]: m["available"] for m in caps["modes"]} == dict.fromkeys(

@@ -22,7 +22,16 @@ class ModeInfo(BaseModel):
     reason: str | None = Field(None, description="Why not, when not available (the error /v1/ask would give)")
 
 
+class ModelInfo(BaseModel):
+    name: str = Field(description="The target model (a GGUF file's name, a model dir or hub id, or 'bundled')")
+    runtime: str = Field(description="The runtime and its weights, e.g. cpu-quantized:gguf:Q4_K+Q5_0+Q6_K+Q8_0/"
+                         "kv-bfloat16: the GGUF weight formats held, each read as stored")
+    weight_mb: float = Field(description="Megabytes of weights served")
+    context_window: int = Field(description="Tokens the target reads at once")
+
+
 class Capabilities(BaseModel):
+    model: ModelInfo = Field(description="The target model this server answers with")
     modes: list[ModeInfo] = Field(description="Every mode /v1/ask takes, in its order")
     max_new_tokens: int = Field(description="The largest max_tokens a request may ask for")
     default_max_tokens: int = Field(description="max_tokens when a request gives none")
@@ -43,8 +52,10 @@ async def capabilities(services: ServicesDep, tenant: TenantDep) -> Capabilities
             modes.append(ModeInfo(name=mode, available=False, reason=exc.message))
         else:
             modes.append(ModeInfo(name=mode, available=True, reason=None))
-    limits = services.config.limits
+    limits, target = services.config.limits, services.target
     return Capabilities(
+        model=ModelInfo(name=target.name, runtime=target.runtime, weight_mb=round(target.weight_bytes / 1e6, 1),
+                        context_window=target.max_context),
         modes=modes,
         max_new_tokens=limits.max_new_tokens,
         default_max_tokens=limits.default_max_tokens,
