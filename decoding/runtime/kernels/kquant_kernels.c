@@ -73,6 +73,10 @@ static const int8_t kq_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -1
 static const uint8_t kq_iq4_plus128[16] __attribute__((unused)) = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task, as quant_kernels.c */
 #define KQ_PAIR_ROWS 6     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
+/* Tiles of at most this many rows sum a block's integer products on two chains each (even and odd chunks) on the
+   VNNI paths: one dpbusd waits for the last one's result, so one chain a row leaves the units idle when a tile has
+   few rows (a decode step). Integer sums: the split never changes a value. */
+#define KQ_SPLIT(MB) ((MB) <= 2)
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define KQ_VNNI 1
@@ -373,6 +377,10 @@ static inline __attribute__((always_inline)) void KQ(q4k)(const int MB, const in
         for (int jj = 0; jj < 4; ++jj) { /* 64 weights: sub-blocks 2jj (low nibbles) and 2jj + 1 (high) */
             kvi alo[KQ_MB], ahi[KQ_MB];
             for (int i = 0; i < MB; ++i) alo[i] = ahi[i] = VZERO();
+#if KQ_VNNI
+            kvi blo[KQ_MB], bhi[KQ_MB]; /* few rows: odd chunks on chains of their own (dpbusd's latency) */
+            for (int i = 0; i < MB; ++i) blo[i] = bhi[i] = VZERO();
+#endif
             for (int c = 0; c < 8; ++c) {
                 const int off = 160 + 32 * (8 * jj + c);
                 const kvi raw = KQ(ld)(r0 + off, r1 + off);
@@ -380,14 +388,23 @@ static inline __attribute__((always_inline)) void KQ(q4k)(const int MB, const in
                 for (int i = 0; i < MB; ++i) {
                     const int8_t *xb = xq + (long)i * K + s * QK_K + 64 * jj + 4 * c;
 #if KQ_VNNI
-                    alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
-                    ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
+                    if (KQ_SPLIT(MB) && (c & 1)) {
+                        blo[i] = VDOT(blo[i], lo, KQ(bc4)(xb));
+                        bhi[i] = VDOT(bhi[i], hi, KQ(bc4)(xb + 32));
+                    } else {
+                        alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
+                        ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
+                    }
 #else /* int16 lanes: 16 products of at most 15 * 127 each */
                     alo[i] = _mm256_add_epi16(alo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
                     ahi[i] = _mm256_add_epi16(ahi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 32)));
 #endif
                 }
             }
+#if KQ_VNNI
+            if (KQ_SPLIT(MB))
+                for (int i = 0; i < MB; ++i) alo[i] = VADD32(alo[i], blo[i]), ahi[i] = VADD32(ahi[i], bhi[i]);
+#endif
             for (int h = 0; h < 2; ++h) {
                 const int sub = 2 * jj + h, b = s * 8 + sub;
                 const kvi sc = KQ(u8x8)(r0 + 32 + 8 * sub, r1 + 32 + 8 * sub);
@@ -423,8 +440,8 @@ static inline __attribute__((always_inline)) void KQ(q6k_block)(const int MB, co
     const kvi H0 = KQ(ld)(r0 + 144, G1(r1 + 144)), H1 = KQ(ld)(r0 + 176, G1(r1 + 176));
 #if KQ_VNNI
     const kvi sa = VSRA32(VSLL32(P, 16), 16), sb = VSRA32(P, 16);
-    kvi aa[KQ_MB], ab[KQ_MB];
-    for (int i = 0; i < MB; ++i) aa[i] = ab[i] = VZERO();
+    kvi aa[KQ_MB], ab[KQ_MB], ca[KQ_MB], cb[KQ_MB]; /* ca, cb: the odd chunks' chains, for few rows */
+    for (int i = 0; i < MB; ++i) aa[i] = ab[i] = ca[i] = cb[i] = VZERO();
 #else
     const kvi sca = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(P, 0xA0), 0xA0); /* (sc_2b, sc_2b) */
     const kvi scb = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(P, 0xF5), 0xF5); /* (sc_2b+1, sc_2b+1) */
@@ -440,8 +457,13 @@ static inline __attribute__((always_inline)) void KQ(q6k_block)(const int MB, co
         for (int i = 0; i < MB; ++i) {
             const int8_t *x = xq + (long)i * K + 32 * bb + 4 * p;
 #if KQ_VNNI
-            aa[i] = VDOT(aa[i], qa, KQ(bc4)(x));
-            ab[i] = VDOT(ab[i], qb, KQ(bc4)(x + 16));
+            if (KQ_SPLIT(MB) && (p & 1)) {
+                ca[i] = VDOT(ca[i], qa, KQ(bc4)(x));
+                cb[i] = VDOT(cb[i], qb, KQ(bc4)(x + 16));
+            } else {
+                aa[i] = VDOT(aa[i], qa, KQ(bc4)(x));
+                ab[i] = VDOT(ab[i], qb, KQ(bc4)(x + 16));
+            }
 #else /* two chunks' pairs in int16 (at most 4 * 63 * 127), then times the scale into int32 */
             const kvi ua = _mm256_maddubs_epi16(qa, KQ(bc4)(x)), ub = _mm256_maddubs_epi16(qb, KQ(bc4)(x + 16));
             if (p & 1) {
@@ -456,7 +478,7 @@ static inline __attribute__((always_inline)) void KQ(q6k_block)(const int MB, co
     for (int i = 0; i < MB; ++i) {
         const kvi corr = VMADD16(P, VSET32(kq_pair(S + (long)i * (K / 16) + 2 * bb))); /* sc . S per lane */
 #if KQ_VNNI
-        const kvi dot = VADD32(VMULLO32(aa[i], sa), VMULLO32(ab[i], sb));
+        const kvi dot = VADD32(VMULLO32(VADD32(aa[i], ca[i]), sa), VMULLO32(VADD32(ab[i], cb[i]), sb));
 #else
         const kvi dot = a32[i];
 #endif
@@ -529,7 +551,10 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
             for (int i = 0; i < MB; ++i) {
                 const int8_t *xb = xq + (long)i * K + b * QK + 4 * c;
 #if KQ_VNNI
-                a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
+                if (KQ_SPLIT(MB)) /* low and high nibbles on chains of their own */
+                    a[i] = VDOT(a[i], lo, KQ(bc4)(xb)), plo[i] = VDOT(plo[i], hi, KQ(bc4)(xb + 16));
+                else
+                    a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
 #else
                 if (W == KW_IQ4_NL) { /* signed weights: |w| times x with w's sign; pairs <= 2 * 127 * 127 */
                     const kvi xl = KQ(bc4)(xb), xh = KQ(bc4)(xb + 16);
@@ -546,7 +571,9 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
         const kvf d = KQ(f16)(r0, r1);
         const kvf mn = W == KW_Q5_1 ? KQ(f16)(r0 + 16, r1 + 16) : VZEROF();
         for (int i = 0; i < MB; ++i) {
-#if !KQ_VNNI
+#if KQ_VNNI
+            if (KQ_SPLIT(MB)) a[i] = VADD32(a[i], plo[i]);
+#else
             if (W != KW_IQ4_NL) a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
 #endif
             const int16_t *sp = S ? S + (long)i * (K / 16) + 2 * b : 0;
@@ -575,7 +602,10 @@ static inline __attribute__((always_inline)) void KQ(q5k)(const int MB, const in
             const kvi sc_hi = KQ(u8x8)(r0 + 32 + 8 * (2 * jj + 1), r1 + 32 + 8 * (2 * jj + 1));
             kvi alo[KQ_MB], ahi[KQ_MB];
             for (int i = 0; i < MB; ++i) alo[i] = ahi[i] = VZERO();
-#if !KQ_VNNI /* int16 partial sums over 4 chunks (8 products of at most 31 * 127), then times the scale in int32 */
+#if KQ_VNNI
+            kvi blo[KQ_MB], bhi[KQ_MB]; /* few rows: odd chunks on chains of their own */
+            for (int i = 0; i < MB; ++i) blo[i] = bhi[i] = VZERO();
+#else /* int16 partial sums over 4 chunks (8 products of at most 31 * 127), then times the scale in int32 */
             const kvi scp_lo = VOR(sc_lo, VSLL32(sc_lo, 16)), scp_hi = VOR(sc_hi, VSLL32(sc_hi, 16));
             kvi plo[KQ_MB], phi[KQ_MB];
             for (int i = 0; i < MB; ++i) plo[i] = phi[i] = VZERO();
@@ -590,8 +620,13 @@ static inline __attribute__((always_inline)) void KQ(q5k)(const int MB, const in
                 for (int i = 0; i < MB; ++i) {
                     const int8_t *xb = xq + (long)i * K + s * QK_K + 64 * jj + 4 * c;
 #if KQ_VNNI
-                    alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
-                    ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
+                    if (KQ_SPLIT(MB) && (c & 1)) {
+                        blo[i] = VDOT(blo[i], lo, KQ(bc4)(xb));
+                        bhi[i] = VDOT(bhi[i], hi, KQ(bc4)(xb + 32));
+                    } else {
+                        alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
+                        ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
+                    }
 #else
                     plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
                     phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 32)));
@@ -603,6 +638,10 @@ static inline __attribute__((always_inline)) void KQ(q5k)(const int MB, const in
 #endif
                 }
             }
+#if KQ_VNNI
+            if (KQ_SPLIT(MB))
+                for (int i = 0; i < MB; ++i) alo[i] = VADD32(alo[i], blo[i]), ahi[i] = VADD32(ahi[i], bhi[i]);
+#endif
             for (int h = 0; h < 2; ++h) {
                 const int sub = 2 * jj + h, b = s * 8 + sub;
                 const kvf mn = VCVT(KQ(u8x8)(r0 + 96 + 8 * sub, r1 + 96 + 8 * sub));
@@ -637,8 +676,8 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
         kvf T[KQ_MB];
         for (int i = 0; i < MB; ++i) T[i] = VZEROF();
         for (int ib = 0; ib < 8; ++ib) {
-            kvi a[KQ_MB];
-            for (int i = 0; i < MB; ++i) a[i] = VZERO();
+            kvi a[KQ_MB], a2[KQ_MB];
+            for (int i = 0; i < MB; ++i) a[i] = a2[i] = VZERO();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 const kvi raw = KQ(ld)(r0 + 80 + 32 * (4 * ib + c), G1(r1 + 80 + 32 * (4 * ib + c)));
@@ -646,7 +685,10 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
                 for (int i = 0; i < MB; ++i) {
                     const int8_t *xb = xq + (long)i * K + s * QK_K + 32 * ib + 4 * c;
 #if KQ_VNNI
-                    a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
+                    if (KQ_SPLIT(MB)) /* low and high nibbles on chains of their own */
+                        a[i] = VDOT(a[i], lo, KQ(bc4)(xb)), a2[i] = VDOT(a2[i], hi, KQ(bc4)(xb + 16));
+                    else
+                        a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
 #else
                     const kvi xl = KQ(bc4)(xb), xh = KQ(bc4)(xb + 16);
                     const kvi pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xl, lo));
@@ -660,7 +702,7 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
             for (int i = 0; i < MB; ++i) {
 #if KQ_VNNI
                 const int16_t *sp = S + (long)i * (K / 16) + 2 * b;
-                const kvi dot = VSUB32(a[i], VSET32(128 * ((int)sp[0] + (int)sp[1])));
+                const kvi dot = VSUB32(VADD32(a[i], a2[i]), VSET32(128 * ((int)sp[0] + (int)sp[1])));
 #else
                 const kvi dot = a[i];
 #endif

@@ -139,8 +139,8 @@ static inline __m256i bcast4(const int8_t *x) {
         (void)ones; /* the AVX2 path's int16 -> int32 widening */                                             \
         for (int b = 0; b < nb; ++b) {                                                                        \
             const uint8_t *rec = w + (long)b * REC_Q41;                                                       \
-            __m256i sums[MB];                                                                                 \
-            for (int i = 0; i < MB; ++i) sums[i] = _mm256_setzero_si256();                                    \
+            __m256i sums[MB], highs[MB]; /* few rows: high nibbles on chains of their own (dpbusd's latency) */ \
+            for (int i = 0; i < MB; ++i) sums[i] = highs[i] = _mm256_setzero_si256();                         \
             for (int cc = 0; cc < 4; ++cc) {                                                                  \
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * cc));                \
                 const __m256i lo = _mm256_and_si256(raw, low);                                                \
@@ -148,13 +148,17 @@ static inline __m256i bcast4(const int8_t *x) {
                 for (int i = 0; i < MB; ++i) {                                                                \
                     const int8_t *xb = xq + (long)i * K + b * QK;                                             \
                     sums[i] = DOT4(sums[i], lo, bcast4(xb + 4 * cc));                                         \
-                    sums[i] = DOT4(sums[i], hi, bcast4(xb + 16 + 4 * cc));                                    \
+                    if (MB <= 2)                                                                              \
+                        highs[i] = DOT4(highs[i], hi, bcast4(xb + 16 + 4 * cc));                              \
+                    else                                                                                      \
+                        sums[i] = DOT4(sums[i], hi, bcast4(xb + 16 + 4 * cc));                                \
                 }                                                                                             \
             }                                                                                                 \
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                         \
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));                  \
             for (int i = 0; i < MB; ++i) {                                                                    \
-                const __m256 isum = _mm256_cvtepi32_ps(FINISH(sums[i]));                                      \
+                const __m256i whole = MB <= 2 ? _mm256_add_epi32(FINISH(sums[i]), FINISH(highs[i])) : FINISH(sums[i]); \
+                const __m256 isum = _mm256_cvtepi32_ps(whole);                                                \
                 acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(xd[(long)i * nb + b])), acc[i]); \
                 mins[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[(long)i * nb + b]), mins[i]);                 \
             }                                                                                                 \
@@ -168,19 +172,22 @@ static inline __m256i bcast4(const int8_t *x) {
         (void)ones;                                                                                           \
         for (int b = 0; b < nb; ++b) {                                                                        \
             const uint8_t *rec = w + (long)b * REC_Q80;                                                       \
-            __m256i s32[MB];                                                                                  \
-            for (int i = 0; i < MB; ++i) s32[i] = _mm256_setzero_si256();                                     \
+            __m256i s32[MB], odd[MB]; /* few rows: odd chunks on chains of their own */                     \
+            for (int i = 0; i < MB; ++i) s32[i] = odd[i] = _mm256_setzero_si256();                            \
             for (int c = 0; c < 8; ++c) {                                                                     \
                 const __m256i wc = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * c));                  \
                 const __m256i aw = _mm256_sign_epi8(wc, wc); /* |q_w| as u8 (-128 -> 128) */                  \
                 for (int i = 0; i < MB; ++i) {                                                                \
                     const __m256i xv = _mm256_sign_epi8(bcast4(xq + (long)i * K + b * QK + 4 * c), wc);       \
-                    s32[i] = DOT4_WIDE(s32[i], aw, xv);                                                       \
+                    if (MB <= 2 && (c & 1))                                                                   \
+                        odd[i] = DOT4_WIDE(odd[i], aw, xv);                                                   \
+                    else                                                                                      \
+                        s32[i] = DOT4_WIDE(s32[i], aw, xv);                                                   \
                 }                                                                                             \
             }                                                                                                 \
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));                         \
             for (int i = 0; i < MB; ++i)                                                                      \
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]),                                          \
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s32[i], odd[i])),                \
                                          _mm256_mul_ps(dw, _mm256_set1_ps(xd[(long)i * nb + b])), acc[i]);    \
         }                                                                                                     \
     }
@@ -278,6 +285,7 @@ PAIR_KERNEL(5)
 PAIR_KERNEL(6)
 
 #define PAIR_ROWS 6
+#define PAIR_MIN_ROWS 6 /* qgroups: fewer activation rows go one group at a time */
 typedef void (*pair_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, const uint8_t *, __m512 *,
                         __m512 *);
 static const pair_fn Q41_PAIR[PAIR_ROWS + 1] = {0, q41_pair_1, q41_pair_2, q41_pair_3, q41_pair_4, q41_pair_5, q41_pair_6};
@@ -313,8 +321,10 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
                     long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
                     long ldr) {
     const int nb = K / QK;
-#if PAIRS
-    for (; g0 + 1 < g1; g0 += 2) qpair(xq, xd, xs, M, K, w, wtype, ldg, N, g0, y, ldy, bias, res, ldr);
+#if PAIRS /* from PAIR_MIN_ROWS rows on: a pair reads two streams of weights at once, which made one row from memory
+            ~1.4x slower (the same bits either way, so the choice never changes a result) */
+    for (; M >= PAIR_MIN_ROWS && g0 + 1 < g1; g0 += 2)
+        qpair(xq, xd, xs, M, K, w, wtype, ldg, N, g0, y, ldy, bias, res, ldr);
 #endif
     for (int g = g0; g < g1; ++g) {
         const int n0 = 8 * g, valid = N - n0 < 8 ? N - n0 : 8;
