@@ -53,10 +53,11 @@ test: test-deps
 
 BENCH_STAMP := $(VENV)/.ragspec-bench-installed
 
-# bench.decode's llama.cpp references, two builds of the llama.cpp in llama-cpp-python 0.3.36 (its Python
-# package installed without a library of its own; each build runs in a worker process, LLAMA_CPP_LIB_PATH):
-# `best` (AVX-512 + VNNI + BF16 + AMX, with a fix for gcc 12 dropping the tile configuration, which made the
-# default native build die on its first eval here) and `avx2`. scripts/build-llama-cpp says how (~4 min each).
+# The llama.cpp references of bench.decode and bench.formats, two builds of the llama.cpp in llama-cpp-python
+# 0.3.36 (its Python package installed without a library of its own; each build runs in a worker process,
+# LLAMA_CPP_LIB_PATH): `best`, chosen from this CPU's flags (AVX-512 + VNNI + BF16 + AMX, with a fix for gcc 12
+# dropping the tile configuration, where the CPU has AMX; AVX-512 with the VNNI / BF16 it has where it has no AMX;
+# else AVX2; LLAMA_BUILDS/best/build-flags.txt says which and why) and `avx2`. scripts/build-llama-cpp says how.
 LLAMA_BUILDS := $(VENV)/llama-builds
 
 $(BENCH_STAMP): pyproject.toml $(STAMP) scripts/build-llama-cpp
@@ -75,6 +76,7 @@ bench: models $(BENCH_STAMP)
 	$(PY) -m bench.penalties --max-new-tokens 160 --json bench/results/penalties.json
 	$(PY) -m bench.concurrency --json bench/results/concurrency.json
 	$(PY) -m bench.load --json bench/results/load.json
+	$(PY) -m bench.formats --json bench/results/formats.json
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \

@@ -244,23 +244,29 @@ def gguf_of(spec: str, data_dir: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def measure_prefill(bench: Bench, case: Case, repeats: int) -> dict[str, Any]:
-    """Cold prefill throughput of the case's whole prompt: ours (no cached prefix) and each llama.cpp build's."""
-    ours: list[float] = []
+def measure_prefill(bench: Bench, case: Case, repeats: int, ours: bool = True) -> dict[str, Any]:
+    """Cold prefill throughput of the case's whole prompt: ours (no cached prefix; left out when ``ours`` is False)
+    and each llama.cpp build's, interleaved per repetition; medians, and every repetition (``*_reps``)."""
+    mine: list[float] = []
     theirs: dict[str, list[float]] = {name: [] for name in bench.llama}
     n = len(case.prompt.ids)
     for _ in range(repeats):
-        engine = Engine(bench.target, None, config=ENGINE_CONFIG)
-        done = next(e for e in engine.generate(case.prompt, GenerationConfig(max_new_tokens=1))
-                    if isinstance(e, DoneEvent))
-        ours.append(n / done.stats.prefill_s)
+        if ours:
+            engine = Engine(bench.target, None, config=ENGINE_CONFIG)
+            done = next(e for e in engine.generate(case.prompt, GenerationConfig(max_new_tokens=1))
+                        if isinstance(e, DoneEvent))
+            mine.append(n / done.stats.prefill_s)
         for name, worker in bench.llama.items():
             theirs[name].append(n / worker.eval(list(case.prompt.ids)))
-    out: dict[str, Any] = {"prompt_tokens": n, "ours_tokens_per_s": round(median(ours), 1),
-                           "ours_ttft_s": round(n / median(ours), 3)}
+    out: dict[str, Any] = {"prompt_tokens": n}
+    if mine:
+        out |= {"ours_tokens_per_s": round(median(mine), 1), "ours_ttft_s": round(n / median(mine), 3),
+                "ours_tokens_per_s_reps": [round(v, 1) for v in mine]}
     for name, speeds in theirs.items():
         out[f"{name}_tokens_per_s"] = round(median(speeds), 1)
-        out[f"ours_vs_{name}"] = round(median(ours) / median(speeds), 3)
+        out[f"{name}_tokens_per_s_reps"] = [round(v, 1) for v in speeds]
+        if mine:
+            out[f"ours_vs_{name}"] = round(median(mine) / median(speeds), 3)
     return out
 
 

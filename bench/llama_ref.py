@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,8 +33,7 @@ class LlamaWorker:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info: dict[str, Any] = self._call({"op": "info"})
         self.info["lib_dir"] = str(lib_dir)
-        flags = lib_dir / "build-flags.txt"  # variant, cmake command, patch; then the whole cmake cache
-        self.info["build_flags"] = flags.read_text().splitlines()[:3] if flags.is_file() else None
+        self.info["build_flags"] = build_flags(lib_dir)
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -58,6 +58,11 @@ class LlamaWorker:
         prompts that share them."""
         return self._call({"op": "batch", "prompts": prompts, "prefix_len": prefix_len, "max_new": max_new})
 
+    def top(self, ids: list[int], k: int = 2) -> list[tuple[int, float]]:
+        """The ``k`` largest logits (token id, logit) after ``ids``, most likely first (its KV of a shared prefix
+        reused)."""
+        return [(int(t), float(v)) for t, v in self._call({"op": "top", "ids": ids, "k": k})["top"]]
+
     def eval(self, ids: list[int], keep: int | None = 0) -> float:
         """Seconds to evaluate ``ids`` after the first ``keep`` cached tokens (None: after all of them)."""
         return float(self._call({"op": "eval", "ids": ids, "keep": keep})["seconds"])
@@ -67,6 +72,28 @@ class LlamaWorker:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
+
+
+def build_flags(lib_dir: Path) -> list[str] | None:
+    """What ``scripts/build-llama-cpp`` recorded of a build (``build-flags.txt``): its header lines (the variant,
+    what ``best`` resolved to and the CPU flags it read, the cmake command, the AMX patch), without the cmake
+    cache's options that follow them. None where the build has no such file."""
+    flags = lib_dir / "build-flags.txt"
+    if not flags.is_file():
+        return None
+    return [line for line in flags.read_text().splitlines() if not re.match(r"^[A-Z0-9_]+:[A-Z]+=", line)]
+
+
+def quantize(lib_dir: Path, src: Path, dst: Path, ftype: str, threads: int) -> None:
+    """llama.cpp's own quantizer (``llama_model_quantize``, requantizing allowed) run by the build in ``lib_dir``, in a
+    process of its own: ``src`` into ``dst`` as ``ftype`` (a ``llama_ftype`` name: ``LLAMA_FTYPE_MOSTLY_Q4_K_M``)."""
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
+    cmd = [sys.executable, "-m", "bench.llama_ref", "--quantize", str(src), str(dst), "--ftype", ftype,
+           "--threads", str(threads)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not dst.is_file():
+        raise RuntimeError(f"llama.cpp could not quantize {src.name} to {ftype} (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-1500:]}")
 
 
 def open_workers(gguf: Path | None, threads: int, names: list[str]) -> dict[str, LlamaWorker]:
@@ -109,6 +136,8 @@ def _serve(gguf: str, threads: int) -> None:
                     "system_info": system.decode() if isinstance(system, bytes) else str(system),
                     "rss_mb": round(_rss_mb() - before, 1),
                 }
+            elif req["op"] == "top":
+                reply = {"top": _top(llm, req["ids"], req["k"])}
             elif req["op"] == "batch":
                 reply = batches.run(llm, req["prompts"], req["prefix_len"], req["max_new"])
             elif req["op"] == "eval":
@@ -236,6 +265,32 @@ class _Batches:
         return {"tokens": out, "ttft_s": ttft, "end_s": end, "wall_s": wall}
 
 
+def _top(llm: Any, ids: list[int], k: int) -> list[tuple[int, float]]:
+    """The last row's ``k`` largest logits after ``ids``, evaluating only what its KV does not hold yet (at least
+    the last token, whose logits are wanted)."""
+    import numpy as np
+
+    held = [int(t) for t in llm.input_ids[: llm.n_tokens]]
+    keep = next((i for i, (a, b) in enumerate(zip(held, ids, strict=False)) if a != b), min(len(held), len(ids)))
+    llm.n_tokens = min(keep, len(ids) - 1)
+    llm.eval(ids[llm.n_tokens :])
+    logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+    best = np.argsort(-logits, kind="stable")[:k]
+    return [(int(i), float(logits[i])) for i in best]
+
+
+def _quantize(src: str, dst: str, ftype: str, threads: int) -> int:
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = getattr(llama_cpp, ftype)
+    params.allow_requantize = True
+    return int(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
+
+
 def _generate(llm: Any, ids: list[int], max_new: int, eos: set[int]) -> dict[str, Any]:
     tokens: list[int] = []
     t0 = time.perf_counter()
@@ -254,7 +309,14 @@ def _generate(llm: Any, ids: list[int], max_new: int, eos: set[int]) -> dict[str
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--gguf", required=True)
+    parser.add_argument("--gguf")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quantize", nargs=2, metavar=("SRC", "DST"), help="quantize SRC into DST and exit")
+    parser.add_argument("--ftype", default="LLAMA_FTYPE_MOSTLY_Q4_K_M", help="the llama_ftype --quantize writes")
     args = parser.parse_args()
+    if args.quantize:
+        src, dst = args.quantize
+        sys.exit(_quantize(src, dst, args.ftype, args.threads))
+    if not args.gguf:
+        parser.error("--gguf is required")
     _serve(args.gguf, args.threads)
