@@ -12,7 +12,7 @@ threads: decode tokens/s (fixed length, end of sequence ignored) and cold prefil
 llama.cpp's best build here and its AVX2 build (``scripts/build-llama-cpp``), runs interleaved (rep -> runtime)
 after one warm-up each, medians and every repetition; the first 32 greedy tokens ours against each build's (equal,
 or the first divergence with both runtimes' two largest logits there, so a near-tie shows as one); our runtime tag
-(the formats it holds as stored, ``X>Q8_0`` for one requantized at load), our served weight MB against the file's
+(the formats it holds, each read as stored), our served weight MB against the file's
 tensor bytes, and resident memory after load (ours: measured in a fresh process). A file our runtime refuses is
 recorded as ``{"ours": "refused: <message>"}`` and llama.cpp is still measured on it.
 
