@@ -345,13 +345,9 @@ def dequantize_rows(kind: WeightType, raw: np.ndarray, cols: int) -> np.ndarray:
     elif kind == WeightType.Q8_0:
         out = f16(blocks[..., 0:2]) * blocks[..., 2:].view(np.int8).astype(np.float32)
     elif kind == WeightType.Q4_1:
-        qs = blocks[..., 4:]
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)
-        out = f16(blocks[..., 0:2]) * q + f16(blocks[..., 2:4])
+        out = f16(blocks[..., 0:2]) * nibbles(blocks[..., 4:]).astype(np.float32) + f16(blocks[..., 2:4])
     elif kind == WeightType.Q5_0:
-        qs = blocks[..., 6:]
-        fifth = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
-        q = (np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (fifth << 4)).astype(np.int8) - np.int8(16)
+        q = (nibbles(blocks[..., 6:]) | (fifth(blocks[..., 2:6]) << 4)).astype(np.int8) - np.int8(16)
         out = f16(blocks[..., 0:2]) * q.astype(np.float32)
     elif kind == WeightType.Q4_K:
         sc, mn = q4k_scales(blocks[..., 4:16])
