@@ -289,11 +289,11 @@ def save_tiny_model(
     return model
 
 
-def write_gguf(path: Path, hf: torch.nn.Module) -> None:
-    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors."""
+def llama_gguf_writer(path: Path, c: Any) -> Any:
+    """A ``gguf.GGUFWriter`` at ``path`` holding the Llama metadata of transformers config ``c`` (eos id 2), as
+    llama.cpp's converter writes it; the caller adds the tensors and writes the file."""
     import gguf
 
-    c = hf.config
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
@@ -301,14 +301,28 @@ def write_gguf(path: Path, hf: torch.nn.Module) -> None:
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
+    if getattr(c, "head_dim", None):
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     w.add_eos_token_id(2)
+    return w
 
-    def permute(t: torch.Tensor, heads: int) -> np.ndarray:
-        a = t.detach().numpy()
-        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+def permute(t: torch.Tensor, heads: int) -> np.ndarray:
+    """q / k rows in llama.cpp's order (its converter permutes them for its RoPE)."""
+    a = t.detach().numpy()
+    return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+
+def write_gguf(path: Path, hf: torch.nn.Module) -> None:
+    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors."""
+    import gguf
+
+    c = hf.config
+    w = llama_gguf_writer(path, c)
 
     def put(name: str, a: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:
         a = np.ascontiguousarray(a, dtype=np.float32)

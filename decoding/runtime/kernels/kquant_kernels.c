@@ -1,4 +1,5 @@
-/* ragspec CPU kernels on GGUF's K-quant and 5-bit weights, read as stored: Q4_K, Q6_K, Q5_0 (and a "parts" matrix:
+/* ragspec CPU kernels on GGUF's block formats beyond Q8_0 / Q4_1, read as stored: the K-quants Q4_K, Q5_K, Q6_K, the
+ * 32-weight blocks Q5_0, Q4_0, Q5_1, the non-linear IQ4_NL and IQ4_XS (and a "parts" matrix:
  * rows of several formats, e.g. a fused q/k/v whose v is Q6_K and q, k Q4_K, each part computed in its own format).
  * quant_kernels.c's qmatmul_part and dequant_row hand these formats here (kq_matmul_part, kq_dequant_row).
  *
@@ -12,10 +13,18 @@
  *         w = d sc (q - 32), q in 0..63.
  *   Q5_0, 32 weights (22 bytes): fp16 d, 32 bits qh (bit t: weight t's fifth bit), 16 bytes qs (weight t low nibble,
  *         16 + t high nibble);  w = d (q - 16), q in 0..31.
+ *   Q5_K, 256 weights (176 bytes): Q4_K's fields, then qh[32] before qs: bit 2j of qh byte l is the fifth bit of
+ *         weight 64j + l, bit 2j + 1 of weight 64j + 32 + l;  w = d sc q - dmin m, q in 0..31.
+ *   Q4_0, 32 weights (18 bytes): fp16 d, 16 bytes qs as Q5_0's;  w = d (q - 8).
+ *   Q5_1, 32 weights (24 bytes): fp16 d, fp16 m, qh as Q5_0's, qs;  w = d q + m, q in 0..31.
+ *   IQ4_NL, 32 weights (18 bytes): as Q4_0, q indexing 16 values v[q] from -127 to 113;  w = d v[q].
+ *   IQ4_XS, 256 weights (136 bytes): fp16 d, 8 six-bit scales (uint16 of their top 2 bits, 4 bytes of low nibbles),
+ *         per sub-block of 32 its 16 bytes of indices as IQ4_NL's;  w = d (ls - 32) v[q].
  *
  * Packed ("x8") as the other formats are: rows in groups of 8 (zero rows pad the last), per group and block one
  * record of the 8 rows' bytes rearranged (decoding/runtime/quant.py's pack_rows; no value changes, the same bytes
- * but for Q4_K's scales, unpacked from 12 to 16 bytes a block: 148 bytes of 144, 1.028x), where a "chunk" of 32
+ * but for the K-quants' scales, unpacked from 12 to 16 bytes a block: 148 bytes of 144, 1.028x, and IQ4_XS's, 6 to
+ * 8: 138 of 136), where a "chunk" of 32
  * bytes holds 4 bytes of each row in turn (bytes 4j..4j+3: row j):
  *   Q4_K (1184 bytes): d[8], dmin[8] (fp16), sc[sub][row] (64 bytes), m[sub][row] (64), 32 chunks of qs (chunk k:
  *         each row's qs bytes 4k..4k+3);
@@ -25,23 +34,31 @@
  *         bits (chunk k, byte 4j + t, bits 2u, 2u + 1: the high 2 bits of row j's weight 32b + 16k + 4u + t): the
  *         file's bit fields regrouped by block, so every byte is read once and in order;
  *   Q5_0 (176 bytes a block of 32): d[8] (fp16), a chunk of fifth bits (byte 4j + t, bit 2c + h: row j's weight
- *         16h + 4c + t), 4 chunks of qs (chunk c: each row's qs bytes 4c..4c+3).
+ *         16h + 4c + t), 4 chunks of qs (chunk c: each row's qs bytes 4c..4c+3);
+ *   Q5_K (1440): as Q4_K, with 8 chunks of qh (chunk c: each row's qh bytes 4c..4c+3) before the qs chunks;
+ *   Q4_0, IQ4_NL (144): d[8], 4 chunks of qs;  Q5_1 (192): d[8], m[8], the fifth bits and qs chunks as Q5_0's;
+ *   IQ4_XS (1104): d[8], the scales minus 32 as int8 (sub-block s of row j at 8s + j: 64 bytes), 32 chunks of qs.
  * One integer instruction on a chunk against 4 activations broadcast to every lane then adds 4 products to each
  * of 8 rows' sums (16 rows on 512-bit vectors: two groups side by side).
  *
  * Activations are the same int8 rows every format reads (quant_kernels.c's quantize_row: per row and block of
- * 32, d_x = max|x| / 127, q_x = round(x / d_x), s_x = d_x sum(q_x)); Q6_K and Q5_0 also read the rows' integer
- * sums per 16 (S, made per thread from q_x). Per output element, in this order whatever the batch, the tile, the
+ * 32, d_x = max|x| / 127, q_x = round(x / d_x), s_x = d_x sum(q_x)); Q6_K, Q5_0, Q4_0 and the IQ4s also read the
+ * rows' integer sums per 16 (S, made per thread from q_x). Per output element, in this order whatever the batch, the tile, the
  * lane or the path (every sum of integers exact):
- *   Q4_K: per super-block, for each sub-block j in order: i = sc_j * sum(q_w q_x)   (int32)
+ *   Q4_K, Q5_K: per super-block, for each sub-block j in order: i = sc_j * sum(q_w q_x)   (int32)
  *                                                        T = fma(float(i), d_x, T),  U = fma(float(m_j), s_x, U)
  *         then acc = fma(d, T, acc); acc = acc - dmin U (one fused step);
  *   Q6_K: per super-block, for each block of 32 b in order:
  *         i = sc_2b (sum(q_w q_x) - 32 S_2b) + sc_2b+1 (the same over the second 16)   (int32)
  *         T = fma(float(i), d_x, T);  then acc = fma(d, T, acc);
- *   Q5_0: per block in order: i = sum(q_w q_x) - 16 (S_2b + S_2b+1);  acc = fma(float(i), d d_x, acc);
+ *   Q5_0, Q4_0: per block in order: i = sum(q_w q_x) - 16 (Q4_0: 8) (S_2b + S_2b+1);  acc = fma(float(i), d d_x, acc);
+ *   Q5_1: the same with i = sum(q_w q_x), then acc = fma(m, s_x, acc);
+ *   IQ4_NL: as Q5_0 with i = sum(v[q_w] q_x) (on dpbusd: the table plus 128, then 128 (S_2b + S_2b+1) taken off);
+ *   IQ4_XS: per super-block, for each sub-block j: i = (ls_j - 32) sum(v[q_w] q_x); T = fma(float(i), d_x, T); then
+ *         acc = fma(d, T, acc);
  * then y = acc (+ bias) (+ res), as the other formats. The AVX2 path sums byte products with maddubs (int16
- * pairs, never more than fit) and madd; AVX-512 VNNI with dpbusd; both reach the same integers and run the same
+ * pairs, never more than fit; the IQ4 values signed, so |v| times x with v's sign) and madd; AVX-512 VNNI with dpbusd
+ * (one or two chains a row); both reach the same integers and run the same
  * fp32 steps, so every path gives the same bits (the AMX build runs these formats on its AVX-512 vectors).
  */
 #ifndef KQ_LANES
@@ -363,28 +380,42 @@ static inline kvi KQ(bc4)(const int8_t *x) {
 #define G1(p) ((void)(p), (const uint8_t *)0)
 #endif
 
-/* ---- Q4_K: MB activation rows x one group (or pair) -> acc lanes --------------------------------------------- */
-static inline __attribute__((always_inline)) void KQ(q4k)(const int MB, const int8_t *xq, const float *xd,
-                                                           const float *xs, int K, const uint8_t *g0,
-                                                           const uint8_t *g1, kvf *acc) {
+/* ---- Q4_K and Q5_K (W, a constant where inlined): MB activation rows x one group (or pair) -> acc lanes -------- */
+static inline __attribute__((always_inline)) void KQ(q45k)(const int MB, const int W, const int8_t *xq,
+                                                            const float *xd, const float *xs, int K,
+                                                            const uint8_t *g0, const uint8_t *g1, kvf *acc) {
     const int nsb = K / QK_K, nb = K / QK;
-    const kvi low = V8(0x0F);
+    const int rec = W == KW_Q5_K ? REC_Q5K : REC_Q4K, qoff = W == KW_Q5_K ? 416 : 160; /* Q5_K: fifth bits at 160 */
+    const kvi low = V8(0x0F), bit4 = V8(0x10);
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int s = 0; s < nsb; ++s) {
-        const uint8_t *r0 = g0 + (long)s * REC_Q4K, *r1 = G1(g1 + (long)s * REC_Q4K);
+        const uint8_t *r0 = g0 + (long)s * rec, *r1 = G1(g1 + (long)s * rec);
         kvf T[KQ_MB], U[KQ_MB];
         for (int i = 0; i < MB; ++i) T[i] = U[i] = VZEROF();
-        for (int jj = 0; jj < 4; ++jj) { /* 64 weights: sub-blocks 2jj (low nibbles) and 2jj + 1 (high) */
+        for (int jj = 0; jj < 4; ++jj) { /* 64 weights: sub-blocks 2jj (low nibbles, Q5_K's bit 2jj) and 2jj + 1 */
+            const kvi sc_lo = KQ(u8x8)(r0 + 32 + 8 * (2 * jj), r1 + 32 + 8 * (2 * jj));
+            const kvi sc_hi = KQ(u8x8)(r0 + 32 + 8 * (2 * jj + 1), r1 + 32 + 8 * (2 * jj + 1));
             kvi alo[KQ_MB], ahi[KQ_MB];
             for (int i = 0; i < MB; ++i) alo[i] = ahi[i] = VZERO();
 #if KQ_VNNI
             kvi blo[KQ_MB], bhi[KQ_MB]; /* few rows: odd chunks on chains of their own (dpbusd's latency) */
             for (int i = 0; i < MB; ++i) blo[i] = bhi[i] = VZERO();
+#else /* int16 partial sums over 4 chunks (8 products of at most 31 * 127), then times the scale in int32 */
+            const kvi scp_lo = VOR(sc_lo, VSLL32(sc_lo, 16)), scp_hi = VOR(sc_hi, VSLL32(sc_hi, 16));
+            kvi plo[KQ_MB], phi[KQ_MB];
+            for (int i = 0; i < MB; ++i) plo[i] = phi[i] = VZERO();
 #endif
             for (int c = 0; c < 8; ++c) {
-                const int off = 160 + 32 * (8 * jj + c);
-                const kvi raw = KQ(ld)(r0 + off, r1 + off);
-                const kvi lo = VAND(raw, low), hi = VAND(VSRL16(raw, 4), low);
+                const kvi raw = KQ(ld)(r0 + qoff + 32 * (8 * jj + c), r1 + qoff + 32 * (8 * jj + c));
+                kvi lo = VAND(raw, low), hi = VAND(VSRL16(raw, 4), low);
+                if (W == KW_Q5_K) { /* bits 2jj and 2jj + 1 of the chunk's qh bytes to bit 4 (16-bit shifts: bit 4 of a
+                                       byte comes from its own) */
+                    const kvi h = KQ(ld)(r0 + 160 + 32 * c, r1 + 160 + 32 * c);
+                    const kvi flo = jj == 0 ? VSLL16(h, 4) : jj == 1 ? VSLL16(h, 2) : jj == 2 ? h : VSRL16(h, 2);
+                    const kvi fhi = jj == 0 ? VSLL16(h, 3) : jj == 1 ? VSLL16(h, 1) : jj == 2 ? VSRL16(h, 1)
+                                                                                          : VSRL16(h, 3);
+                    lo = VOR(lo, VAND(flo, bit4)), hi = VOR(hi, VAND(fhi, bit4));
+                }
                 for (int i = 0; i < MB; ++i) {
                     const int8_t *xb = xq + (long)i * K + s * QK_K + 64 * jj + 4 * c;
 #if KQ_VNNI
@@ -395,9 +426,14 @@ static inline __attribute__((always_inline)) void KQ(q4k)(const int MB, const in
                         alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
                         ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
                     }
-#else /* int16 lanes: 16 products of at most 15 * 127 each */
-                    alo[i] = _mm256_add_epi16(alo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
-                    ahi[i] = _mm256_add_epi16(ahi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 32)));
+#else
+                    plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
+                    phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 32)));
+                    if (c == 3 || c == 7) {
+                        alo[i] = VADD32(alo[i], VMADD16(plo[i], scp_lo));
+                        ahi[i] = VADD32(ahi[i], VMADD16(phi[i], scp_hi));
+                        plo[i] = phi[i] = VZERO();
+                    }
 #endif
                 }
             }
@@ -407,16 +443,12 @@ static inline __attribute__((always_inline)) void KQ(q4k)(const int MB, const in
 #endif
             for (int h = 0; h < 2; ++h) {
                 const int sub = 2 * jj + h, b = s * 8 + sub;
-                const kvi sc = KQ(u8x8)(r0 + 32 + 8 * sub, r1 + 32 + 8 * sub);
                 const kvf mn = VCVT(KQ(u8x8)(r0 + 96 + 8 * sub, r1 + 96 + 8 * sub));
-#if !KQ_VNNI
-                const kvi scp = VOR(sc, VSLL32(sc, 16)); /* (sc, sc) int16 pairs */
-#endif
                 for (int i = 0; i < MB; ++i) {
 #if KQ_VNNI
-                    const kvi isum = VMULLO32(h ? ahi[i] : alo[i], sc);
+                    const kvi isum = VMULLO32(h ? ahi[i] : alo[i], h ? sc_hi : sc_lo);
 #else
-                    const kvi isum = VMADD16(h ? ahi[i] : alo[i], scp);
+                    const kvi isum = h ? ahi[i] : alo[i];
 #endif
                     T[i] = VFMA(VCVT(isum), VSETF(xd[(long)i * nb + b]), T[i]);
                     U[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), U[i]);
@@ -586,81 +618,6 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
     }
 }
 
-/* ---- Q5_K: Q4_K with a fifth bit per weight ---------------------------------------------------------------------- */
-static inline __attribute__((always_inline)) void KQ(q5k)(const int MB, const int8_t *xq, const float *xd,
-                                                           const float *xs, int K, const uint8_t *g0,
-                                                           const uint8_t *g1, kvf *acc) {
-    const int nsb = K / QK_K, nb = K / QK;
-    const kvi low = V8(0x0F), bit4 = V8(0x10);
-    for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
-    for (int s = 0; s < nsb; ++s) {
-        const uint8_t *r0 = g0 + (long)s * REC_Q5K, *r1 = G1(g1 + (long)s * REC_Q5K);
-        kvf T[KQ_MB], U[KQ_MB];
-        for (int i = 0; i < MB; ++i) T[i] = U[i] = VZEROF();
-        for (int jj = 0; jj < 4; ++jj) { /* 64 weights: sub-blocks 2jj (low nibbles, bit 2jj) and 2jj + 1 (high) */
-            const kvi sc_lo = KQ(u8x8)(r0 + 32 + 8 * (2 * jj), r1 + 32 + 8 * (2 * jj));
-            const kvi sc_hi = KQ(u8x8)(r0 + 32 + 8 * (2 * jj + 1), r1 + 32 + 8 * (2 * jj + 1));
-            kvi alo[KQ_MB], ahi[KQ_MB];
-            for (int i = 0; i < MB; ++i) alo[i] = ahi[i] = VZERO();
-#if KQ_VNNI
-            kvi blo[KQ_MB], bhi[KQ_MB]; /* few rows: odd chunks on chains of their own */
-            for (int i = 0; i < MB; ++i) blo[i] = bhi[i] = VZERO();
-#else /* int16 partial sums over 4 chunks (8 products of at most 31 * 127), then times the scale in int32 */
-            const kvi scp_lo = VOR(sc_lo, VSLL32(sc_lo, 16)), scp_hi = VOR(sc_hi, VSLL32(sc_hi, 16));
-            kvi plo[KQ_MB], phi[KQ_MB];
-            for (int i = 0; i < MB; ++i) plo[i] = phi[i] = VZERO();
-#endif
-            for (int c = 0; c < 8; ++c) {
-                const kvi raw = KQ(ld)(r0 + 416 + 32 * (8 * jj + c), r1 + 416 + 32 * (8 * jj + c));
-                const kvi h = KQ(ld)(r0 + 160 + 32 * c, r1 + 160 + 32 * c);
-                const kvi flo = jj == 0 ? VSLL16(h, 4) : jj == 1 ? VSLL16(h, 2) : jj == 2 ? h : VSRL16(h, 2);
-                const kvi fhi = jj == 0 ? VSLL16(h, 3) : jj == 1 ? VSLL16(h, 1) : jj == 2 ? VSRL16(h, 1) : VSRL16(h, 3);
-                const kvi lo = VOR(VAND(raw, low), VAND(flo, bit4));
-                const kvi hi = VOR(VAND(VSRL16(raw, 4), low), VAND(fhi, bit4));
-                for (int i = 0; i < MB; ++i) {
-                    const int8_t *xb = xq + (long)i * K + s * QK_K + 64 * jj + 4 * c;
-#if KQ_VNNI
-                    if (KQ_SPLIT(MB) && (c & 1)) {
-                        blo[i] = VDOT(blo[i], lo, KQ(bc4)(xb));
-                        bhi[i] = VDOT(bhi[i], hi, KQ(bc4)(xb + 32));
-                    } else {
-                        alo[i] = VDOT(alo[i], lo, KQ(bc4)(xb));
-                        ahi[i] = VDOT(ahi[i], hi, KQ(bc4)(xb + 32));
-                    }
-#else
-                    plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
-                    phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 32)));
-                    if (c == 3 || c == 7) {
-                        alo[i] = VADD32(alo[i], VMADD16(plo[i], scp_lo));
-                        ahi[i] = VADD32(ahi[i], VMADD16(phi[i], scp_hi));
-                        plo[i] = phi[i] = VZERO();
-                    }
-#endif
-                }
-            }
-#if KQ_VNNI
-            if (KQ_SPLIT(MB))
-                for (int i = 0; i < MB; ++i) alo[i] = VADD32(alo[i], blo[i]), ahi[i] = VADD32(ahi[i], bhi[i]);
-#endif
-            for (int h = 0; h < 2; ++h) {
-                const int sub = 2 * jj + h, b = s * 8 + sub;
-                const kvf mn = VCVT(KQ(u8x8)(r0 + 96 + 8 * sub, r1 + 96 + 8 * sub));
-                for (int i = 0; i < MB; ++i) {
-#if KQ_VNNI
-                    const kvi isum = VMULLO32(h ? ahi[i] : alo[i], h ? sc_hi : sc_lo);
-#else
-                    const kvi isum = h ? ahi[i] : alo[i];
-#endif
-                    T[i] = VFMA(VCVT(isum), VSETF(xd[(long)i * nb + b]), T[i]);
-                    U[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), U[i]);
-                }
-            }
-        }
-        const kvf d = KQ(f16)(r0, r1), dm = KQ(f16)(r0 + 16, r1 + 16);
-        for (int i = 0; i < MB; ++i) acc[i] = VFNMA(dm, U[i], VFMA(d, T[i], acc[i]));
-    }
-}
-
 /* ---- IQ4_XS: 8 sub-blocks of 32 IQ4 values, each with a 6-bit scale (stored minus 32) ------------------------ */
 static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const int8_t *xq, const float *xd,
                                                              const int16_t *S, int K, const uint8_t *g0,
@@ -719,8 +676,8 @@ static inline __attribute__((always_inline)) void KQ(tile)(const int MB, int wty
                                                             const float *xd, const float *xs, const int16_t *S,
                                                             int K, const uint8_t *g0, const uint8_t *g1, kvf *acc) {
     switch (wtype) {
-    case KW_Q4_K: KQ(q4k)(MB, xq, xd, xs, K, g0, g1, acc); break;
-    case KW_Q5_K: KQ(q5k)(MB, xq, xd, xs, K, g0, g1, acc); break;
+    case KW_Q4_K: KQ(q45k)(MB, KW_Q4_K, xq, xd, xs, K, g0, g1, acc); break;
+    case KW_Q5_K: KQ(q45k)(MB, KW_Q5_K, xq, xd, xs, K, g0, g1, acc); break;
     case KW_Q6_K: KQ(q6k)(MB, xq, xd, S, K, g0, g1, acc); break;
     case KW_IQ4_XS: KQ(iq4xs)(MB, xq, xd, S, K, g0, g1, acc); break;
     case KW_Q5_0: KQ(q32)(MB, KW_Q5_0, xq, xd, xs, S, K, g0, g1, acc); break;

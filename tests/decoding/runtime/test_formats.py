@@ -48,8 +48,10 @@ from tests.decoding.conftest import (
     TinyTarget,
     TinyTokenizer,
     fake_quantized_activations,
+    llama_gguf_writer,
     load_dequantized,
     make_tiny_llama,
+    permute,
     run,
 )
 
@@ -90,12 +92,14 @@ def random_blocks(kind: WeightType, rows: int, cols: int, seed: int, scale: floa
     return raw.reshape(rows, -1)
 
 
-def quantize_q4_k(w: np.ndarray) -> np.ndarray:
-    """A simple Q4_K quantizer (per sub-block min / max, 6-bit scales and mins per super-block): GGUF rows."""
+def quantize_q45_k(w: np.ndarray, fifth: bool = False) -> np.ndarray:
+    """A simple Q4_K (``fifth``: Q5_K) quantizer (per sub-block min / max, 6-bit scales and mins per super-block):
+    GGUF rows."""
     n, cols = w.shape
+    levels = 31 if fifth else 15
     x = w.astype(np.float32).reshape(n, cols // 256, 8, 32)
     mn_f = np.maximum(-x.min(-1), 0.0)
-    sc_f = (x.max(-1) + mn_f) / 15
+    sc_f = (x.max(-1) + mn_f) / levels
     d = (sc_f.max(-1, keepdims=True) / 63).astype(np.float16)
     dmin = (mn_f.max(-1, keepdims=True) / 63).astype(np.float16)
     df, dmf = d.astype(np.float32), dmin.astype(np.float32)
@@ -103,10 +107,13 @@ def quantize_q4_k(w: np.ndarray) -> np.ndarray:
     m = np.clip(np.rint(np.divide(mn_f, dmf, out=np.zeros_like(mn_f), where=dmf > 0)), 0, 63).astype(np.uint8)
     step = (df * sc)[..., None]
     q = np.divide(x + (dmf * m)[..., None], step, out=np.zeros_like(x), where=step > 0)
-    q = np.clip(np.rint(q), 0, 15).astype(np.uint8).reshape(n, -1, 4, 2, 32)  # [n, S, 64-chunk, half, 32]
-    qs = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, -1, 128)
-    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), q4k_pack_scales(sc, m), qs], axis=-1)
-    return blocks.reshape(n, -1)
+    q = np.clip(np.rint(q), 0, levels).astype(np.uint8)  # [n, S, 8 sub-blocks, 32]
+    low = (q & 0x0F).reshape(n, -1, 4, 2, 32)  # [n, S, 64-chunk, half, 32]
+    qs = (low[..., 0, :] | (low[..., 1, :] << 4)).reshape(n, -1, 128)
+    fields = [d.view(np.uint8), dmin.view(np.uint8), q4k_pack_scales(sc, m)]
+    if fifth:  # bit s of qh byte l: sub-block s's weight l
+        fields.append(((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=-2).astype(np.uint8))
+    return np.concatenate([*fields, qs], axis=-1).reshape(n, -1)
 
 
 def quantize_q6_k(w: np.ndarray) -> np.ndarray:
@@ -123,27 +130,6 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     ql = ((q[:, :, :, 0:2] & 0x0F) | ((q[:, :, :, 2:4] & 0x0F) << 4)).reshape(n, -1, 128)
     qh = sum(((q[:, :, :, r] >> 4) << (2 * r)) for r in range(4)).astype(np.uint8).reshape(n, -1, 64)
     blocks = np.concatenate([ql, qh, sc.view(np.uint8), d.view(np.uint8)], axis=-1)
-    return blocks.reshape(n, -1)
-
-
-def quantize_q5_k(w: np.ndarray) -> np.ndarray:
-    """A simple Q5_K quantizer (Q4_K's, 32 levels): GGUF rows."""
-    n, cols = w.shape
-    x = w.astype(np.float32).reshape(n, cols // 256, 8, 32)
-    mn_f = np.maximum(-x.min(-1), 0.0)
-    sc_f = (x.max(-1) + mn_f) / 31
-    d = (sc_f.max(-1, keepdims=True) / 63).astype(np.float16)
-    dmin = (mn_f.max(-1, keepdims=True) / 63).astype(np.float16)
-    df, dmf = d.astype(np.float32), dmin.astype(np.float32)
-    sc = np.clip(np.rint(np.divide(sc_f, df, out=np.zeros_like(sc_f), where=df > 0)), 0, 63).astype(np.uint8)
-    m = np.clip(np.rint(np.divide(mn_f, dmf, out=np.zeros_like(mn_f), where=dmf > 0)), 0, 63).astype(np.uint8)
-    step = (df * sc)[..., None]
-    q = np.divide(x + (dmf * m)[..., None], step, out=np.zeros_like(x), where=step > 0)
-    q = np.clip(np.rint(q), 0, 31).astype(np.uint8)  # [n, S, 8 sub-blocks, 32]
-    low = (q & 0x0F).reshape(n, -1, 4, 2, 32)  # [n, S, 64-chunk, half, 32]
-    qs = (low[..., 0, :] | (low[..., 1, :] << 4)).reshape(n, -1, 128)
-    qh = ((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=-2).astype(np.uint8)  # bit s: sub-block s
-    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), q4k_pack_scales(sc, m), qh, qs], axis=-1)
     return blocks.reshape(n, -1)
 
 
@@ -181,8 +167,9 @@ def quantize_iq4_xs(w: np.ndarray) -> np.ndarray:
     return blocks.reshape(n, -1)
 
 
-TEST_QUANTIZERS = {WeightType.Q4_K: quantize_q4_k, WeightType.Q5_K: quantize_q5_k, WeightType.Q6_K: quantize_q6_k,
-                   WeightType.IQ4_NL: quantize_iq4_nl, WeightType.IQ4_XS: quantize_iq4_xs}
+TEST_QUANTIZERS = {WeightType.Q4_K: quantize_q45_k, WeightType.Q5_K: lambda w: quantize_q45_k(w, fifth=True),
+                   WeightType.Q6_K: quantize_q6_k, WeightType.IQ4_NL: quantize_iq4_nl,
+                   WeightType.IQ4_XS: quantize_iq4_xs}
 
 
 def to_blocks(w: np.ndarray, kind: WeightType) -> np.ndarray:
@@ -401,24 +388,8 @@ def write_kquant_gguf(path: Path, hf: torch.nn.Module, layout: Layout) -> dict[s
     """The tiny Llama as a GGUF of ``layout``'s types (q / k rows permuted as llama.cpp's converter does); the blocks
     written."""
     c = hf.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_eos_token_id(2)
+    w = llama_gguf_writer(path, c)
     written: dict[str, tuple[np.ndarray, WeightType]] = {}
-
-    def permute(t: torch.Tensor, heads: int) -> np.ndarray:
-        a = t.detach().numpy()
-        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
     def put(name: str, a: np.ndarray, kind: WeightType | None) -> None:
         a = np.ascontiguousarray(a, dtype=np.float32)
