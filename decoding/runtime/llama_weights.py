@@ -225,17 +225,32 @@ def gguf_rope(reader: Any, arch: str, head_dim: int, context: int) -> dict[str, 
 GGUF_AS_STORED = {kind.name: kind for kind in WeightType if kind != WeightType.PARTS}  # every type the kernels read
 
 
-def _gguf_matrix(path: Path, tensor: Any, order: np.ndarray | None = None) -> QuantMatrix:
-    """A GGUF weight as a ``QuantMatrix`` of its own type, its bytes as stored (its rows in ``order`` if given); a
-    type the kernels do not read raises ``ModelFileError`` naming the tensor and its type."""
-    cols = int(tensor.shape[0])  # ggml lists the row length first
+def _gguf_rows(path: Path, tensor: Any, order: np.ndarray | None = None) -> tuple[WeightType, np.ndarray]:
+    """A GGUF weight's type and its rows as stored (uint8 ``[rows, bytes]``, in ``order`` if given); a type the
+    kernels do not read raises ``ModelFileError`` naming the tensor and its type."""
     kind = GGUF_AS_STORED.get(tensor.tensor_type.name)
     if kind is None:
         raise ModelFileError(f"{path.name}: tensor {tensor.name} is {tensor.tensor_type.name}, which the quantized "
                              f"CPU runtime does not read (it reads {', '.join(GGUF_AS_STORED)}); requantize the "
                              "file to one of those (e.g. llama.cpp's llama-quantize to Q4_K_M)")
-    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(int(np.prod(tensor.shape[1:])), -1)
-    return QuantMatrix.from_rows(kind, raw if order is None else raw[order], cols)
+    raw = np.asarray(tensor.data).view(np.uint8).reshape(int(np.prod(tensor.shape[1:])), -1)
+    return kind, raw if order is None else raw[order]
+
+
+def _gguf_fused(path: Path, parts: list[tuple[Any, np.ndarray | None]]) -> QuantMatrix:
+    """GGUF weights' rows one after the other as one matrix (q / k / v, gate / up; or one weight), each kept in its
+    own type: neighbours of one type are packed together, once (``join_rows`` keeps runs of different types as the
+    parts of one matrix). ``parts``: (tensor, its rows' order or None)."""
+    cols = int(parts[0][0].shape[0])  # ggml lists the row length first
+    runs: list[tuple[WeightType, list[np.ndarray]]] = []
+    for tensor, order in parts:
+        kind, raw = _gguf_rows(path, tensor, order)
+        if runs and runs[-1][0] == kind:
+            runs[-1][1].append(raw)
+        else:
+            runs.append((kind, [raw]))
+    return join_rows([QuantMatrix.from_rows(kind, raws[0] if len(raws) == 1 else np.concatenate(raws), cols)
+                      for kind, raws in runs])
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
@@ -275,12 +290,15 @@ def weights_from_gguf(path: Path) -> LlamaWeights:
     tensors = {t.name: t for t in reader.tensors}
     _, h, g, _, _ = llama_dims(config)
 
-    def mat(name: str, heads: int = 0) -> QuantMatrix:
+    def part(name: str, heads: int = 0) -> tuple[Any, np.ndarray | None]:
         """``heads``: q / k rows, un-permuted (on the stored bytes: a row's blocks move as they are)."""
         if name not in tensors:
             raise ModelFileError(f"GGUF file {path} has no tensor {name}")
         t = tensors[name]
-        return _gguf_matrix(path, t, _unpermute_rows(int(t.shape[1]), heads) if heads else None)
+        return t, _unpermute_rows(int(t.shape[1]), heads) if heads else None
+
+    def mat(*names: str | tuple[str, int]) -> QuantMatrix:
+        return _gguf_fused(path, [part(n) if isinstance(n, str) else part(*n) for n in names])
 
     def vec(name: str) -> torch.Tensor:
         from gguf import quants
@@ -296,9 +314,9 @@ def weights_from_gguf(path: Path) -> LlamaWeights:
         layers.append(LayerWeights(
             attn_norm=vec(b + "attn_norm.weight"),
             ffn_norm=vec(b + "ffn_norm.weight"),
-            qkv=join_rows([mat(b + "attn_q.weight", h), mat(b + "attn_k.weight", g), mat(b + "attn_v.weight")]),
+            qkv=mat((b + "attn_q.weight", h), (b + "attn_k.weight", g), b + "attn_v.weight"),
             o=mat(b + "attn_output.weight"),
-            gate_up=join_rows([mat(b + "ffn_gate.weight"), mat(b + "ffn_up.weight")]),
+            gate_up=mat(b + "ffn_gate.weight", b + "ffn_up.weight"),
             down=mat(b + "ffn_down.weight"),
         ))  # fmt: skip
     embed = mat("token_embd.weight")
