@@ -23,8 +23,10 @@ hashes them and every ``*.h``):
   SiLU, and one call per decoder layer;
 - ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32, fp16, bf16 or int8 KV),
   used by both CPU runtimes, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``);
-- ``kquant_kernels.c``: the linear layers on GGUF's other block formats (Q4_K, Q5_K, Q6_K, Q5_0, Q4_0, Q5_1,
-  IQ4_NL, IQ4_XS) and on matrices whose parts are of several formats (called by ``quant_kernels.c``);
+- ``kquant_kernels.c``: the linear layers on GGUF's other block formats and on matrices whose parts are of several
+  formats (called by ``quant_kernels.c``), one header per format holding its layout, kernel and dequantization:
+  ``q4_k.h`` (Q4_K, Q5_K), ``q6_k.h``, ``q32.h`` (Q5_0, Q4_0, Q5_1, IQ4_NL), ``iq4_xs.h``; ``kq_lanes.h`` their
+  vector layer (8 or 16 lanes);
 - ``float_kernels.c``: the linear layers on F16 / BF16 / F32 weights, on the fp32 activations;
 - ``simd.h``: the vector helpers they share.
 

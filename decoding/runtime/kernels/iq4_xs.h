@@ -16,9 +16,6 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
                                                              const uint8_t *g1, kvf *acc) {
     const int nsb = K / QK_K, nb = K / QK;
     const kvi low = V8(0x0F), table = KQ(iq4_table)();
-#if !KQ_VNNI
-    const kvi ones = _mm256_set1_epi16(1);
-#endif
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int s = 0; s < nsb; ++s) {
         const uint8_t *r0 = g0 + (long)s * REC_IQ4XS, *r1 = G1(g1 + (long)s * REC_IQ4XS);
@@ -39,10 +36,7 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
                     else
                         a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
 #else
-                    const kvi xl = KQ(bc4)(xb), xh = KQ(bc4)(xb + 16);
-                    const kvi pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xl, lo));
-                    const kvi ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xh, hi));
-                    a[i] = VADD32(a[i], VADD32(VMADD16(pl, ones), VMADD16(ph, ones)));
+                    a[i] = KQ(iq4_dot)(a[i], lo, hi, xb);
 #endif
                 }
             }

@@ -30,6 +30,17 @@ static inline kvi KQ(iq4_table)(void) {
 #endif
 }
 
+#if !KQ_VNNI
+/* acc + the products of a chunk's signed IQ4 values (lo: weights 4c + t, hi: 16 + 4c + t) and the activations at x
+   (x, x + 16), in int32 lanes: |v| times x with v's sign on maddubs, pairs <= 2 * 127 * 127. */
+static inline kvi KQ(iq4_dot)(kvi acc, kvi lo, kvi hi, const int8_t *x) {
+    const kvi ones = _mm256_set1_epi16(1);
+    const kvi pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(KQ(bc4)(x), lo));
+    const kvi ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(KQ(bc4)(x + 16), hi));
+    return VADD32(acc, VADD32(VMADD16(pl, ones), VMADD16(ph, ones)));
+}
+#endif
+
 static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const int W, const int8_t *xq,
                                                            const float *xd, const float *xs, const int16_t *S, int K,
                                                            const uint8_t *g0, const uint8_t *g1, kvf *acc) {
@@ -69,11 +80,8 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
                 else
                     a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
 #else
-                if (W == KW_IQ4_NL) { /* signed weights: |w| times x with w's sign; pairs <= 2 * 127 * 127 */
-                    const kvi xl = KQ(bc4)(xb), xh = KQ(bc4)(xb + 16);
-                    const kvi pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xl, lo));
-                    const kvi ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xh, hi));
-                    a[i] = VADD32(a[i], VADD32(VMADD16(pl, ones), VMADD16(ph, ones)));
+                if (W == KW_IQ4_NL) {
+                    a[i] = KQ(iq4_dot)(a[i], lo, hi, xb);
                 } else { /* int16 lanes: 8 products of at most 31 * 127 each */
                     plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
                     phi[i] = _mm256_add_epi16(phi[i], _mm256_maddubs_epi16(hi, KQ(bc4)(xb + 16)));
