@@ -13,7 +13,6 @@ its embedding and LM head to Q8_0.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,6 @@ from transformers import LlamaConfig, PretrainedConfig
 
 from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +281,8 @@ def gguf_torch_config(path: Path) -> Any:
 def weights_from_gguf(path: Path) -> LlamaWeights:
     """Read a Llama GGUF file into ``LlamaWeights``, each tensor as stored in its own type (see the module's
     docstring); a tensor of a type the kernels do not read raises ``ModelFileError``."""
+    from gguf import quants
+
     reader = read_gguf(path)
     config = gguf_config(reader)
     check_supported(config)
@@ -301,8 +300,6 @@ def weights_from_gguf(path: Path) -> LlamaWeights:
         return _gguf_fused(path, [part(n) if isinstance(n, str) else part(*n) for n in names])
 
     def vec(name: str) -> torch.Tensor:
-        from gguf import quants
-
         if name not in tensors:
             raise ModelFileError(f"GGUF file {path} has no tensor {name}")
         t = tensors[name]

@@ -1,25 +1,23 @@
-"""Quantized weight matrices in GGUF's block formats, kept as stored: Q8_0, Q4_1, Q4_K, Q6_K and Q5_0.
+"""Quantized weight matrices in GGUF's formats, kept as stored: the 32-weight blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+IQ4_NL; the super-blocks of 256 Q4_K, Q5_K, Q6_K, IQ4_XS; and F16, BF16, F32 rows.
 
 A matrix is ``rows`` weight rows (output features) of ``cols`` weights (input features), each row a run of
-blocks (32 weights; the K-quants' super-blocks 256):
+blocks, e.g.:
 
 - ``Q8_0`` (34 bytes a block): fp16 scale ``d``, 32 int8 ``q``; ``w = d * q``.
 - ``Q4_1`` (20 bytes a block): fp16 scale ``d``, fp16 minimum ``m``, 16 bytes holding weight ``t`` in the low
   nibble of byte ``t`` and weight ``t + 16`` in its high nibble; ``w = d * q + m``.
-- ``Q5_0`` (22 bytes a block): fp16 ``d``, 32 bits of fifth bits, 16 bytes of low nibbles as Q4_1's;
-  ``w = d * (q - 16)``.
 - ``Q4_K`` (144 bytes a super-block of 256): fp16 ``d``, fp16 ``dmin``, 12 bytes of 6-bit scales and mins (one of
   each per sub-block of 32), 128 bytes of nibbles; ``w = d * sc * q - dmin * m``.
-- ``Q6_K`` (210 bytes a super-block): 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales (one per 16),
-  fp16 ``d``; ``w = d * sc * (q - 32)``.
 
-These are the exact block layouts of GGUF (ggml-common.h), so a GGUF tensor is used without changing a value:
-its bytes are only rearranged, 8 rows interleaved (``pack_rows``), into what ``decoding/runtime/kernels`` reads
-(Q4_K's 12 scale bytes unpacked to 16, which is the one growth: 148 bytes a super-block for 144). ``quantize``
-makes Q8_0 / Q4_1 from fp32 weights at load (a safetensors model on the CPU), the way llama.cpp's reference
-quantizers do; the other formats come only from GGUF files. ``dequantize`` is the fp32 reference (tests), GGUF's
-own arithmetic. ``join_rows`` keeps rows of several formats together as one "parts" matrix (a fused q/k/v whose
-parts a K-quant file stores in different types), each part computed in its own format.
+(every format's block, packed layout and arithmetic: its file under ``decoding/runtime/kernels``). These are the
+exact block layouts of GGUF (ggml-common.h), so a GGUF tensor is used without changing a value: its bytes are only
+rearranged, 8 rows interleaved (``pack_rows``; the float formats' rows stay as they are), into what
+``decoding/runtime/kernels`` reads (the K-quants' and IQ4_XS's 6-bit scales unpacked, the one growth: at most
+1.028x). ``quantize`` makes Q8_0 / Q4_1 from fp32 weights at load (a safetensors model on the CPU), the way
+llama.cpp's reference quantizers do; the other formats come only from GGUF files. ``dequantize`` is the fp32
+reference (tests), GGUF's own arithmetic. ``join_rows`` keeps rows of several formats together as one "parts" matrix
+(a fused q/k/v whose parts a file stores in different types), each part computed in its own format.
 """
 
 from __future__ import annotations

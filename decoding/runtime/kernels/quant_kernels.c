@@ -321,8 +321,8 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
                     long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
                     long ldr) {
     const int nb = K / QK;
-#if PAIRS /* from PAIR_MIN_ROWS rows on: a pair reads two streams of weights at once, which made one row from memory
-            ~1.4x slower (the same bits either way, so the choice never changes a result) */
+#if PAIRS /* from PAIR_MIN_ROWS rows on: a pair reads two streams of weights at once, slower for a row or two read
+            from memory (docs/benchmarks.md; the same bits either way, so the choice never changes a result) */
     for (; M >= PAIR_MIN_ROWS && g0 + 1 < g1; g0 += 2)
         qpair(xq, xd, xs, M, K, w, wtype, ldg, N, g0, y, ldy, bias, res, ldr);
 #endif

@@ -50,7 +50,6 @@ from tests.decoding.conftest import (
     fake_quantized_activations,
     llama_gguf_writer,
     load_dequantized,
-    make_tiny_llama,
     permute,
     run,
 )
@@ -505,18 +504,6 @@ def test_a_type_the_kernels_lack_is_refused_naming_the_tensor(tmp_path: Path) ->
     message = str(caught.value)
     assert "blk.1.ffn_down.weight is Q3_K" in message and "tiny-q3_k.gguf" in message and "\n" not in message
     assert "Q4_K" in message and "IQ4_XS" in message  # the types it reads
-
-
-def test_the_test_files_f16_tensor_loads_as_stored(tmp_path: Path) -> None:
-    """conftest's tiny GGUF (Q4_1, Q8_0 and an F16 ffn_up): the F16 part of the fused gate/up kept as F16."""
-    from tests.decoding.conftest import write_gguf
-
-    path = tmp_path / "tiny.gguf"
-    write_gguf(path, make_tiny_llama(2, cpu_kernels=False))
-    weights = weights_from_gguf(path)
-    assert weights.source == "gguf:F16+Q4_1+Q8_0"
-    gu = weights.layers[0].gate_up
-    assert gu.kind == WeightType.PARTS and [p.kind for p in gu.parts] == [WeightType.Q4_1, WeightType.F16]
 
 
 def test_speculative_greedy_equals_plain_greedy_on_every_path(
