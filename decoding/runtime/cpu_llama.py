@@ -17,14 +17,15 @@ output element is computed by the same operations whatever the number of rows in
 file), so a draft-tree node's logits equal its logits decoded alone, bit for bit, at any thread count. Several
 sequences, each on its own cache, run in one forward (``forward_batch``): the linear layers read each weight once
 for all their rows, attention runs per sequence on its cache, and every row is what it is alone.
-Supported: Llama-family decoders (Llama, Mistral without a sliding window, Qwen2 with its q/k/v biases),
-SiLU MLP, RMSNorm, rotary embeddings whose frequencies do not depend on the sequence length.
+Supported: the families of ``decoding.runtime.families`` (Llama 2 / 3, Mistral, Qwen 2 / 3, Gemma 2 / 3, Phi-3):
+their options (biases, q / k norms, post-norms, GELU, soft-capping, sliding-window layers, a local rope base) are
+per-layer fields of the same forward (``ForwardPlan``); rotary frequencies must not depend on the sequence length.
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from decoding.cache.slot import SlotCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.attention import _visibility
+from decoding.runtime.families import ForwardPlan, forward_plan
 from decoding.runtime.interface import CHUNK_ROWS, BatchItem, additive_tree_mask
 from decoding.runtime.llama_weights import (  # re-exported: the runtime's public names stay importable from here
     LayerWeights,
@@ -119,11 +121,16 @@ class _Layer(ctypes.Structure):
         ("attn_norm", _p), ("ffn_norm", _p), ("wqkv", _p), ("wo", _p), ("wgu", _p), ("wdown", _p),
         ("t_qkv", _i), ("t_o", _i), ("t_gu", _i), ("t_down", _i),
         ("ld_qkv", _l), ("ld_o", _l), ("ld_gu", _l), ("ld_down", _l), ("b_qkv", _p),
+        ("q_norm", _p), ("k_norm", _p), ("post_attn_norm", _p), ("post_ffn_norm", _p), ("cos_t", _p), ("sin_t", _p),
+        ("window", _i),
     ]  # fmt: skip
 
 
 class _Shape(ctypes.Structure):
-    _fields_ = [("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f)]
+    _fields_ = [
+        ("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f), ("act", _i),
+        ("softcap", _f), ("tiles", _i),
+    ]  # fmt: skip
 
 
 class _KvLayer(ctypes.Structure):
@@ -150,13 +157,25 @@ def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else int(t.data_ptr())
 
 
-def _layer_struct(lw: LayerWeights) -> _Layer:
+def _layer_struct(lw: LayerWeights, rope: tuple[torch.Tensor, torch.Tensor], window: int) -> _Layer:
     return _Layer(
         _addr(lw.attn_norm), _addr(lw.ffn_norm),
         _addr(lw.qkv.data), _addr(lw.o.data), _addr(lw.gate_up.data), _addr(lw.down.data),
         int(lw.qkv.kind), int(lw.o.kind), int(lw.gate_up.kind), int(lw.down.kind),
         lw.qkv.group_bytes, lw.o.group_bytes, lw.gate_up.group_bytes, lw.down.group_bytes, _addr(lw.qkv_bias),
+        _addr(lw.q_norm), _addr(lw.k_norm), _addr(lw.post_attn_norm), _addr(lw.post_ffn_norm),
+        _addr(rope[0]), _addr(rope[1]), window,
     )  # fmt: skip
+
+
+def _local_rope_config(config: PretrainedConfig) -> PretrainedConfig:
+    """Gemma 3's sliding layers' rope: base ``rope_local_base_freq``, no scaling (transformers' rotary_emb_local)."""
+    local = copy.deepcopy(config)
+    local.rope_theta = float(config.rope_local_base_freq)
+    local.rope_scaling = None
+    if hasattr(local, "rope_freqs"):
+        del local.rope_freqs
+    return local
 
 
 class _Buffers:
@@ -218,11 +237,20 @@ class CpuLlama:
         self.dims = (e, h, g, d, inter)
         self.vocab = weights.head.rows
         self.max_positions = int(self.config.max_position_embeddings)
+        plan: ForwardPlan = forward_plan(self.config)
+        self.plan = plan
         self.cos, self.sin = rotary_tables(self.config, self.max_positions)
+        ropes = {False: (self.cos, self.sin)}
+        if any(plan.local_rope):
+            ropes[True] = rotary_tables(_local_rope_config(self.config), self.max_positions)
+        self._ropes = ropes
         eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
         self.eps = eps
-        self.shape = _Shape(e, h, g, d, inter, eps, 1.0 / math.sqrt(d))
-        self.layer_structs = (_Layer * len(weights.layers))(*(_layer_struct(lw) for lw in weights.layers))
+        self.shape = _Shape(e, h, g, d, inter, eps, plan.query_scale, plan.activation, plan.attn_softcap,
+                            int(self._tiles_allowed()))
+        self.layer_structs = (_Layer * len(weights.layers))(*(
+            _layer_struct(lw, ropes[local], window)
+            for lw, local, window in zip(weights.layers, plan.local_rope, plan.windows, strict=True)))
         self._local = threading.local()
 
     @property
@@ -262,7 +290,7 @@ class CpuLlama:
         cache = past_key_values if past_key_values is not None else SlotCache(self.num_layers, input_ids.numel())
         ids, pos, keep = self.check(BatchItem(input_ids, cache, position_ids, attention_mask, logits_to_keep))
         n, start = ids.numel(), cache.length
-        x = kernels.dequant_rows(self.lib, self.weights.embed, ids)  # [n, E]
+        x = self._embed(ids)  # [n, E]
         self._reserve(cache, start + n)
         if attention_mask is not None:
             self._layers(x, [_Part(n, pos, cache, start, self._tree_visibility(attention_mask, n, start))])
@@ -313,7 +341,7 @@ class CpuLlama:
                    else _visibility(None, n, start + n))
             parts.append(_Part(n, pos, item.cache, start, vis))
             keeps.append(keep)
-        x = kernels.dequant_rows(self.lib, self.weights.embed, torch.cat([ids for ids, _, _ in checked]))
+        x = self._embed(torch.cat([ids for ids, _, _ in checked]))
         for part in parts:
             self._reserve(part.cache, part.start + part.rows)
         self._layers(x, parts)
@@ -360,9 +388,22 @@ class CpuLlama:
         keeps each cache's own tiled layout)."""
         return 0 if self._tile_keys() and self.lib.rs_attention_tiles() else int(self.lib.rs_key_block())
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ``ids`` [n] (dequantized; Gemma's times sqrt(hidden) in fp32, as transformers does)."""
+        x = kernels.dequant_rows(self.lib, self.weights.embed, ids)  # [n, E]
+        return x.mul_(self.plan.embed_scale) if self.plan.embed_scale != 1.0 else x
+
+    def _tiles_allowed(self) -> bool:
+        """Whether a bf16 cache's attention may run on the tiles: they neither slide a window nor soft-cap."""
+        return not any(self.plan.windows) and not self.plan.attn_softcap
+
     def _tile_keys(self) -> int:
         """Keys per block the attention keeps laid out in the cache (0: this library and storage keep none)."""
-        return int(self.lib.rs_tile_keys()) if self.kv_storage == torch.bfloat16 and self.dims[3] % 32 == 0 else 0
+        if self.kv_storage != torch.bfloat16 or self.dims[3] % 32:
+            return 0
+        if self.lib.rs_attention_tiles() and not self._tiles_allowed():
+            return 0  # the vector attention runs this model: it lays out no tiles' blocks
+        return int(self.lib.rs_tile_keys())
 
     def _reserve(self, cache: SlotCache, rows: int) -> None:
         _, _, g, d, _ = self.dims
@@ -421,8 +462,7 @@ class CpuLlama:
                 p.rows, _addr(p.pos), p.start, past, _addr(path), _addr(off))
             seq.kv = ctypes.addressof(self._kv_view(p.cache))
         self.lib.rs_forward(self.layer_structs, len(self.layer_structs), ctypes.byref(self.shape), _addr(x), len(parts),
-                            seqs, _addr(self.cos), _addr(self.sin), kernels.kv_mode(self.kv_storage),
-                            ctypes.byref(scratch), torch.get_num_threads())
+                            seqs, kernels.kv_mode(self.kv_storage), ctypes.byref(scratch), torch.get_num_threads())
         for p in parts:
             for layer in p.cache.slot_layers:
                 layer.advance(p.rows)
@@ -436,6 +476,7 @@ class CpuLlama:
         scratch = self._buffers().ensure(keep, 0, e, (h + 2 * g) * d, h * d, inter)
         self.lib.rs_head(
             _addr(x), n, keep, e, _addr(self.weights.norm), self.eps, _addr(head.data), int(head.kind),
-            head.group_bytes, self.vocab, _addr(logits), ctypes.byref(scratch), torch.get_num_threads(),
+            head.group_bytes, self.vocab, self.plan.final_softcap, _addr(logits), ctypes.byref(scratch),
+            torch.get_num_threads(),
         )  # fmt: skip
         return logits

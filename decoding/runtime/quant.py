@@ -460,12 +460,14 @@ def join_rows(parts: list[QuantMatrix]) -> QuantMatrix:
 
 
 def quantize(weight: torch.Tensor, kind: WeightType) -> QuantMatrix:
-    """Quantize an fp32/fp16/bf16 ``[rows, cols]`` matrix per 32-weight block (round to nearest) to Q8_0 or Q4_1
-    (the other formats are only read from GGUF files)."""
-    if kind not in (WeightType.Q8_0, WeightType.Q4_1):
-        raise ValueError(f"quantize makes Q8_0 or Q4_1, not {kind.name} (read from GGUF files only)")
+    """Quantize an fp32/fp16/bf16 ``[rows, cols]`` matrix per 32-weight block (round to nearest) to Q8_0 or Q4_1,
+    or keep it as F32 (the other formats are only read from GGUF files)."""
+    if kind not in (WeightType.Q8_0, WeightType.Q4_1, WeightType.F32):
+        raise ValueError(f"quantize makes Q8_0, Q4_1 or F32, not {kind.name} (the others: read from GGUF files)")
     w = weight.detach().to(torch.float32).cpu().numpy()
     rows, cols = w.shape
+    if kind == WeightType.F32:
+        return QuantMatrix.from_rows(kind, np.ascontiguousarray(w).view(np.uint8), cols)
     if cols % QK:
         raise ValueError(f"cannot quantize rows of {cols} weights: not a multiple of {QK}")
     blocks = w.reshape(rows, cols // QK, QK)

@@ -108,8 +108,27 @@ void rs_linear_f32(const float *x, int M, int K, const float *w, int N, const fl
 }
 
 
-/* In place: s[0..P) <- exp(s - max); returns the sum (lanes fixed by index, padded tail), the max in *mx_out. */
-static float softmax_numerators(float *s, int P, float *mx_out) {
+/* s <- cap * tanh(s / cap) (Gemma 2's attention soft-capping), elementwise: tanh(y) = sign(y) (1 - e) / (1 + e),
+   e = exp(-2|y|), so a score's value does not depend on its neighbours. */
+static void soft_cap(float *s, int P, float cap) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), inv = _mm256_set1_ps(1.0f / cap);
+    const __m256 two = _mm256_set1_ps(-2.0f), c = _mm256_set1_ps(cap);
+    for (int j = 0; j < P; j += 8) {
+        float tail[8];
+        const int k = P - j < 8 ? P - j : 8;
+        for (int t = 0; t < 8; ++t) tail[t] = t < k ? s[j + t] : 0.0f;
+        const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(tail), inv);
+        const __m256 e = exp_nonpos(_mm256_mul_ps(_mm256_andnot_ps(sign, y), two));
+        const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(tail, _mm256_mul_ps(_mm256_or_ps(t, _mm256_and_ps(y, sign)), c));
+        for (int t2 = 0; t2 < k; ++t2) s[j + t2] = tail[t2];
+    }
+}
+
+/* In place: s[0..P) <- exp(s - max) (after soft_cap when cap > 0); returns the sum (lanes fixed by index, padded
+   tail), the max in *mx_out. */
+static float softmax_numerators(float *s, int P, float *mx_out, float cap) {
+    if (cap > 0.0f) soft_cap(s, P, cap);
     __m256 mx = _mm256_set1_ps(-INFINITY); /* max is exact: any order gives the same value */
     int j = 0;
     for (; j + 8 <= P; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
@@ -203,7 +222,7 @@ static inline __attribute__((always_inline)) float score1(const float *q, int dv
  * (pf_lines cache lines each), so streaming the cache overlaps the arithmetic. */
 static inline __attribute__((always_inline)) void rows_block(
     const int RB, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt,
-    float scale, float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k,
+    float scale, float cap, float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k,
     const char *pf_v, int pf_lines) {
     float p[ROW_TILE][KEY_BLOCK] __attribute__((aligned(32)));
     int j = 0;
@@ -223,7 +242,7 @@ static inline __attribute__((always_inline)) void rows_block(
     }
     for (; j < cnt; ++j)
         for (int r = 0; r < RB; ++r) p[r][j] = score1(q[r], dv, kb, (long)j * ldk, scale, kvm);
-    for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r]);
+    for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r], cap);
     /* 4 dims chunks x RB rows of sums in registers per pass; each element still sums over j in key order */
     int c0 = 0;
     for (; c0 + 4 <= dv; c0 += 4) {
@@ -261,16 +280,16 @@ static inline __attribute__((always_inline)) void rows_block(
  * changes no arithmetic). */
 static inline __attribute__((always_inline)) void rows_blocks_direct(
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
-    float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k, const char *pf_v,
-    int pf_lines) {
+    float cap, float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k,
+    const char *pf_v, int pf_lines) {
     const int tiles = (R + ROW_TILE - 1) / ROW_TILE;
     for (int r = 0, ti = 0; r < R; r += ROW_TILE, ++ti) {
         const int l0 = ti * pf_lines / tiles, lines = (ti + 1) * pf_lines / tiles - l0;
         const char *fk = pf_k && lines ? pf_k + 64 * l0 : 0, *fv = pf_v && lines ? pf_v + 64 * l0 : 0;
         switch (R - r < ROW_TILE ? R - r : ROW_TILE) {
-        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, kvm, fk, fv, lines); break;
-        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, kvm, fk, fv, lines); break;
-        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, part + r, m + r, l + r, kvm, fk, fv, lines);
+        case 1: rows_block(1, q + r, dv, kb, ldk, vb, ldv, cnt, scale, cap, part + r, m + r, l + r, kvm, fk, fv, lines); break;
+        case 2: rows_block(2, q + r, dv, kb, ldk, vb, ldv, cnt, scale, cap, part + r, m + r, l + r, kvm, fk, fv, lines); break;
+        default: rows_block(3, q + r, dv, kb, ldk, vb, ldv, cnt, scale, cap, part + r, m + r, l + r, kvm, fk, fv, lines);
         }
     }
 }
@@ -292,7 +311,7 @@ static inline float score_pair(const float *qd, int dv, const float *kp, int j, 
 }
 
 static inline __attribute__((always_inline)) void rows_block_z(
-    const int RB, const float *const *q, int dv, const float *kp, const float *vf, int cnt, float scale,
+    const int RB, const float *const *q, int dv, const float *kp, const float *vf, int cnt, float scale, float cap,
     float *const *part, float *const *m, float *const *l) {
     float p[ROW_TILE_Z][KEY_BLOCK] __attribute__((aligned(64)));
     float qd[ROW_TILE_Z][2 * MAX_D] __attribute__((aligned(64))); /* each 8-chunk of q twice */
@@ -323,7 +342,7 @@ static inline __attribute__((always_inline)) void rows_block_z(
     }
     for (; j < cnt; ++j)
         for (int r = 0; r < RB; ++r) p[r][j] = score_pair(qd[r], dv, kp, j, scale);
-    for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r]);
+    for (int r = 0; r < RB; ++r) *l[r] = softmax_numerators(p[r], cnt, m[r], cap);
     int c0 = 0;
     for (; c0 + 4 <= dv; c0 += 4) { /* 32 dims per pass: two 16-lane sums per row */
         __m512 acc[ROW_TILE_Z][2];
@@ -354,10 +373,10 @@ static inline __attribute__((always_inline)) void rows_block_z(
 
 static inline __attribute__((always_inline)) void rows_blocks(
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, int cnt, float scale,
-    float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k, const char *pf_v,
-    int pf_lines) {
+    float cap, float *const *part, float *const *m, float *const *l, const int kvm, const char *pf_k,
+    const char *pf_v, int pf_lines) {
     if (R <= ROW_TILE) { /* a tile or less: widening the block first does not pay */
-        rows_blocks_direct(R, q, dv, kb, ldk, vb, ldv, cnt, scale, part, m, l, kvm, pf_k, pf_v, pf_lines);
+        rows_blocks_direct(R, q, dv, kb, ldk, vb, ldv, cnt, scale, cap, part, m, l, kvm, pf_k, pf_v, pf_lines);
         return;
     }
     const int D = 8 * dv;
@@ -376,12 +395,12 @@ static inline __attribute__((always_inline)) void rows_blocks(
             _mm_prefetch(pf_v + 64 * (l0 + t), _MM_HINT_T0);
         }
         switch (R - r < ROW_TILE_Z ? R - r : ROW_TILE_Z) {
-        case 1: rows_block_z(1, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
-        case 2: rows_block_z(2, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
-        case 3: rows_block_z(3, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
-        case 4: rows_block_z(4, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
-        case 5: rows_block_z(5, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r); break;
-        default: rows_block_z(6, q + r, dv, kp, vf, cnt, scale, part + r, m + r, l + r);
+        case 1: rows_block_z(1, q + r, dv, kp, vf, cnt, scale, cap, part + r, m + r, l + r); break;
+        case 2: rows_block_z(2, q + r, dv, kp, vf, cnt, scale, cap, part + r, m + r, l + r); break;
+        case 3: rows_block_z(3, q + r, dv, kp, vf, cnt, scale, cap, part + r, m + r, l + r); break;
+        case 4: rows_block_z(4, q + r, dv, kp, vf, cnt, scale, cap, part + r, m + r, l + r); break;
+        case 5: rows_block_z(5, q + r, dv, kp, vf, cnt, scale, cap, part + r, m + r, l + r); break;
+        default: rows_block_z(6, q + r, dv, kp, vf, cnt, scale, cap, part + r, m + r, l + r);
         }
     }
 }
@@ -393,14 +412,14 @@ static inline __attribute__((always_inline)) void rows_blocks(
  * the same arithmetic (a call per block of keys and rows tile costs nothing next to it). */
 #define ROWS_ARGS                                                                                                  \
     int R, const float *const *q, int dv, const void *kb, long ldk, const void *vb, long ldv, float scale,        \
-        float *const *part, float *const *m, float *const *l
+        float cap, float *const *part, float *const *m, float *const *l
 #define ROWS_BLOCKS_OF(MODE)                                                                                       \
     static __attribute__((noinline)) void rows_full_##MODE(ROWS_ARGS, const char *pf_k, const char *pf_v,         \
                                                            int pf_lines) {                                        \
-        rows_blocks(R, q, dv, kb, ldk, vb, ldv, KEY_BLOCK, scale, part, m, l, MODE, pf_k, pf_v, pf_lines);        \
+        rows_blocks(R, q, dv, kb, ldk, vb, ldv, KEY_BLOCK, scale, cap, part, m, l, MODE, pf_k, pf_v, pf_lines);        \
     }                                                                                                              \
     static __attribute__((noinline)) void rows_any_##MODE(ROWS_ARGS, int cnt) {                                    \
-        rows_blocks(R, q, dv, kb, ldk, vb, ldv, cnt, scale, part, m, l, MODE, 0, 0, 0);                           \
+        rows_blocks(R, q, dv, kb, ldk, vb, ldv, cnt, scale, cap, part, m, l, MODE, 0, 0, 0);                           \
     }
 ROWS_BLOCKS_OF(0)
 ROWS_BLOCKS_OF(1)
@@ -749,6 +768,7 @@ static void combine_blocks(const float *pb, const float *mlr, int nb, int D, flo
 
 typedef struct {
     int nbmax, full, shared, lead; /* blocks: of the longest row, seen whole, read from the shared prefix */
+    int first;                     /* the first block any row sees (a sliding window hides the ones below) */
     long pstride;                  /* partials of row r = h * n + i: parts + r * pstride + b * D */
     float *parts, *ml;             /* (max, sum) of row r, block b at ml + 2 * (r * nbmax + b) */
 } att_meta;
@@ -785,25 +805,30 @@ static inline void att_segments(const att_seq *s, const att_meta *m, int ns, int
     int c = 0;
     for (int i = 0; i < ns; ++i) {
         if (m[i].lead != i || !s[i].split) continue;
-        int b1 = 0;
+        int b0 = m[i].shared, b1 = 0;
         for (int j = i; j < ns; ++j)
-            if (m[j].lead == i && m[j].shared > b1) b1 = m[j].shared;
-        if (b1) seg_s[c] = i, seg_b0[c] = 0, seg_b1[c] = b1, seg_shared[c++] = 1;
+            if (m[j].lead == i && m[j].shared > m[j].first) {
+                b0 = m[j].first < b0 ? m[j].first : b0;
+                b1 = m[j].shared > b1 ? m[j].shared : b1;
+            }
+        if (b1 > b0) seg_s[c] = i, seg_b0[c] = b0, seg_b1[c] = b1, seg_shared[c++] = 1;
     }
-    for (int i = 0; i < ns; ++i)
-        if (m[i].full > m[i].shared) seg_s[c] = i, seg_b0[c] = m[i].shared, seg_b1[c] = m[i].full, seg_shared[c++] = 0;
+    for (int i = 0; i < ns; ++i) {
+        const int b0 = m[i].shared > m[i].first ? m[i].shared : m[i].first;
+        if (m[i].full > b0) seg_s[c] = i, seg_b0[c] = b0, seg_b1[c] = m[i].full, seg_shared[c++] = 0;
+    }
     *count = c;
 }
 
 static inline __attribute__((always_inline)) void attention_part(
-    const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn, float scale, long o_sn,
-    long o_sh, float *work, const int kvm) {
+    const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn, float scale, float cap,
+    long o_sn, long o_sh, float *work, const int kvm) {
     const int group = H / G;
     const int dv = D / 8;
     const long esz = kvm == 2 ? 1 : kvm == 0 ? 4 : 2;
     const long row_len = kvm == 2 ? D + D / 8 : D; /* elements a cached row takes */
     const int lines = (int)((KEY_BLOCK * row_len * esz + 63) / 64);
-    const int dot16 = kvm == 3 && D % 32 == 0 && cpu_bf16(); /* a bf16 cache on the bf16 dot products */
+    const int dot16 = kvm == 3 && D % 32 == 0 && !(cap > 0.0f) && cpu_bf16(); /* a bf16 cache on the bf16 dot products */
     uint16_t lay[2 * DOT16_BLOCK_U16(MAX_D)] __attribute__((aligned(64))); /* a block laid out for them */
     uint16_t *const kt = lay, *const vp = lay + DOT16_BLOCK_U16(MAX_D);
     att_meta meta[ns];
@@ -816,6 +841,15 @@ static inline __attribute__((always_inline)) void attention_part(
         m->nbmax = (s->past + longest_path(s->path_off, s->n) + KEY_BLOCK - 1) / KEY_BLOCK;
         m->full = s->past / KEY_BLOCK;
         m->shared = s->split / KEY_BLOCK < m->full ? s->split / KEY_BLOCK : m->full;
+        m->first = 0;
+        if (s->window) { /* query i sees its last `window` keys: logical [past + len_i - window, past + len_i) */
+            int lo = s->past + (s->path_off[1] - s->path_off[0]) - s->window;
+            for (int r = 1; r < s->n; ++r) {
+                const int l = s->past + (s->path_off[r + 1] - s->path_off[r]) - s->window;
+                lo = l < lo ? l : lo;
+            }
+            m->first = lo > 0 ? lo / KEY_BLOCK : 0;
+        }
         m->lead = i;
         for (int j = 0; j < i && s->split; ++j)
             if (seqs[j].split == s->split && seqs[j].k0 == s->k0 && seqs[j].v0 == s->v0 && seqs[j].sh0 == s->sh0) {
@@ -869,7 +903,7 @@ static inline __attribute__((always_inline)) void attention_part(
         float *ps[MAX_GROUP], *ms[MAX_GROUP], *ls[MAX_GROUP];
         int R = 0, calls = 0;
         for (int j = seg_s[t]; j < (seg_shared[t] ? ns : seg_s[t] + 1); ++j) {
-            if (seg_shared[t] && (meta[j].lead != seg_s[t] || b >= meta[j].shared)) continue;
+            if (seg_shared[t] && (meta[j].lead != seg_s[t] || b >= meta[j].shared || b < meta[j].first)) continue;
             const att_seq *s = seqs + j;
             const att_meta *m = meta + j;
             for (int h = g * group; h < (g + 1) * group; ++h)
@@ -883,7 +917,7 @@ static inline __attribute__((always_inline)) void attention_part(
                             rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k,
                                               calls ? 0 : pf_v, lines);
                         else
-                            ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, ps, ms, ls, calls ? 0 : pf_k,
+                            ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, cap, ps, ms, ls, calls ? 0 : pf_k,
                                       calls ? 0 : pf_v, lines);
                         R = 0, ++calls;
                     }
@@ -893,7 +927,7 @@ static inline __attribute__((always_inline)) void attention_part(
             rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
                               lines);
         else if (R)
-            ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
+            ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, cap, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
                       lines);
     }
     float kbuf[KEY_BLOCK * MAX_D] __attribute__((aligned(32)));
@@ -910,8 +944,11 @@ static inline __attribute__((always_inline)) void attention_part(
         const int plen = path_off[i + 1] - path_off[i];
         const int total = past + plen, nb = (total + KEY_BLOCK - 1) / KEY_BLOCK;
         const int in_place = continues_prefix(path, path_off, i, past);
-        for (int b = m->full; b < nb; ++b) { /* blocks reaching past the shared prefix, by logical position */
-            const int t0 = b * KEY_BLOCK, cnt = total - t0 < KEY_BLOCK ? total - t0 : KEY_BLOCK;
+        const int lo = s->window && total > s->window ? total - s->window : 0, blo = lo / KEY_BLOCK; /* first key */
+        for (int b = blo; b < nb; ++b) { /* blocks not seen whole (or cut by the window), by logical position */
+            const int t0 = b == blo ? lo : b * KEY_BLOCK;
+            if (b < m->full && t0 == b * KEY_BLOCK) continue; /* phase 1's */
+            const int cnt = (total < (b + 1) * KEY_BLOCK ? total : (b + 1) * KEY_BLOCK) - t0;
             uint16_t *const k16 = (uint16_t *)kbuf, *const v16 = (uint16_t *)vbuf; /* bf16 rows gathered as stored */
             for (int t = 0; t < cnt && !in_place; ++t) {
                 const long row = t0 + t < past ? t0 + t : path[path_off[i] + (t0 + t - past)];
@@ -946,14 +983,15 @@ static inline __attribute__((always_inline)) void attention_part(
                 if (dot16)
                     rows_blocks_dot16(R, qs, D, cnt, scale, kt, vp, ps, ms, ls, 0, 0, 0);
                 else if (in_place) /* the same values as gathered: loading widens them the same way */
-                    ROWS_ANY(kvm, R, qs, dv, kd, kv_sn, vd, kv_sn, scale, ps, ms, ls, cnt);
+                    ROWS_ANY(kvm, R, qs, dv, kd, kv_sn, vd, kv_sn, scale, cap, ps, ms, ls, cnt);
                 else
-                    rows_any_0(R, qs, dv, kbuf, D, vbuf, D, scale, ps, ms, ls, cnt);
+                    rows_any_0(R, qs, dv, kbuf, D, vbuf, D, scale, cap, ps, ms, ls, cnt);
             }
         }
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const long r = (long)h * s->n + i;
-            combine_blocks(m->parts + r * m->pstride, m->ml + 2 * r * m->nbmax, nb, D, s->out + i * o_sn + h * o_sh);
+            combine_blocks(m->parts + r * m->pstride + (long)blo * D, m->ml + 2 * (r * m->nbmax + blo), nb - blo, D,
+                           s->out + i * o_sn + h * o_sh);
         }
     }
 }
@@ -1296,8 +1334,8 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
 #define ATTENTION_OF(MODE)                                                                                         \
     static __attribute__((noinline)) void attention_part_##MODE(const att_seq *seqs, int ns, int H, int D, int G, \
                                                                 long q_sh, long q_sn, long kv_sn, float scale,    \
-                                                                long o_sn, long o_sh, float *work) {              \
-        attention_part(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work, MODE);                     \
+                                                                float cap, long o_sn, long o_sh, float *work) {   \
+        attention_part(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, cap, o_sn, o_sh, work, MODE);                \
     }
 ATTENTION_OF(0)
 ATTENTION_OF(1)
@@ -1306,8 +1344,8 @@ ATTENTION_OF(3)
 #undef ATTENTION_OF
 
 void attention_seqs_part(const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn,
-                         float scale, long o_sn, long o_sh, float *work, int kvm) {
-#define ATTENTION(MODE) attention_part_##MODE(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work)
+                         float scale, float cap, long o_sn, long o_sh, float *work, int kvm) {
+#define ATTENTION(MODE) attention_part_##MODE(seqs, ns, H, D, G, q_sh, q_sn, kv_sn, scale, cap, o_sn, o_sh, work)
     if (kvm == 3)
         ATTENTION(3);
     else if (kvm == 2)
@@ -1335,7 +1373,7 @@ void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D
     }
 #endif
     const att_seq one = {q, out, n, past, path, path_off, k, v, 0, 0, kv_sh, 0, 0};
-    attention_seqs_part(&one, 1, H, D, G, q_sh, q_sn, kv_sn, scale, o_sn, o_sh, work, kvm);
+    attention_seqs_part(&one, 1, H, D, G, q_sh, q_sn, kv_sn, scale, 0.0f, o_sn, o_sh, work, kvm);
 }
 
 /* The attention kernel as one call (kvm as for attention_kv_part). */

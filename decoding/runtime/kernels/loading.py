@@ -117,7 +117,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_qlinear.restype = None
     lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
     lib.rs_dequant_rows.restype = None
-    lib.rs_forward.argtypes = [p, i, p, p, i, p, p, p, i, p, i]
+    lib.rs_forward.argtypes = [p, i, p, p, i, p, i, p, i]
     lib.rs_forward.restype = None
     lib.rs_tile_keys.argtypes = []
     lib.rs_tile_keys.restype = i
@@ -127,7 +127,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rs_attention_bf16.restype = i
     lib.rs_tile_block_elems.argtypes = [i]
     lib.rs_tile_block_elems.restype = lg
-    lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, p, p, i]
+    lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, f, p, p, i]
     lib.rs_head.restype = None
     lib.rs_isa.argtypes = []
     lib.rs_isa.restype = ctypes.c_char_p

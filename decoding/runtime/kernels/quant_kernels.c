@@ -674,13 +674,18 @@ static void store_kv(const float *x, int D, void *buf, long off, int kv_mode) {
 }
 
 static void rope_store_row(const float *row, int H, int G, int D, int64_t pos, const float *cos_t,
-                           const float *sin_t, float *q, void *kbuf, void *vbuf, long kv_sh, long kv_sn, long at,
-                           int kv_mode) {
+                           const float *sin_t, const float *q_norm, const float *k_norm, float eps, float *q,
+                           void *kbuf, void *vbuf, long kv_sh, long kv_sn, long at, int kv_mode) {
     const int half = D / 2;
     const float *c = cos_t + pos * half, *s = sin_t + pos * half;
-    float kr[256];
+    float kr[256], normed[256];
     for (int h = 0; h < H + G; ++h) {
         const float *src = row + (long)h * D;
+        const float *norm = h < H ? q_norm : k_norm;
+        if (norm) { /* Qwen3 / Gemma 3: each query / key head RMS-normalized before the rotation */
+            rmsnorm_row(src, D, norm, eps, normed);
+            src = normed;
+        }
         float *dst = h < H ? q + (long)h * D : kr;
         for (int t = 0; t < half; ++t) {
             const float a = src[t], b = src[t + half];
@@ -695,21 +700,27 @@ static void rope_store_row(const float *row, int H, int G, int D, int64_t pos, c
     }
 }
 
-/* a[m, t] = silu(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8), each row then
-   quantized as quantize_part does (xq, xd, xs). */
-void silu_mul_quantize_part(const float *gu, int M, int I, float *a, int8_t *xq, float *xd, float *xs) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+/* sigmoid(x) elementwise: 1/(1+e) if x >= 0 else e/(1+e), e = exp(-|x|) (no overflow either side). */
+static inline __m256 sigmoid8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp_nonpos(_mm256_or_ps(x, _mm256_set1_ps(-0.0f)));
+    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+    return _mm256_div_ps(num, _mm256_add_ps(one, e));
+}
+
+/* a[m, t] = act(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8), each row then
+   quantized as quantize_part does (xq, xd, xs). act 0: SiLU, x sigmoid(x); 1: GELU's tanh form (Gemma),
+   0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). */
+void act_mul_quantize_part(const float *gu, int M, int I, int act, float *a, int8_t *xq, float *xd, float *xs) {
+    const __m256 k0 = _mm256_set1_ps(2.0f * 0.7978845608028654f), k1 = _mm256_set1_ps(0.044715f);
 #pragma omp for schedule(static)
     for (int m = 0; m < M; ++m) {
         const float *g = gu + (long)m * 2 * I, *u = g + I;
         float *o = a + (long)m * I;
         for (int t = 0; t < I; t += 8) {
-            __m256 x = _mm256_loadu_ps(g + t);
-            __m256 e = exp_nonpos(_mm256_or_ps(x, sign)); /* exp(-|x|) */
-            __m256 pos = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
-            __m256 num = _mm256_blendv_ps(e, one, pos); /* sigmoid = 1/(1+e) if x >= 0 else e/(1+e) */
-            __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(o + t, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + t)));
+            const __m256 x = _mm256_loadu_ps(g + t);
+            const __m256 z = act ? _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, x), _mm256_mul_ps(x, x), x)) : x;
+            _mm256_storeu_ps(o + t, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(z)), _mm256_loadu_ps(u + t)));
         }
         quantize_row(o, I, xq + (long)m * I, xd + (long)m * (I / QK), xs + (long)m * (I / QK));
     }
@@ -723,16 +734,25 @@ typedef struct {
     int t_qkv, t_o, t_gu, t_down;               /* W_Q8_0 / W_Q4_1 */
     long ld_qkv, ld_o, ld_gu, ld_down;          /* bytes per weight row */
     const float *b_qkv;                         /* optional q/k/v biases [(H+2G)*D] (Qwen2) */
+    const float *q_norm, *k_norm;               /* optional per-head RMSNorm weights [D] (Qwen3, Gemma 3) */
+    const float *post_attn_norm, *post_ffn_norm; /* optional [E] (Gemma 2 / 3): the block's output normed before
+                                                    the residual add */
+    const float *cos_t, *sin_t;                 /* the layer's rotary tables [positions, D/2] */
+    int window;                                 /* sliding-window attention: keys a query sees (0: all) */
 } rs_layer_weights;
 
 typedef struct {
     int E, H, G, D, I;
-    float eps, scale;
+    float eps, scale;  /* RMSNorm epsilon; the queries' scale */
+    int act;           /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh) */
+    float softcap;     /* attention scores soft-capped at this (Gemma 2; 0: none) */
+    int tiles;         /* a bf16 cache's attention may run on the tiles (0: a model with windows or soft-capping) */
 } rs_shape;
 
 void attention_kv_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
                        const int32_t *, const int32_t *, float, float *, long, long, float *, int, uint16_t *, long, int);
-void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, float, long, long, float *, int);
+void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, float, float, long, long, float *,
+                         int);
 int rs_tile_keys(void);
 int rs_attention_tiles(void);
 
@@ -778,8 +798,34 @@ typedef struct {
    linear layers run once over every row (a weight is read once for all of them), rope and the KV store per
    sequence into its own cache, attention of every sequence at once (a prefix several sequences read in place is
    read once for all of them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */
+/* x [M, E] += rmsnorm(y) * weight, per row (y, scratch, is normed in place): Gemma's post-norms. */
+static void norm_add_part(float *y, int M, int E, const float *weight, float eps, float *x) {
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; ++m) {
+        float *yr = y + (long)m * E, *xr = x + (long)m * E;
+        rmsnorm_row(yr, E, weight, eps, yr);
+        for (int k = 0; k < E; ++k) xr[k] += yr[k];
+    }
+}
+
+/* y [n] <- cap * tanh(y / cap), tanh(u) = 2 sigmoid(2u) - 1 elementwise (Gemma 2's final logits; n a multiple of 8
+   or the tail done alone, every element by the same operations). */
+static void soft_cap_part(float *y, long n, float cap) {
+    const __m256 two = _mm256_set1_ps(2.0f), one = _mm256_set1_ps(1.0f), c = _mm256_set1_ps(cap);
+    const __m256 inv2 = _mm256_set1_ps(2.0f / cap);
+#pragma omp for schedule(static)
+    for (long j = 0; j < n; j += 8) {
+        float tail[8];
+        const int k = n - j < 8 ? (int)(n - j) : 8;
+        for (int t = 0; t < 8; ++t) tail[t] = t < k ? y[j + t] : 0.0f;
+        const __m256 t = _mm256_fmsub_ps(two, sigmoid8(_mm256_mul_ps(_mm256_loadu_ps(tail), inv2)), one);
+        _mm256_storeu_ps(tail, _mm256_mul_ps(t, c));
+        for (int t2 = 0; t2 < k; ++t2) y[j + t2] = tail[t2];
+    }
+}
+
 static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, float *x, int n, const rs_sequence *seq,
-                        const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
+                        int kv_mode, const rs_scratch *T, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
     int M = 0, valid[n > 0 ? n : 1], row0[n > 0 ? n : 1]; /* rows in all; each sequence's first row */
@@ -788,7 +834,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     for (int i = 0; i < n; ++i)
         for (int m = 0; m < seq[i].rows; ++m) row_seq[row0[i] + m] = i;
     const int tk = kv_mode == 3 && D % 32 == 0 ? rs_tile_keys() : 0; /* keys per block kept laid out (0: none) */
-    const int tiles_path = tk && rs_attention_tiles();
+    const int tiles_path = tk && rs_attention_tiles() && S->tiles;
     att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (on the tiles: per sequence, below) */
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
@@ -799,7 +845,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         const att_seq a = {T->q + (long)row0[i] * H * D, T->att + (long)row0[i] * H * D, s->rows, s->past, s->path, s->path_off,
                            c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split,
                            tk ? c->tiles : 0, tk ? c->tiles0 : 0, c->tiles_sh, c->tiles0_sh, valid[i],
-                           tk && c->tiles0 ? *c->tiled0 : 0};
+                           tk && c->tiles0 ? *c->tiled0 : 0, L->window};
         att[i] = a;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -810,8 +856,9 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         for (int r = 0; r < M; ++r) {
             const int i = row_seq[r], m = r - row0[i];
             const rs_kv_layer *c = seq[i].kv + l;
-            rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], cos_t, sin_t, T->q + (long)r * H * D,
-                           c->kbuf, c->vbuf, c->kv_sh, c->kv_sn, seq[i].start - c->split + m, kv_mode);
+            rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], L->cos_t, L->sin_t, L->q_norm, L->k_norm,
+                           S->eps, T->q + (long)r * H * D, c->kbuf, c->vbuf, c->kv_sh, c->kv_sn,
+                           seq[i].start - c->split + m, kv_mode);
         }
         if (tiles_path) {
             for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
@@ -822,15 +869,25 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
                                   (long)H * D, D, T->work, kv_mode, c->tiles, c->tiles_sh, valid[i]);
             }
         } else {
-            attention_seqs_part(att, n, H, D, G, D, (long)H * D, seq[0].kv[l].kv_sn, S->scale, (long)H * D, D, T->work,
-                                kv_mode);
+            attention_seqs_part(att, n, H, D, G, D, (long)H * D, seq[0].kv[l].kv_sn, S->scale, S->softcap, (long)H * D,
+                                D, T->work, kv_mode);
         }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
-        qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
+        if (L->post_attn_norm) { /* x += norm(o(att)) */
+            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, T->h, E, 0, 0, 0);
+            norm_add_part(T->h, M, E, L->post_attn_norm, S->eps, x);
+        } else { /* x += o(att), the sum in the matmul */
+            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
+        }
         norm_quantize_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
-        silu_mul_quantize_part(T->gu, M, I, T->act, T->xq, T->xd, T->xs);
-        qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
+        act_mul_quantize_part(T->gu, M, I, S->act, T->act, T->xq, T->xd, T->xs);
+        if (L->post_ffn_norm) {
+            qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, T->h, E, 0, 0, 0);
+            norm_add_part(T->h, M, E, L->post_ffn_norm, S->eps, x);
+        } else {
+            qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
+        }
     }
     for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */
         const rs_kv_layer *c = seq[i].kv + l;
@@ -842,18 +899,19 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
 
 /* x [M, E] <- every layer of x in turn (layer_batch), in one call: the whole forward runs without its caller. */
 void rs_forward(const rs_layer_weights *L, int layers, const rs_shape *S, float *x, int n, const rs_sequence *seq,
-                const float *cos_t, const float *sin_t, int kv_mode, const rs_scratch *T, int threads) {
-    for (int l = 0; l < layers; ++l) layer_batch(L + l, l, S, x, n, seq, cos_t, sin_t, kv_mode, T, threads);
+                int kv_mode, const rs_scratch *T, int threads) {
+    for (int l = 0; l < layers; ++l) layer_batch(L + l, l, S, x, n, seq, kv_mode, T, threads);
 }
 
-/* Final norm + LM head over the last `keep` rows of x [M, E]: logits [keep, V]. */
+/* Final norm + LM head over the last `keep` rows of x [M, E]: logits [keep, V], soft-capped at softcap if > 0. */
 void rs_head(const float *x, int M, int keep, int E, const float *norm, float eps, const uint8_t *w, int wtype,
-             long ldw, int V, float *logits, const rs_scratch *T, int threads) {
+             long ldw, int V, float softcap, float *logits, const rs_scratch *T, int threads) {
     const float *xs = x + (long)(M - keep) * E;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         norm_quantize_part(xs, E, keep, E, norm, eps, T->h, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->h, E, T->xq, T->xd, T->xs, keep, E, w, wtype, ldw, V, logits, V, 0, 0, 0);
+        if (softcap > 0.0f) soft_cap_part(logits, (long)keep * V, softcap);
     }
 }
 

@@ -50,6 +50,7 @@ typedef struct {
     uint16_t *lay, *lay0;
     long lay_sh, lay0_sh;
     int laid, laid0;
+    int window; /* a sliding window (0: none): query i sees only its last `window` keys (logical positions) */
 } att_seq;
 
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */

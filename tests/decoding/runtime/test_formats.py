@@ -232,7 +232,7 @@ def test_k_quants_need_whole_super_blocks_and_are_not_made_from_floats() -> None
         QuantMatrix.from_rows(WeightType.Q4_K, np.zeros((2, 72), dtype=np.uint8), 128)
     with pytest.raises(ValueError, match="Q6_K rows must be uint8"):
         QuantMatrix.from_rows(WeightType.Q6_K, np.zeros((2, 200), dtype=np.uint8), 256)
-    with pytest.raises(ValueError, match="Q8_0 or Q4_1"):
+    with pytest.raises(ValueError, match="Q8_0, Q4_1 or F32"):
         quantize(torch.randn(4, 256), WeightType.Q4_K)
 
 

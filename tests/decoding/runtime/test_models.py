@@ -139,17 +139,17 @@ def test_a_model_that_is_itself_wrong_is_a_model_file_error(tmp_path: Path) -> N
 
     with pytest.raises(ModelFileError, match=f"^{tmp_path}/gone/model.gguf does not exist$"):
         load_model(str(tmp_path / "gone" / "model.gguf"), LoadOptions(local_files_only=True))
-    foreign = tmp_path / "qwen" / "model.gguf"
+    foreign = tmp_path / "falcon" / "model.gguf"
     foreign.parent.mkdir()
-    w = gguf.GGUFWriter(str(foreign), "qwen2")
+    w = gguf.GGUFWriter(str(foreign), "falcon")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelFileError, match=r"^GGUF architecture 'qwen2' is not supported by the quantized CPU "
-                       r"runtime \(supported: llama\)$"):
+    with pytest.raises(ModelFileError, match=r"^GGUF architecture 'falcon' is not supported by the quantized CPU "
+                       r"runtime \(supported: llama, qwen2, qwen3, gemma2, gemma3, phi3\)$"):
         load_model(str(foreign), LoadOptions(local_files_only=True))
 
 
