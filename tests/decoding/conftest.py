@@ -85,10 +85,70 @@ def make_tiny_llama(
     return model
 
 
+WINDOW = 72  # the tiny windowed families' sliding window: crossed by the tests' 300-token prompts, not block-aligned
+
+
+def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int = 3, window: int = WINDOW,
+                     **kw: Any) -> torch.nn.Module:
+    """A random-weight model of a family the runtime runs (``decoding.runtime.families``), from transformers' own
+    class, as small as ``make_tiny_llama``'s: ``gemma2`` (soft-capped at 20 / 10 so the caps bend, alternate
+    sliding layers), ``gemma3`` (q / k norms, sliding layers with their own rope base, a linear-scaled global one),
+    ``qwen2``, ``qwen3``, ``phi3`` (every layer sliding), ``mistral`` (every layer sliding, from an HF config);
+    norms and biases moved off their initial values so a misplaced one shows, weights wide enough that greedy
+    decoding does not fall into a one-token loop."""
+    from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        MistralConfig,
+        MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                 attn_implementation="eager", initializer_range=0.3)  # wide: greedy output varies, logits spread
+    shape.update(kw)
+    made: dict[str, Any] = {
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(**shape)),
+        "mistral": lambda: MistralForCausalLM(MistralConfig(**shape, sliding_window=window)),
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**shape)),
+        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**shape)),
+        "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(
+            **shape, sliding_window=window, query_pre_attn_scalar=32, attn_logit_softcapping=20.0,
+            final_logit_softcapping=10.0)),
+        "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+            **shape, sliding_window=window, query_pre_attn_scalar=32, rope_scaling={"rope_type": "linear",
+            "factor": 4.0}, layer_types=["sliding_attention", "full_attention", "sliding_attention"][:layers]
+            + ["sliding_attention"] * (layers - 3))),
+        "phi3": lambda: Phi3ForCausalLM(Phi3Config(**{k: v for k, v in shape.items() if k != "head_dim"},
+                                                   sliding_window=window, pad_token_id=0)),
+    }
+    model = made[arch]().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+        if model.config.tie_word_embeddings:  # Gemma: embeddings times sqrt(hidden) would drown the layers' work
+            model.get_output_embeddings().weight.mul_(1 / 8)
+    return model
+
+
 def quantized_tiny_llama(
-    seed: int = 0, kind: WeightType = WeightType.Q4_1, kv_dtype: torch.dtype = torch.float16, **kw: Any
+    seed: int = 0, kind: WeightType = WeightType.Q4_1, kv_dtype: torch.dtype = torch.float16, arch: str = "llama",
+    **kw: Any,
 ) -> CpuLlama:
-    """The same random Llama on the quantized CPU runtime (linear layers ``kind``, embedding / head Q8_0)."""
+    """The same random Llama (or a model of another family, ``make_tiny_family``) on the quantized CPU runtime
+    (linear layers ``kind``, embedding / head Q8_0)."""
+    if arch != "llama":
+        return CpuLlama(weights_from_hf(make_tiny_family(arch, seed, **kw), kind), kv_dtype)
     return CpuLlama(weights_from_hf(make_tiny_llama(seed, cpu_kernels=False, **kw), kind), kv_dtype)
 
 

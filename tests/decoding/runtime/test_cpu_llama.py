@@ -188,13 +188,19 @@ def _tree_mask(layout_mask: torch.Tensor, past: int) -> torch.Tensor:
     return mask.view(1, 1, n, past + n)
 
 
+ARCHS = ["llama", "gemma2", "gemma3"]  # and sliding windows, soft-capping, q / k norms, a local rope (conftest)
+
+
 @needs_kernels
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int8])
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype, nthreads: int, threads: None) -> None:
-    """A random draft tree verified in one forward gives every node the logits it gets decoded alone."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype, nthreads: int, arch: str,
+                                                           threads: None) -> None:
+    """A random draft tree verified in one forward gives every node the logits it gets decoded alone (on the
+    windowed families too: a window cut inside a key block, the tree's rows past it)."""
     torch.set_num_threads(nthreads)
-    model = quantized_tiny_llama(5, kv_dtype=kv_dtype, head_dim=32)
+    model = quantized_tiny_llama(5, kv_dtype=kv_dtype, head_dim=32, arch=arch)
     g = _gen(6)
     prompt = torch.randint(0, 97, (1, 300), generator=g)  # whole key blocks of 64 and of 128 (the tiles') too
     tree = _random_tree(12, 2, g)
@@ -225,13 +231,14 @@ def test_tree_node_logits_equal_decoding_alone_bit_for_bit(kv_dtype: torch.dtype
 @needs_kernels
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("isa", [isa for isa in kernels.ISAS if isa in kernels.available_isas()])
-def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torch.dtype, isa: str,
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torch.dtype, isa: str, arch: str,
                                                                    threads: None) -> None:
     """Sequences on caches of their own (different prefixes and lengths; a decode row, a draft tree, a prefill
     chunk, a fresh prompt) in one forward, on every ISA path this CPU has (2 threads sharing each sequence's
     work): each one's logits and cache rows are those of its own forward, bit for bit, in any order."""
     torch.set_num_threads(2)
-    model = quantized_tiny_llama(9, kv_dtype=kv_dtype, head_dim=32)
+    model = quantized_tiny_llama(9, kv_dtype=kv_dtype, head_dim=32, arch=arch)
     model.lib = kernels.library(isa)  # type: ignore[assignment]
     g = _gen(10)
     prefixes = [torch.randint(0, 97, (1, n), generator=g) for n in (300, 37, 140, 0)]
@@ -276,14 +283,15 @@ def test_a_batched_forward_gives_each_sequence_what_it_gets_alone(kv_dtype: torc
 @needs_kernels
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("isa", [isa for isa in kernels.ISAS if isa in kernels.available_isas()])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_sequences_reading_one_prefix_in_place_get_what_they_get_on_copies(kv_dtype: torch.dtype, isa: str,
-                                                                            threads: None) -> None:
+                                                                            arch: str, threads: None) -> None:
     """Caches that share a cached prefix (its whole blocks read in place, once per forward for every sequence reading
     them) give each sequence, alone or batched beside others and a sequence on a cache of its own, the logits and
     cache rows it gets on a private copy of the prefix, bit for bit: a decoding step, a draft tree, a prefill chunk
     and a query seeing a sparse set of prefix rows (rapid_kv's), on a prefix of one segment and of two."""
     torch.set_num_threads(2)
-    model = quantized_tiny_llama(13, kv_dtype=kv_dtype, head_dim=32)
+    model = quantized_tiny_llama(13, kv_dtype=kv_dtype, head_dim=32, arch=arch)
     model.lib = kernels.library(isa)  # type: ignore[assignment]
     if not model.share_block:
         pytest.skip("this path copies prefixes (the tiles keep each cache's own layout)")

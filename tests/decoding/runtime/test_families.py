@@ -1,0 +1,126 @@
+"""The families the quantized CPU runtime runs (``decoding.runtime.families``), each a tiny random model made from
+transformers' own class (``make_tiny_family``): the forward on unquantized weights equals transformers' to fp32
+rounding across the sliding windows (soft-caps, post-norms, q / k norms, local rope, biases, fused tensors all
+exercised), greedy decoding gives transformers' tokens, and speculative decoding gives plain greedy's on every ISA
+path this CPU has (each path the avx2 path's tokens). A config the runtime cannot run is refused saying why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers import LlamaConfig, Phi3Config
+
+from decoding.cache.slot import SlotCache
+from decoding.errors import ModelFileError
+from decoding.runtime import kernels
+from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
+from decoding.runtime.families import forward_plan, layer_windows
+from decoding.runtime.llama_weights import check_supported
+from decoding.runtime.quant import WeightType
+from decoding.speculative.generation import Prompt
+from tests.decoding.conftest import (
+    WINDOW,
+    RandomTreeDrafter,
+    TinyTarget,
+    TinyTokenizer,
+    make_tiny_family,
+    naive_greedy,
+    needs_kernels,
+    run,
+)
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+HERE = [isa for isa in kernels.ISAS if isa in kernels.available_isas()]
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_forward_equals_transformers_across_the_windows(arch: str) -> None:
+    """F32 weights and KV: only fp32 summation order differs from transformers (eager attention, its own masks),
+    over 200 tokens (the windows of 72 crossed), a chunked prefill and decoding steps alike."""
+    hf = make_tiny_family(arch, seed=1, layers=3)
+    model = CpuLlama(weights_from_hf(hf, WeightType.F32), torch.float32)
+    ids = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want = hf(ids).logits[0]
+        got = model.forward(ids, SlotCache(model.num_layers, 200))
+        cache = SlotCache(model.num_layers, 200)
+        steps = [model.forward(ids[:, :130], cache)]
+        steps += [model.forward(ids[:, t : t + 1], cache) for t in range(130, 200)]
+    scale = float(want.abs().max())
+    assert scale > 1.0  # logits spread, not all near 0
+    assert float((got - want).abs().max()) < 1e-4 * scale, arch  # wide random weights amplify rounding
+    assert torch.equal(torch.cat(steps), got)  # a row's logits do not depend on the rows beside it
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_tokens_equal_transformers(arch: str) -> None:
+    hf = make_tiny_family(arch, seed=4, layers=2)
+    model = CpuLlama(weights_from_hf(hf, WeightType.F32), torch.float32)
+    prompt = torch.randint(0, 97, (1, 90), generator=torch.Generator().manual_seed(5)).tolist()[0]
+    with torch.inference_mode():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+    assert naive_greedy(model, prompt, 24) == want
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ARCHS)
+def test_speculative_greedy_equals_plain_greedy_on_every_path(arch: str, threads: None) -> None:
+    """Q8_0 weights, fp16 KV, a window crossed by the prompt and the answer: random draft trees give the plain greedy
+    tokens on every path, and every path the avx2 path's tokens."""
+    from decoding.speculative.engine import Engine
+
+    torch.set_num_threads(2)
+    weights = weights_from_hf(make_tiny_family(arch, seed=7, layers=3), WeightType.Q8_0)
+    ids = torch.randint(0, 97, (200,), generator=torch.Generator().manual_seed(3)).tolist()
+    long_prompt = Prompt(prefix_ids=ids[:190], suffix_ids=ids[190:], prefix_key=None)
+    tokens = {}
+    for isa in HERE:
+        model = CpuLlama(weights, torch.float16)
+        model.lib = kernels.library(isa)  # type: ignore[assignment]
+        engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-{arch}-{isa}", torch.device("cpu"), (), 512))
+        plain = run(engine, long_prompt, 40, [], None).token_ids
+        assert len(set(plain)) > 10, (arch, plain)  # not a degenerate repetition
+        assert run(engine, long_prompt, 40, [RandomTreeDrafter(plain, seed=1)], 16).token_ids == plain, (arch, isa)
+        tokens[isa] = plain
+    assert all(t == tokens["avx2"] for t in tokens.values()), arch
+
+
+def test_each_family_plans_its_forward() -> None:
+    """What each config asks beyond a Llama, as transformers applies it."""
+    plans = {arch: forward_plan(make_tiny_family(arch, layers=4).config) for arch in ARCHS}
+    w = WINDOW
+    assert plans["llama"].windows == plans["qwen2"].windows == plans["qwen3"].windows == (0, 0, 0, 0)
+    assert plans["mistral"].windows == plans["phi3"].windows == (w, w, w, w)
+    assert plans["gemma2"].windows == (w, 0, w, 0)  # the first layer slides, then every other one
+    assert plans["gemma3"].windows == (w, 0, w, w) and plans["gemma3"].local_rope == (True, False, True, True)
+    assert plans["gemma2"].activation == plans["gemma3"].activation == 1 and plans["qwen3"].activation == 0
+    assert (plans["gemma2"].attn_softcap, plans["gemma2"].final_softcap) == (20.0, 10.0)
+    assert plans["gemma3"].attn_softcap == 0.0 and plans["gemma3"].embed_scale == 8.0
+    assert plans["llama"].embed_scale == 1.0 and plans["llama"].query_scale == pytest.approx(32**-0.5)
+    assert layer_windows(LlamaConfig(sliding_window=None)) == (0,) * 32
+
+
+def test_what_the_runtime_cannot_run_is_refused_saying_why() -> None:
+    falcon = LlamaConfig()
+    falcon.model_type = "falcon"
+    with pytest.raises(ModelFileError, match="runs gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3 models, "
+                                             "not 'falcon'"):
+        check_supported(falcon)
+    with pytest.raises(ModelFileError, match="SiLU or GELU"):
+        check_supported(LlamaConfig(hidden_act="relu"))
+    with pytest.raises(ModelFileError, match="partial_rotary_factor"):
+        check_supported(Phi3Config(partial_rotary_factor=0.5))
+    with pytest.raises(ModelFileError, match="biases only"):
+        check_supported(LlamaConfig(attention_bias=True))
