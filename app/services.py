@@ -25,6 +25,7 @@ from app.serving.kv_tuning import (
     RecalibrationBackoff,
     available_ram_bytes,
     check_window_fits,
+    fit_cpu_window,
     kv_budgets,
     schedule_recalibration,
     start_calibration,
@@ -169,12 +170,13 @@ def load_llm(settings: Settings, spec: str, rope_scaling: dict[str, Any] | None 
 def load_target(settings: Settings) -> LoadedModel:
     """The target LM with ``RAGSPEC_ROPE_SCALING`` applied and the window ``RAGSPEC_MAX_CONTEXT`` asks for:
     lower than the model's, or higher up to what the rope scaling supports; beyond it the service stops here,
-    at start, rather than serving positions the model was never trained for."""
+    at start, rather than serving positions the model was never trained for. On a CPU the window must fit the RAM
+    (``fit_cpu_window``): the model's own is capped to what does, one asked for that does not stops the start."""
     target = load_llm(settings, settings.target_model, rope_scaling=settings.rope_scaling)
     if settings.max_context is None:
-        return target
+        return fit_cpu_window(target, explicit=False)
     try:
-        return with_context_window(target, settings.max_context)
+        return fit_cpu_window(with_context_window(target, settings.max_context), explicit=True)
     except ModelLoadError as exc:
         raise ModelLoadError(f"RAGSPEC_MAX_CONTEXT={settings.max_context}: {exc} (RAGSPEC_ROPE_SCALING)") from exc
 

@@ -9,7 +9,8 @@ The measurements live here (free device memory, available RAM, the device's kind
 - Host tier (``RAGSPEC_KV_HOST_BYTES``, ``auto``): on CUDA, ``HOST_FRACTION`` of the RAM available at
   start-up less one full-window entry (the disk writer's host copy); on a CPU none (the device is the host).
 - Window check: on CUDA the start stops (``check_window_fits``) when one generation's KV at the window does
-  not fit the free device memory, naming the largest window that does.
+  not fit the free device memory, naming the largest window that does; on a CPU (``fit_cpu_window``) the model's
+  own window is capped to what the RAM holds (one log line), a window asked for that does not fit stops the start.
 - Calibration: at start-up 256 and 2048 tokens (cheap on a CPU), and on a GPU also longer caches
   up to the window; on a GPU, once requests run on caches well beyond the longest calibrated one, a
   calibration at that length is queued as a background job between requests (``schedule_recalibration``);
@@ -148,6 +149,32 @@ def check_window_fits(target: LoadedModel) -> int:
             f"models are loaded: {shorter}use a smaller model, or a GPU with more memory"
         )
     return free
+
+
+def fit_cpu_window(target: LoadedModel, explicit: bool, available: int | None = None) -> LoadedModel:
+    """A CPU target with the window its RAM holds: one generation's KV at the window, the CPU prefix tier
+    (``CPU_KV_BYTES``) and ``DEVICE_MARGIN_BYTES`` must fit the RAM available once the models are loaded. The
+    model's own window that does not fit is capped to the largest that does, with one log line saying why; a
+    window asked for (``explicit``, RAGSPEC_MAX_CONTEXT) that does not fit stops the start naming the largest."""
+    from decoding.runtime.models import with_context_window
+
+    if target.device.type != "cpu":
+        return target
+    available = available_ram_bytes() if available is None else available
+    per_token = target.model.kv_bytes_per_token()
+    room = available - CPU_KV_BYTES
+    if per_token * target.max_context + DEVICE_MARGIN_BYTES <= room:
+        return target
+    gib, fits = 2**30, largest_window(room, per_token)
+    need = f"one generation at {target.max_context} tokens needs {per_token * target.max_context / gib:.1f} GiB of KV"
+    have = f"{available / gib:.1f} GiB of RAM is available ({CPU_KV_BYTES / gib:.0f} GiB of it for the prefix cache)"
+    if explicit or not fits:
+        shorter = f"set RAGSPEC_MAX_CONTEXT={fits} or less, or " if fits else ""
+        raise ModelLoadError(f"the context window does not fit this machine's memory: {need}, {have}: {shorter}"
+                             "use a smaller model")
+    logger.warning("context window capped to %d tokens (the model's is %d): %s, %s; RAGSPEC_MAX_CONTEXT sets it",
+                   fits, target.max_context, need, have)
+    return with_context_window(target, fits)
 
 
 def calibration_contexts(window: int, device: torch.device) -> tuple[int, ...]:

@@ -15,12 +15,13 @@ from app.serving.kv_tuning import (
     available_ram_bytes,
     calibration_contexts,
     check_window_fits,
+    fit_cpu_window,
     kv_budgets,
     schedule_recalibration,
     start_calibration,
 )
 from app.serving.scheduler import GenerationScheduler
-from decoding.cache.memory import device_kv_budget, kv_bytes_per_token
+from decoding.cache.memory import DEVICE_MARGIN_BYTES, device_kv_budget, kv_bytes_per_token
 from decoding.errors import ModelLoadError
 from decoding.runtime.models import LoadedModel
 from decoding.runtime.torch_runtime import TorchRuntime
@@ -138,6 +139,26 @@ def test_kv_budgets_on_cuda_follow_free_device_memory_and_ram(monkeypatch: pytes
     # the tiny model's KV is 2 layers x 2 KV heads x 16 x 2 x 2 bytes = 256 bytes a token: 1 MiB at 4096 set aside
     assert host == int((100 * GIB - (1 << 20)) * 0.4)
     assert kv_budgets(target, GIB, 0) == (GIB, 0)
+
+
+def test_a_cpu_window_is_capped_to_the_ram_or_refused_when_asked_for(caplog: pytest.LogCaptureFixture) -> None:
+    """One generation's KV at the window, the 2 GiB prefix tier and the margin must fit the available RAM: the
+    model's own window is capped to the largest that does (1024-token steps, one log line), a window asked for
+    that does not fit stops the start naming the largest; one that fits is left alone."""
+    target = loaded("cpu")  # 256 bytes of KV a token: 1 MiB at its 4096 positions
+    per_token = target.model.kv_bytes_per_token()
+    plenty = 2 * GIB + DEVICE_MARGIN_BYTES + per_token * 4096
+    assert fit_cpu_window(target, explicit=True, available=plenty) is target
+    short = plenty - per_token * 1500  # room for 2596 tokens: 2048 in whole granules
+    with caplog.at_level("WARNING", logger="app.serving.kv_tuning"):
+        capped = fit_cpu_window(target, explicit=False, available=short)
+    assert capped.max_context == 2048 and capped.model is target.model
+    assert "context window capped to 2048 tokens (the model's is 4096)" in caplog.text
+    with pytest.raises(ModelLoadError, match="set RAGSPEC_MAX_CONTEXT=2048 or less"):
+        fit_cpu_window(target, explicit=True, available=short)
+    with pytest.raises(ModelLoadError, match=r"does not fit this machine's memory.*: use a smaller model"):
+        fit_cpu_window(target, explicit=False, available=2 * GIB)
+    assert fit_cpu_window(loaded("cuda"), explicit=True, available=0).max_context == 4096  # CUDA: checked elsewhere
 
 
 def test_calibration_lengths_by_device() -> None:
