@@ -116,6 +116,7 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                  attn_implementation="eager", initializer_range=0.3)  # wide: greedy output varies, logits spread
     shape.update(kw)
+    short = ["sliding_attention", "full_attention"] + ["sliding_attention"] * max(0, layers - 2)  # a global one
     made: dict[str, Any] = {
         "llama": lambda: LlamaForCausalLM(LlamaConfig(**shape)),
         "mistral": lambda: MistralForCausalLM(MistralConfig(**shape, sliding_window=window)),
@@ -126,8 +127,7 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
             final_logit_softcapping=10.0)),
         "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
             **shape, sliding_window=window, query_pre_attn_scalar=32, rope_scaling={"rope_type": "linear",
-            "factor": 4.0}, layer_types=["sliding_attention", "full_attention", "sliding_attention"][:layers]
-            + ["sliding_attention"] * (layers - 3))),
+            "factor": 4.0}, layer_types=None if layers >= 6 else short[:layers])),  # 6+: the model's own 5 : 1
         "phi3": lambda: Phi3ForCausalLM(Phi3Config(**{k: v for k, v in shape.items() if k != "head_dim"},
                                                    sliding_window=window, pad_token_id=0)),
     }

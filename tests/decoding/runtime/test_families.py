@@ -7,7 +7,9 @@ path this CPU has (each path the avx2 path's tokens). A config the runtime canno
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from transformers import LlamaConfig, Phi3Config
@@ -15,7 +17,7 @@ from transformers import LlamaConfig, Phi3Config
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelFileError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
+from decoding.runtime.cpu_llama import CpuLlama, weights_from_gguf, weights_from_hf
 from decoding.runtime.families import forward_plan, layer_windows
 from decoding.runtime.llama_weights import check_supported
 from decoding.runtime.quant import WeightType
@@ -30,6 +32,7 @@ from tests.decoding.conftest import (
     needs_kernels,
     run,
 )
+from tests.decoding.gguf_families import write_family_gguf
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
 HERE = [isa for isa in kernels.ISAS if isa in kernels.available_isas()]
@@ -124,3 +127,25 @@ def test_what_the_runtime_cannot_run_is_refused_saying_why() -> None:
         check_supported(Phi3Config(partial_rotary_factor=0.5))
     with pytest.raises(ModelFileError, match="biases only"):
         check_supported(LlamaConfig(attention_bias=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_gguf_as_llama_cpp_writes_it_runs_the_model(arch: str, tmp_path: Path) -> None:
+    """Each family's GGUF (llama.cpp's names, permutations, Gemma's norms + 1, fused Phi-3 tensors, metadata;
+    F32 so nothing rounds) gives the transformers model's forward: the logits of its weights read from the HF model,
+    bit for bit, with the windows and pattern the file states (Gemma 3's own 5 : 1, so 7 layers). Mistral's GGUF
+    holds no window (llama.cpp applies none): its model is made without one."""
+    layers = 7 if arch == "gemma3" else 3
+    hf = make_tiny_family(arch, seed=2, layers=layers, window=None if arch == "mistral" else WINDOW)
+    path = write_family_gguf(tmp_path / f"{arch}.gguf", hf, gguf.GGMLQuantizationType.F32)
+    weights = weights_from_gguf(path)
+    model = CpuLlama(weights, torch.float32)
+    assert weights.source == "gguf:F32" and model.plan == forward_plan(hf.config)
+    reference = CpuLlama(weights_from_hf(hf, WeightType.F32), torch.float32)
+    ids = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        got = model.forward(ids, SlotCache(model.num_layers, 200))
+        assert torch.equal(got, reference.forward(ids, SlotCache(model.num_layers, 200)))
+        want = hf(ids).logits[0]
+    assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max())

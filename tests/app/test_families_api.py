@@ -1,0 +1,78 @@
+"""Bring your own model, every family through the real API: a tiny random model of each architecture the CPU
+runtime runs (``make_tiny_family``: Llama, Mistral, Qwen 2 / 3, Gemma 2 / 3, Phi-3) written to a GGUF as
+llama.cpp's converter writes it (``tests/decoding/gguf_families.py``, Q8_0; the tests' tokenizer files beside it)
+and served with ``RAGSPEC_TARGET_MODEL=file.gguf``: a document uploaded and indexed, a question answered over SSE,
+a follow-up in the session, and every speculative mode answering as autoregressive decoding does, token for
+token, with prompts longer than the sliding windows. One uvicorn server per architecture."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from tests.app.live import ThreadServer, ask, service_settings, upload_text, wait_indexed
+from tests.decoding.conftest import make_tiny_family, make_tokenizer
+from tests.decoding.gguf_families import write_family_gguf
+
+pytestmark = pytest.mark.real_model
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+DOCUMENT = ("The lighthouse on the northern cape was built in 1874 from granite quarried nearby. Its lamp burned "
+            "whale oil until 1902, then kerosene, and an electric beam since 1951. The keeper's house holds a small "
+            "museum of charts, logbooks and the original Fresnel lens.")
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"byo-{arch}")
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(root / "model")
+    hf = make_tiny_family(arch, seed=11, vocab=len(tokenizer), layers=6 if arch == "gemma3" else 3,
+                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                          window=None if arch == "mistral" else 72)  # Mistral's GGUF holds no window
+    gguf = write_family_gguf(root / "model" / f"tiny-{arch}.Q8_0.gguf", hf, eos=tokenizer.eos_token_id,
+                             bos=tokenizer.bos_token_id)
+    server = ThreadServer(service_settings(root / "data", target_model=str(gguf), max_context=512))
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            yield arch, (client, tokenizer.eos_token_id)
+    finally:
+        server.stop()
+
+
+def test_a_family_serves_upload_ask_stream_and_follow_up(served: tuple[str, Any]) -> None:
+    arch, (client, eos) = served
+    capabilities = client.get("/v1/capabilities").json()["model"]
+    assert capabilities["runtime"].startswith("cpu-quantized:gguf:") and capabilities["name"].startswith("tiny-")
+    doc = upload_text(client, DOCUMENT, title="lighthouse")
+    assert wait_indexed(client, doc)["status"] == "ready"
+    body: dict[str, Any] = {"question": "When was the lighthouse built?", "document_ids": [doc], "max_tokens": 16,
+                            "logit_bias": {str(eos): -100}}  # a random model: answers run their full length
+    plain = ask(client, **body, session_id=f"s-{arch}").json()
+    assert plain["usage"]["completion_tokens"] == 16 and plain["usage"]["prompt_tokens"] > 72, plain  # past a window
+    with connect_sse(client, "POST", "/v1/ask", json={**body, "stream": True}) as source:
+        events = list(source.iter_sse())
+    assert [e.event for e in events][-1] == "done"
+    assert "".join(json.loads(e.data)["text"] for e in events if e.event == "token") == plain["answer"]
+    follow = ask(client, **{**body, "question": "And its lamp?"}, session_id=f"s-{arch}").json()
+    alone = ask(client, **{**body, "question": "And its lamp?"}).json()
+    assert follow["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"]  # the first turn is in the prompt
+
+
+def test_every_mode_answers_as_autoregressive(served: tuple[str, Any]) -> None:
+    arch, (client, eos) = served
+    doc = upload_text(client, DOCUMENT * 2, title="lighthouse twice")
+    assert wait_indexed(client, doc)["status"] == "ready"
+    answers = {}
+    for mode in ("autoregressive", "auto", "racer", "rapid", "rapid_kv", "combined"):
+        response = ask(client, question="What does the keeper's house hold?", document_ids=[doc], mode=mode,
+                       max_tokens=24, logit_bias={str(eos): -100})
+        assert response.status_code == 200, response.text
+        answers[mode] = response.json()["answer"]
+    assert len(set(answers.values())) == 1, (arch, answers)

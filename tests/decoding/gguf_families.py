@@ -1,0 +1,121 @@
+"""Tiny models of every family written to GGUF as llama.cpp's converter (``convert_hf_to_gguf.py``) writes them, with
+gguf-py's writer: the file's architecture name and metadata keys, its tensor names, and its transforms:
+
+- ``llama`` (Llama, Mistral: MistralModel converts to arch ``llama``): q / k rows permuted for llama.cpp's
+  interleaved rope (``LlamaModel.permute``); others rotate halves and are stored as transformers holds them;
+- ``qwen2``: ``attn_{q,k,v}.bias``; ``qwen3``: ``attn_{q,k}_norm.weight`` [head dim];
+- ``gemma2`` / ``gemma3``: every RMSNorm weight stored plus one (the converter adds transformers' ``1 + w``),
+  ``post_attention_norm`` / ``post_ffw_norm`` beside ``attn_norm`` / ``ffn_norm`` (the pre-feed-forward norm), no
+  ``output.weight`` (tied), ``<arch>.attention.sliding_window``; Gemma 2's ``attn_logit_softcapping`` /
+  ``final_logit_softcapping``; Gemma 3's linear rope scaling as ``rope.scaling.type`` / ``factor``;
+- ``phi3``: ``attn_qkv.weight`` (q, k, v rows) and ``ffn_up.weight`` (gate rows, then up rows: transformers'
+  ``gate_up_proj``), ``rope.dimension_count``, ``attention.sliding_window``.
+
+2-D weights are stored in ``kind`` (any type gguf-py quantizes), norms and biases F32 as the converter keeps them.
+The vocabulary is not written (the tests' tokenizer files lie beside the file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from tests.decoding.conftest import permute
+
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+             "gemma3_text": "gemma3", "phi3": "phi3"}  # transformers model_type -> the converter's architecture
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).numpy()
+
+
+def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+                      eos: int = 2, bos: int = 1) -> Path:
+    """``hf`` (a transformers model of a family the runtime runs) as llama.cpp's converter writes it; returns path."""
+    c = hf.config
+    arch = GGUF_ARCH[c.model_type]
+    gemma = arch.startswith("gemma")
+    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(float(c.rope_theta))
+    w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
+    w.add_vocab_size(c.vocab_size)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    window = getattr(c, "sliding_window", None)
+    if window and arch != "llama":
+        w.add_sliding_window(int(window))
+    if arch == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", float(c.attn_logit_softcapping))
+        w.add_float32(f"{arch}.final_logit_softcapping", float(c.final_logit_softcapping))
+    if arch == "phi3":
+        w.add_rope_dimension_count(head_dim)
+    scaling = getattr(c, "rope_scaling", None)
+    if scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+
+    def put(name: str, a: np.ndarray, quantized: bool = True) -> None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if not quantized or kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, a)
+        elif kind == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+
+    def norm(name: str, module: Any) -> None:
+        put(name, _np(module.weight) + (1.0 if gemma else 0.0), quantized=False)
+
+    inner = hf.model
+    put("token_embd.weight", _np(inner.embed_tokens.weight))
+    for i, layer in enumerate(inner.layers):
+        b, at, mlp = f"blk.{i}.", layer.self_attn, layer.mlp
+        norm(b + "attn_norm.weight", layer.input_layernorm)
+        if gemma:
+            norm(b + "post_attention_norm.weight", layer.post_attention_layernorm)
+            norm(b + "ffn_norm.weight", layer.pre_feedforward_layernorm)
+            norm(b + "post_ffw_norm.weight", layer.post_feedforward_layernorm)
+        else:
+            norm(b + "ffn_norm.weight", layer.post_attention_layernorm)
+        if arch == "phi3":
+            put(b + "attn_qkv.weight", _np(at.qkv_proj.weight))
+            put(b + "ffn_up.weight", _np(mlp.gate_up_proj.weight))
+        else:
+            q, k = _np(at.q_proj.weight), _np(at.k_proj.weight)
+            if arch == "llama":  # for llama.cpp's interleaved rope
+                q = permute(at.q_proj.weight, c.num_attention_heads)
+                k = permute(at.k_proj.weight, c.num_key_value_heads)
+            put(b + "attn_q.weight", q)
+            put(b + "attn_k.weight", k)
+            put(b + "attn_v.weight", _np(at.v_proj.weight))
+            put(b + "ffn_gate.weight", _np(mlp.gate_proj.weight))
+            put(b + "ffn_up.weight", _np(mlp.up_proj.weight))
+            if arch == "qwen2":
+                for x in "qkv":
+                    put(b + f"attn_{x}.bias", _np(getattr(at, f"{x}_proj").bias), quantized=False)
+        if hasattr(at, "q_norm"):
+            norm(b + "attn_q_norm.weight", at.q_norm)
+            norm(b + "attn_k_norm.weight", at.k_norm)
+        put(b + "attn_output.weight", _np(at.o_proj.weight))
+        put(b + "ffn_down.weight", _np(mlp.down_proj.weight))
+    norm("output_norm.weight", inner.norm)
+    if not c.tie_word_embeddings:
+        put("output.weight", _np(hf.lm_head.weight))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
