@@ -163,11 +163,12 @@ class ModelSettings(BaseModel):
     the target's window and rope scaling."""
 
     target_model: str = Field(
-        BUNDLED, description="Target LLM: 'bundled' (SmolLM2-135M), a GGUF file, a local HF dir or hub id"
+        BUNDLED, description="Target LLM: 'bundled' (SmolLM2-135M), a GGUF file (llama, qwen2, qwen3, gemma2, "
+        "gemma3, phi3 architectures on the CPU), a local HF dir or hub id"
     )
     drafter_model: str = Field(
         "target", description="RAPID drafter LM: 'target' (the target's weights, its own KV cache) or a model "
-        "with the target's vocabulary ('bundled', a GGUF file, a local HF dir)"
+        "with the target's vocabulary ('bundled', a GGUF file, a local HF dir): e.g. a 1B GGUF of the target's family"
     )
     embedding_model: str = Field(BUNDLED, description="'bundled' (all-MiniLM-L6-v2), a local dir or hub id")
     embedding_kind: Literal["auto", "bge-m3", "flag"] = Field(
@@ -189,8 +190,9 @@ class ModelSettings(BaseModel):
         "elsewhere; int8: half the bytes per cached token, quantized per 32 values, which changes answers: opt-in)"
     )
     max_context: int | None = Field(
-        None, ge=256, description="The target's context window in tokens (default: the model's own): lower, or "
-        "higher up to what its rope scaling supports (RAGSPEC_ROPE_SCALING); beyond it the service does not start"
+        None, ge=256, description="The target's context window in tokens (default: the model's own, capped on a CPU "
+        "to what one generation's KV leaves room for in RAM): lower, or higher up to what its rope scaling supports "
+        "(RAGSPEC_ROPE_SCALING); beyond it, or beyond the RAM, the service does not start"
     )
     rope_scaling: Annotated[dict[str, Any] | None, NoDecode] = Field(  # parsed by _rope_scaling_json
         None, description='JSON rope scaling applied to the target\'s config at load, e.g. {"rope_type": "yarn", '
