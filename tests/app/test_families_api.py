@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -76,3 +77,31 @@ def test_every_mode_answers_as_autoregressive(served: tuple[str, Any]) -> None:
         assert response.status_code == 200, response.text
         answers[mode] = response.json()["answer"]
     assert len(set(answers.values())) == 1, (arch, answers)
+
+
+def test_rapid_drafts_with_a_smaller_model_of_the_family(tmp_path: Path) -> None:
+    """RAGSPEC_DRAFTER_MODEL names a smaller GGUF of the target's family (one layer, a narrower model, its logits
+    padded by 64 rows as the small models of a family often are): the vocabularies are accepted, RAPID drafts
+    from it (its nodes counted under rapid) and the answer is the target's alone."""
+    tokenizer = make_tokenizer()
+    for name, layers, hidden, vocab in (("target", 3, 128, len(tokenizer)), ("drafter", 1, 64, len(tokenizer) + 64)):
+        tokenizer.save_pretrained(tmp_path / name)
+        hf = make_tiny_family("qwen2", seed=13, vocab=vocab, layers=layers, hidden_size=hidden,
+                              eos_token_id=tokenizer.eos_token_id)
+        write_family_gguf(tmp_path / name / f"tiny-qwen2-{name}.gguf", hf, eos=tokenizer.eos_token_id)
+    settings = service_settings(tmp_path / "data", target_model=str(tmp_path / "target"),
+                                drafter_model=str(tmp_path / "drafter"), max_context=512)
+    server = ThreadServer(settings)
+    try:
+        assert server.services.drafters.config.draft_model is not server.services.target.model  # its own weights
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            doc = upload_text(client, DOCUMENT, title="lighthouse")
+            assert wait_indexed(client, doc)["status"] == "ready"
+            body = {"question": "What burned in the lamp?", "document_ids": [doc], "max_tokens": 24,
+                    "logit_bias": {str(tokenizer.eos_token_id): -100}}
+            plain = ask(client, **body, mode="autoregressive").json()
+            rapid = ask(client, **body, mode="rapid").json()
+    finally:
+        server.stop()
+    assert rapid["answer"] == plain["answer"]
+    assert rapid["stats"]["drafted"] > 0 and set(rapid["stats"]["drafted_by_source"]) == {"rapid"}
