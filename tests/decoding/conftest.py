@@ -349,12 +349,12 @@ def save_tiny_model(
     return model
 
 
-def llama_gguf_writer(path: Path, c: Any) -> Any:
-    """A ``gguf.GGUFWriter`` at ``path`` holding the Llama metadata of transformers config ``c`` (eos id 2), as
-    llama.cpp's converter writes it; the caller adds the tensors and writes the file."""
+def gguf_writer(path: Path, c: Any, arch: str = "llama", eos: int = 2, bos: int | None = None) -> Any:
+    """A ``gguf.GGUFWriter`` at ``path`` holding the metadata every architecture shares, from transformers config
+    ``c``, as llama.cpp's converter writes it under ``arch``; the caller adds the rest and writes the file."""
     import gguf
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -367,7 +367,9 @@ def llama_gguf_writer(path: Path, c: Any) -> Any:
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
-    w.add_eos_token_id(2)
+    w.add_eos_token_id(eos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
     return w
 
 
@@ -382,7 +384,7 @@ def write_gguf(path: Path, hf: torch.nn.Module) -> None:
     import gguf
 
     c = hf.config
-    w = llama_gguf_writer(path, c)
+    w = gguf_writer(path, c)
 
     def put(name: str, a: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:
         a = np.ascontiguousarray(a, dtype=np.float32)

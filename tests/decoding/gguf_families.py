@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 import torch
 
-from tests.decoding.conftest import permute
+from tests.decoding.conftest import gguf_writer, permute
 
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3"}  # transformers model_type -> the converter's architecture
@@ -40,20 +40,7 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
     arch = GGUF_ARCH[c.model_type]
     gemma = arch.startswith("gemma")
     head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(float(c.rope_theta))
-    w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
-    w.add_vocab_size(c.vocab_size)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
+    w = gguf_writer(path, c, arch, eos, bos)
     window = getattr(c, "sliding_window", None)
     if window and arch != "llama":
         w.add_sliding_window(int(window))

@@ -48,7 +48,7 @@ from tests.decoding.conftest import (
     TinyTarget,
     TinyTokenizer,
     fake_quantized_activations,
-    llama_gguf_writer,
+    gguf_writer,
     load_dequantized,
     permute,
     run,
@@ -387,7 +387,7 @@ def write_kquant_gguf(path: Path, hf: torch.nn.Module, layout: Layout) -> dict[s
     """The tiny Llama as a GGUF of ``layout``'s types (q / k rows permuted as llama.cpp's converter does); the blocks
     written."""
     c = hf.config
-    w = llama_gguf_writer(path, c)
+    w = gguf_writer(path, c)
     written: dict[str, tuple[np.ndarray, WeightType]] = {}
 
     def put(name: str, a: np.ndarray, kind: WeightType | None) -> None:
