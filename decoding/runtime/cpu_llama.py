@@ -65,6 +65,7 @@ __all__ = [
     "weights_from_hf",
 ]
 
+ROPE_ROWS = 4096  # positions the rotary tables cover at load (they grow as positions reach them)
 KV_STORAGE = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # int8: per 32 values with fp32 scales
 
 
@@ -239,19 +240,26 @@ class CpuLlama:
         self.max_positions = int(self.config.max_position_embeddings)
         plan: ForwardPlan = forward_plan(self.config)
         self.plan = plan
-        self.cos, self.sin = rotary_tables(self.config, self.max_positions)
-        ropes = {False: (self.cos, self.sin)}
-        if any(plan.local_rope):
-            ropes[True] = rotary_tables(_local_rope_config(self.config), self.max_positions)
-        self._ropes = ropes
         eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
         self.eps = eps
         self.shape = _Shape(e, h, g, d, inter, eps, plan.query_scale, plan.activation, plan.attn_softcap,
                             int(self._tiles_allowed()))
-        self.layer_structs = (_Layer * len(weights.layers))(*(
-            _layer_struct(lw, ropes[local], window)
-            for lw, local, window in zip(weights.layers, plan.local_rope, plan.windows, strict=True)))
+        self._rope_tables(min(self.max_positions, ROPE_ROWS))
         self._local = threading.local()
+
+    def _rope_tables(self, rows: int) -> None:
+        """Rotary tables for positions below ``rows`` (a 128K-window model's would take hundreds of MB from the
+        start: they grow, doubling, as positions reach them; a row's values do not depend on the table's size),
+        and the layers' structs pointing at them."""
+        self.rope_rows = rows
+        self.cos, self.sin = rotary_tables(self.config, rows)
+        ropes = {False: (self.cos, self.sin)}
+        if any(self.plan.local_rope):
+            ropes[True] = rotary_tables(_local_rope_config(self.config), rows)
+        self._ropes = ropes
+        self.layer_structs = (_Layer * len(self.weights.layers))(*(
+            _layer_struct(lw, ropes[local], window)
+            for lw, local, window in zip(self.weights.layers, self.plan.local_rope, self.plan.windows, strict=True)))
 
     @property
     def num_layers(self) -> int:
@@ -451,6 +459,9 @@ class CpuLlama:
         the rows of each sequence, whose KV goes to its own cache from its ``start``."""
         m = x.shape[0]
         e, h, g, d, inter = self.dims
+        reach = max(int(p.pos.max()) for p in parts) + 1
+        if reach > self.rope_rows:
+            self._rope_tables(min(self.max_positions, max(reach, 2 * self.rope_rows)))
         work = sum(kernels.attention_work_floats(h, p.rows, d, p.vis[0] + int((p.vis[2][1:] - p.vis[2][:-1]).max()))
                    for p in parts)
         scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)

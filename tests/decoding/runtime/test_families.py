@@ -149,3 +149,23 @@ def test_a_gguf_as_llama_cpp_writes_it_runs_the_model(arch: str, tmp_path: Path)
         assert torch.equal(got, reference.forward(ids, SlotCache(model.num_layers, 200)))
         want = hf(ids).logits[0]
     assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max())
+
+
+@needs_kernels
+def test_rotary_tables_grow_as_positions_reach_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-window model starts with tables for 4096 positions (not its 128K's hundreds of MB), doubled when a
+    forward reaches past them: the logits are those of tables made whole at load, bit for bit, on both of Gemma
+    3's rope bases."""
+    import decoding.runtime.cpu_llama as cpu_llama
+
+    weights = weights_from_hf(make_tiny_family("gemma3", seed=5, layers=2, max_position_embeddings=20000),
+                              WeightType.Q8_0)
+    lazy = CpuLlama(weights, torch.float16)
+    assert lazy.rope_rows == 4096 and lazy.cos.shape[0] == 4096
+    monkeypatch.setattr(cpu_llama, "ROPE_ROWS", 20000)
+    whole = CpuLlama(weights, torch.float16)
+    ids, pos = torch.tensor([[5, 9, 33, 2]]), torch.tensor([[9000, 9001, 9002, 9003]])
+    with torch.inference_mode():
+        got = lazy.forward(ids, SlotCache(lazy.num_layers, 8), position_ids=pos)
+        want = whole.forward(ids, SlotCache(whole.num_layers, 8), position_ids=pos)
+    assert lazy.rope_rows == 9004 and torch.equal(got, want)
