@@ -45,11 +45,11 @@ def _load_tokenizer(settings: Settings) -> Any:
     from transformers import AutoTokenizer
 
     from decoding.runtime.bundled import bundled_gguf_dir
+    from decoding.runtime.models import load_tokenizer
 
     source = bundled_gguf_dir(settings.models_dir) if settings.target_model == BUNDLED else settings.target_model
-    path = Path(str(source)).expanduser()
-    if path.is_file() and path.suffix == ".gguf":  # a bare GGUF file carries its tokenizer
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if Path(str(source)).expanduser().exists():  # the service's own rule (a bare GGUF file carries its tokenizer)
+        return load_tokenizer(str(source))
     return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
 
 

@@ -219,11 +219,27 @@ def _quantized_runtime(dev: torch.device, dt: torch.dtype, cpu_quant: str, cpu_k
     return True
 
 
-def _load_tokenizer(source: str, gguf: Path | None, local_files_only: bool) -> Any:
+def _load_tokenizer(source: str, gguf: Path | None, local_files_only: bool) -> tuple[Any, tuple[int, ...]]:
+    """The tokenizer of a model, and the ids its GGUF file says end a turn (empty where the tokenizer is not the
+    GGUF's own). A GGUF without tokenizer files beside it brings its own tokenizer, built from its metadata with
+    llama.cpp's token ids (``decoding.runtime.gguf_tokenizer``; transformers' GGUF tokenizer splits Llama 3's and
+    Qwen's text otherwise, and misses their end-of-turn tokens); tokenizer files beside a GGUF (the bundled
+    SmolLM2's) are used as they are."""
     root = Path(source) if gguf is None or Path(source).is_dir() else gguf.parent
     if gguf is not None and not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return AutoTokenizer.from_pretrained(str(root), local_files_only=local_files_only)
+        from decoding.runtime.gguf_tokenizer import end_of_turn_ids, read_vocab, tokenizer_from_gguf
+
+        vocab = read_vocab(gguf)
+        return tokenizer_from_gguf(vocab), end_of_turn_ids(vocab)
+    return AutoTokenizer.from_pretrained(str(root), local_files_only=local_files_only), ()
+
+
+def load_tokenizer(path: str | Path, local_files_only: bool = True) -> Any:
+    """The tokenizer ``load_model`` gives the local model at ``path`` (a GGUF file, a dir holding one, an HF dir),
+    without its weights."""
+    source = Path(path).expanduser()
+    gguf = _gguf_file(source) if source.exists() else None
+    return _load_tokenizer(str(source), gguf, local_files_only)[0]
 
 
 def _generation_config(root: Path) -> Any:
@@ -305,10 +321,11 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
             model = TorchRuntime(module, rope_tag)
         # after the weights: a corrupt GGUF, or one of another architecture, is named by the weights' reader
         # (read_gguf, gguf_config), not by whatever transformers' GGUF tokenizer trips over in it
-        tokenizer = _load_tokenizer(source, gguf, o.local_files_only)
+        tokenizer, turn_ends = _load_tokenizer(source, gguf, o.local_files_only)
     except (OSError, ValueError) as exc:
         raise ModelFileError(f"cannot load model {spec!r}: {exc}") from exc
     eos = _eos_ids(model.config, generation_config, tokenizer)
+    eos += tuple(i for i in turn_ends if i not in eos)
     if not eos:
         raise ModelFileError(f"model {spec!r} defines no EOS token")
     max_context = model.max_positions
@@ -326,6 +343,9 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
     )
     logger.info("loaded %s on %s (%s, %.0f MB of weights, %d-token window, eos %s)", name, dev, loaded.runtime,
                 loaded.weight_bytes / 1e6, max_context, eos)
+    if getattr(tokenizer, "chat_template", None) is None:
+        logger.info("%s has no chat template (a base model): its prompts are plain 'Context: / Question: / Answer:' "
+                    "text", name)
     return loaded
 
 

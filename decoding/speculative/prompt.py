@@ -14,6 +14,11 @@ as plain text, so a document containing ``<|im_end|>`` cannot end its own messag
 separately without added special tokens and their ids concatenated (whitespace at the end of a template
 piece joins the text after it, where a byte-level pre-tokenizer would split anyway); the document piece is
 the last one of the prefix, so the prefix ends exactly where the document text ends.
+
+A tokenizer without a chat template (a base model's GGUF) gets a plain layout instead, split the same way: the BOS
+its tokenizer adds (if any), the system text, ``Context:`` and the document, earlier turns as ``Question:`` /
+``Answer:`` pairs, then ``Question: ...`` and ``Answer:`` for the model to complete (``load_model`` logs once that
+a model has no template).
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from decoding.errors import DecodingError
 from decoding.speculative.generation import Prompt
 
 
-def _encode(tokenizer: Any, text: str, *, plain: bool) -> list[int]:
-    """Token ids of ``text``; ``plain`` treats special-token strings in it as ordinary text."""
+def _encode(tokenizer: Any, text: str, *, plain: bool, after_text: bool = False) -> list[int]:
+    """Token ids of ``text``; ``plain`` treats special-token strings in it as ordinary text. ``after_text``: the
+    piece continues text (not a special token, not the prompt's start), so a tokenizer that puts a space before
+    a text (SentencePiece's prefix; ``continuation_marker``, ``decoding.runtime.gguf_tokenizer``) does not here."""
     if not text:
         return []
+    marker = getattr(tokenizer, "continuation_marker", None) if after_text else None
+    text = marker + text if marker else text
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=plain).input_ids)
 
 
@@ -42,10 +51,28 @@ def render_chat(
     question: str,
     history: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """The full prompt as the chat template renders it (what ``build_prompt``'s ids decode to)."""
+    """The full prompt as the chat template renders it, or the plain layout where the tokenizer has no template
+    (what ``build_prompt``'s ids decode to)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return _plain(tokenizer, system, document, question, history)
     return str(tokenizer.apply_chat_template(
         _messages(system, document, question, history), tokenize=False, add_generation_prompt=True
     ))
+
+
+def _plain(tokenizer: Any, system: str, document: str, question: str, history: Sequence[tuple[str, str]]) -> str:
+    """A base model's prompt: the BOS its tokenizer adds (where it adds one; the text parses back to that token),
+    the system text and a blank line, ``Context:`` with the document on the next line and a blank line, each
+    earlier turn as ``Question: ...`` / ``Answer: ...`` lines and a blank line, then ``Question: <question>`` and
+    ``Answer:`` for the model to complete."""
+    bos = getattr(tokenizer, "bos_token", None)
+    adds_bos = False
+    if bos:
+        ids = list(tokenizer("a").input_ids)
+        adds_bos = ids[:1] == [tokenizer.bos_token_id] and _encode(tokenizer, "a", plain=False)[:1] != ids[:1]
+    turns = "".join(f"Question: {asked}\nAnswer: {answered}\n\n" for asked, answered in history)
+    head = f"{system}\n\n" if system else ""
+    return f"{bos if adds_bos else ''}{head}Context:\n{document}\n\n{turns}Question: {question}\nAnswer:"
 
 
 def _messages(
@@ -77,8 +104,6 @@ def build_prompt(
     the document, then each piece) whose ids do not depend on the pieces after them, so their KV can be
     shared by every prompt that starts with the same pieces.
     """
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise DecodingError("the tokenizer has no chat template; cannot lay out the prompt")
     pieces = None if isinstance(document, str) else list(document)
     tag = uuid.uuid4().hex
     texts: list[str] = [document if isinstance(document, str) else ""]
@@ -90,6 +115,10 @@ def build_prompt(
     rendered = render_chat(tokenizer, system=system, document=slots[0], question=slots[-1],
                            history=history_slots)
 
+    # Special tokens: a space prefix restarts after them (a tokenizer with one); some eat the whitespace after them
+    added = dict(getattr(tokenizer, "added_tokens_decoder", None) or {})
+    specials = set(added) if getattr(tokenizer, "continuation_marker", None) else set()
+    eats_space = {i for i, t in added.items() if getattr(t, "rstrip", False)}
     prefix: list[int] = []
     suffix: list[int] = []
     rest = rendered
@@ -101,15 +130,21 @@ def build_prompt(
         # Whitespace ending a template piece goes with the text that follows, so the boundary splits the
         # string where the tokenizer's own pre-tokenizer would (for "\n\nThe" as for "\nThe").
         template = head.rstrip()
-        out += _encode(tokenizer, template, plain=False)
+        ids = _encode(tokenizer, template, plain=False, after_text=i > 0)
+        out += ids
+        after_text = ids[-1] not in specials if ids else i > 0  # the text follows template text, or the slot before
+        space = head[len(template):]
+        strip = bool(ids) and ids[-1] in eats_space  # the whitespace after it goes, as in a whole-string tokenization
         if i == 0 and pieces is not None:
             ends = [len(prefix)]
             for j, piece in enumerate(pieces):
-                prefix += _encode(tokenizer, head[len(template):] + piece if j == 0 else piece, plain=True)
+                if j == 0:
+                    piece = piece.lstrip() if strip else space + piece
+                prefix += _encode(tokenizer, piece, plain=True, after_text=after_text or j > 0)
                 ends.append(len(prefix))
             continue
-        out += _encode(tokenizer, head[len(template):] + text, plain=True)
-    suffix += _encode(tokenizer, rest, plain=False)
+        out += _encode(tokenizer, text.lstrip() if strip else space + text, plain=True, after_text=after_text)
+    suffix += _encode(tokenizer, rest, plain=False, after_text=True)
     if pieces is None:
         return Prompt(prefix_ids=prefix, suffix_ids=suffix, prefix_key=prefix_key)
     segment_ends = sorted({e for e in ends if e > 0})

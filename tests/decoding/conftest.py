@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -379,12 +379,15 @@ def permute(t: torch.Tensor, heads: int) -> np.ndarray:
     return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
 
-def write_gguf(path: Path, hf: torch.nn.Module) -> None:
-    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors."""
+def write_gguf(path: Path, hf: torch.nn.Module, metadata: Callable[[Any], None] | None = None) -> None:
+    """The tiny Llama as llama.cpp's converter writes it: q / k rows permuted, Q8_0 / Q4_1 / F32 tensors;
+    ``metadata`` may add keys (a tokenizer) to the ``gguf.GGUFWriter`` first."""
     import gguf
 
     c = hf.config
     w = gguf_writer(path, c)
+    if metadata is not None:
+        metadata(w)
 
     def put(name: str, a: np.ndarray, kind: gguf.GGMLQuantizationType) -> None:
         a = np.ascontiguousarray(a, dtype=np.float32)

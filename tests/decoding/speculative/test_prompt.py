@@ -93,11 +93,23 @@ def test_empty_system_puts_only_the_document_in_the_system_message(tok: PreTrain
     assert tok.decode(list(prompt.prefix_ids)) == "<|im_start|>system\n" + DOC
 
 
+def test_without_a_template_the_prompt_is_plain_question_answer_text() -> None:
+    """A base model's tokenizer (no chat template): Context / Question / Answer text, split like a chat."""
+    base = make_tokenizer()
+    base.chat_template = None
+    history = [("What is it?", "A license.")]
+    rendered = render_chat(base, system=SYSTEM, document=DOC, question="Free?", history=history)
+    assert rendered == (f"{SYSTEM}\n\nContext:\n{DOC}\n\nQuestion: What is it?\nAnswer: A license.\n\n"
+                        "Question: Free?\nAnswer:")
+    prompt = build_prompt(base, system=SYSTEM, document=DOC, question="Free?", history=history, prefix_key="k")
+    assert base.decode(list(prompt.prefix_ids)) == f"{SYSTEM}\n\nContext:\n{DOC}"
+    assert base.decode(prompt.ids) == rendered
+    assert prompt.ids == base(rendered, add_special_tokens=False).input_ids
+    no_system = render_chat(base, system="", document=DOC, question="Q?")
+    assert no_system == f"Context:\n{DOC}\n\nQuestion: Q?\nAnswer:"
+
+
 def test_template_problems_are_domain_errors(tok: PreTrainedTokenizerFast) -> None:
-    no_template = make_tokenizer()
-    no_template.chat_template = None
-    with pytest.raises(DecodingError, match="no chat template"):
-        build_prompt(no_template, system=SYSTEM, document=DOC, question="Q?", prefix_key=None)
     shouting = make_tokenizer()
     shouting.chat_template = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
     with pytest.raises(DecodingError, match="verbatim"):
