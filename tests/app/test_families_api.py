@@ -1,9 +1,12 @@
 """Bring your own model, every family through the real API: a tiny random model of each architecture the CPU
 runtime runs (``make_tiny_family``: Llama, Mistral, Qwen 2 / 3, Gemma 2 / 3, Phi-3) written to a GGUF as
-llama.cpp's converter writes it (``tests/decoding/gguf_families.py``, Q8_0; the tests' tokenizer files beside it)
-and served with ``RAGSPEC_TARGET_MODEL=file.gguf``: a document uploaded and indexed, a question answered over SSE,
-a follow-up in the session, and every speculative mode answering as autoregressive decoding does, token for
-token, with prompts longer than the sliding windows. One uvicorn server per architecture."""
+llama.cpp's converter writes it (``tests/decoding/gguf_families.py``, Q8_0) with a tokenizer of the family's kind
+in it (Llama 3's, Qwen's, Gemma's, Mistral's, Phi-3's: ``gguf_vocabs``) and served with
+``RAGSPEC_TARGET_MODEL=file.gguf`` alone: a document uploaded and indexed, a question answered over SSE, a
+follow-up in the session, and every speculative mode answering as autoregressive decoding does, token for token,
+with prompts longer than the sliding windows. Tokens are compared, not text: a random model's byte tokens need not
+form UTF-8, and the text of such runs depends on how the tokens were grouped as they streamed. One uvicorn server
+per architecture."""
 
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from decoding.runtime.gguf_tokenizer import end_of_turn_ids, tokenizer_from_gguf
 from tests.app.live import ThreadServer, ask, service_settings, upload_text, wait_indexed
 from tests.decoding.conftest import make_tiny_family, make_tokenizer
 from tests.decoding.gguf_families import write_family_gguf
+from tests.decoding.runtime.gguf_vocabs import write_vocab
 
 pytestmark = pytest.mark.real_model
 
@@ -28,55 +33,60 @@ DOCUMENT = ("The lighthouse on the northern cape was built in 1874 from granite 
             "museum of charts, logbooks and the original Fresnel lens.")
 
 
+VOCAB = {"llama": "llama-bpe", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen2", "gemma2": "gemma",
+         "gemma3": "gemma", "phi3": "phi3"}  # the family's kind of tokenizer (tests/decoding/runtime/gguf_vocabs.py)
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """The file alone: its tokenizer, chat template and end-of-turn tokens are the GGUF's own."""
     arch = request.param
     root = tmp_path_factory.mktemp(f"byo-{arch}")
-    tokenizer = make_tokenizer()
-    tokenizer.save_pretrained(root / "model")
+    tokenizer = tokenizer_from_gguf(write_vocab(VOCAB[arch], root))
     hf = make_tiny_family(arch, seed=11, vocab=len(tokenizer), layers=6 if arch == "gemma3" else 3,
-                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
                           window=None if arch == "mistral" else 72)  # Mistral's GGUF holds no window
-    gguf = write_family_gguf(root / "model" / f"tiny-{arch}.Q8_0.gguf", hf, eos=tokenizer.eos_token_id,
-                             bos=tokenizer.bos_token_id)
+    gguf = write_family_gguf(root / f"tiny-{arch}.Q8_0.gguf", hf, vocab=VOCAB[arch])
     server = ThreadServer(service_settings(root / "data", target_model=str(gguf), max_context=512))
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client:
-            yield arch, (client, tokenizer.eos_token_id)
+            yield arch, (client, end_of_turn_ids(gguf))
     finally:
         server.stop()
 
 
 def test_a_family_serves_upload_ask_stream_and_follow_up(served: tuple[str, Any]) -> None:
-    arch, (client, eos) = served
+    arch, (client, ends) = served
     capabilities = client.get("/v1/capabilities").json()["model"]
     assert capabilities["runtime"].startswith("cpu-quantized:gguf:") and capabilities["name"].startswith("tiny-")
     doc = upload_text(client, DOCUMENT, title="lighthouse")
     assert wait_indexed(client, doc)["status"] == "ready"
     body: dict[str, Any] = {"question": "When was the lighthouse built?", "document_ids": [doc], "max_tokens": 16,
-                            "logit_bias": {str(eos): -100}}  # a random model: answers run their full length
+                            "logit_bias": {str(i): -100 for i in ends}}  # a random model: answers run their full length
     plain = ask(client, **body, session_id=f"s-{arch}").json()
     assert plain["usage"]["completion_tokens"] == 16 and plain["usage"]["prompt_tokens"] > 72, plain  # past a window
-    with connect_sse(client, "POST", "/v1/ask", json={**body, "stream": True}) as source:
+    with connect_sse(client, "POST", "/v1/ask", json={**body, "stream": True, "logprobs": True}) as source:
         events = list(source.iter_sse())
     assert [e.event for e in events][-1] == "done"
-    assert "".join(json.loads(e.data)["text"] for e in events if e.event == "token") == plain["answer"]
+    # the same tokens (a random model's byte tokens need not form UTF-8, whose text a stream cannot match)
+    streamed = [t["bytes"] for e in events if e.event == "token" for t in json.loads(e.data)["logprobs"]]
+    whole = ask(client, **body, logprobs=True).json()
+    assert streamed == [t["bytes"] for t in whole["logprobs"]] and len(streamed) == 16
     follow = ask(client, **{**body, "question": "And its lamp?"}, session_id=f"s-{arch}").json()
     alone = ask(client, **{**body, "question": "And its lamp?"}).json()
     assert follow["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"]  # the first turn is in the prompt
 
 
 def test_every_mode_answers_as_autoregressive(served: tuple[str, Any]) -> None:
-    arch, (client, eos) = served
+    arch, (client, ends) = served
     doc = upload_text(client, DOCUMENT * 2, title="lighthouse twice")
     assert wait_indexed(client, doc)["status"] == "ready"
     answers = {}
     for mode in ("autoregressive", "auto", "racer", "rapid", "rapid_kv", "combined"):
         response = ask(client, question="What does the keeper's house hold?", document_ids=[doc], mode=mode,
-                       max_tokens=24, logit_bias={str(eos): -100})
+                       max_tokens=24, logit_bias={str(i): -100 for i in ends}, logprobs=True)
         assert response.status_code == 200, response.text
-        answers[mode] = response.json()["answer"]
-    assert len(set(answers.values())) == 1, (arch, answers)
+        answers[mode] = tuple(tuple(t["bytes"]) for t in response.json()["logprobs"])  # the tokens, as bytes
+    assert len(set(answers.values())) == 1 and len(answers["auto"]) == 24, (arch, answers)
 
 
 def test_rapid_drafts_with_a_smaller_model_of_the_family(tmp_path: Path) -> None:

@@ -349,7 +349,7 @@ def save_tiny_model(
     return model
 
 
-def gguf_writer(path: Path, c: Any, arch: str = "llama", eos: int = 2, bos: int | None = None) -> Any:
+def gguf_writer(path: Path, c: Any, arch: str = "llama", eos: int | None = 2, bos: int | None = None) -> Any:
     """A ``gguf.GGUFWriter`` at ``path`` holding the metadata every architecture shares, from transformers config
     ``c``, as llama.cpp's converter writes it under ``arch``; the caller adds the rest and writes the file."""
     import gguf
@@ -367,7 +367,8 @@ def gguf_writer(path: Path, c: Any, arch: str = "llama", eos: int = 2, bos: int 
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
-    w.add_eos_token_id(eos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
     if bos is not None:
         w.add_bos_token_id(bos)
     return w

@@ -12,7 +12,7 @@ gguf-py's writer: the file's architecture name and metadata keys, its tensor nam
   ``gate_up_proj``), ``rope.dimension_count``, ``attention.sliding_window``.
 
 2-D weights are stored in ``kind`` (any type gguf-py quantizes), norms and biases F32 as the converter keeps them.
-The vocabulary is not written (the tests' tokenizer files lie beside the file)."""
+The vocabulary is one of the tokenizer tests' (``vocab``), or none (the tests' tokenizer files beside the file)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,21 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
-                      eos: int = 2, bos: int = 1) -> Path:
-    """``hf`` (a transformers model of a family the runtime runs) as llama.cpp's converter writes it; returns path."""
+                      eos: int = 2, bos: int = 1, vocab: str | None = None) -> Path:
+    """``hf`` (a transformers model of a family the runtime runs) as llama.cpp's converter writes it; returns path.
+    ``vocab``: one of the test vocabularies (``tests/decoding/runtime/gguf_vocabs.py``) written into the file, its
+    tokenizer, chat template and special ids (then ``eos`` / ``bos`` are its)."""
     c = hf.config
     arch = GGUF_ARCH[c.model_type]
     gemma = arch.startswith("gemma")
     head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
-    w = gguf_writer(path, c, arch, eos, bos)
+    if vocab is None:
+        w = gguf_writer(path, c, arch, eos, bos)
+    else:
+        from tests.decoding.runtime.gguf_vocabs import add_vocab
+
+        w = gguf_writer(path, c, arch, eos=None)
+        add_vocab(w, vocab)
     window = getattr(c, "sliding_window", None)
     if window and arch != "llama":
         w.add_sliding_window(int(window))
