@@ -113,8 +113,11 @@ def grouped_sdpa_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
+    softcap: float | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
+    if softcap:  # Gemma 2's soft-capped scores: neither SDPA nor the kernels cap them
+        return _capped_attention(query, key, value, attention_mask, scaling, softcap), None
     if attention_cuda.cuda_path(query.device):
         return attention_cuda.attend(module, query, key, value, attention_mask, dropout, scaling, is_causal), None
     fast = _kernel_attention(module, query, key, value, attention_mask, dropout, scaling)
@@ -135,6 +138,29 @@ def grouped_sdpa_attention(
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None  # [b, q, heads, d]
+
+
+def _capped_attention(
+    query: torch.Tensor,  # [b, heads, q, d]
+    key: torch.Tensor,  # [b, kv_heads, k, d]
+    value: torch.Tensor,  # [b, kv_heads, k, d]
+    attention_mask: torch.Tensor | None,  # [b, 1, q, >= k] additive or bool, or None (causal)
+    scaling: float | None,
+    cap: float,
+) -> torch.Tensor:
+    """Attention with scores soft-capped at ``cap`` (cap * tanh(s / cap), before the mask), as transformers'
+    eager Gemma 2 attention computes it: ``[b, q, heads, d]``."""
+    group = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.tanh(torch.matmul(query, k.transpose(2, 3)) * scale / cap) * cap  # [b, heads, q, k]
+    n, length = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        attention_mask = torch.ones(n, length, dtype=torch.bool, device=query.device).tril(length - n)
+    mask = attention_mask[..., :length]
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return torch.matmul(probs, v).transpose(1, 2).contiguous()
 
 
 def use_grouped_sdpa(model: Any) -> bool:

@@ -169,3 +169,21 @@ def test_rotary_tables_grow_as_positions_reach_them(monkeypatch: pytest.MonkeyPa
         got = lazy.forward(ids, SlotCache(lazy.num_layers, 8), position_ids=pos)
         want = whole.forward(ids, SlotCache(whole.num_layers, 8), position_ids=pos)
     assert lazy.rope_rows == 9004 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_torch_path_attention_equals_transformers_eager(arch: str) -> None:
+    """The transformers path (a GPU, ``RAGSPEC_CPU_QUANT=none``) on ragspec's grouped attention: every family's
+    logits are eager transformers', Gemma 2's soft-capped scores included (SDPA would drop the caps)."""
+    from decoding.runtime.attention import use_grouped_sdpa
+
+    eager = make_tiny_family(arch, seed=1, layers=3)
+    ours = type(eager)(eager.config.__class__(**{**eager.config.to_dict(), "attn_implementation": "sdpa"})).eval()
+    ours.load_state_dict(eager.state_dict())
+    assert use_grouped_sdpa(ours)
+    if kernels.load() is not None:
+        kernels.use_cpu_kernels(ours)
+    ids = torch.randint(0, 97, (1, 150), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        want, got = eager(ids).logits, ours(ids).logits
+    assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), arch
