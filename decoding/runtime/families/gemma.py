@@ -16,7 +16,7 @@ from decoding.runtime.families import Family
 from decoding.runtime.gguf_meta import field
 
 _LAYERS_27B = {"gemma2": 46, "gemma3": 62}
-GEMMA3_LOCAL_BASE = 10000.0  # llama.cpp's rope base of Gemma 3's sliding layers (not in the GGUF)
+GEMMA3_LOCAL_BASE = 10000.0  # Gemma 3's sliding layers' rope base where the GGUF has no rope.freq_base_swa
 
 
 def _shared(reader: Any, arch: str, common: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +44,8 @@ def _gemma3(reader: Any, common: dict[str, Any]) -> PretrainedConfig:
         shared["layer_types"] = types
     elif isinstance(pattern, list):  # per layer: true where sliding
         shared["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
-    return Gemma3TextConfig(**shared, rope_local_base_freq=GEMMA3_LOCAL_BASE, attn_logit_softcapping=None,
+    local = float(field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_BASE))
+    return Gemma3TextConfig(**shared, rope_local_base_freq=local, attn_logit_softcapping=None,
                             final_logit_softcapping=None)
 
 
