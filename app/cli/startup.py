@@ -39,8 +39,8 @@ EXIT_STARTUP = 2  # every start-up failure's exit status (a bad setting's too: a
 BACKLOG = 2048  # the listen backlog (uvicorn's default, which it passes again when it serves on the socket)
 # what the model settings can name instead (ModelFileError's remedy)
 MODEL_FORMS = {
-    "target": "a Llama GGUF file, a local Hugging Face model dir or 'bundled'",
-    "drafter": "'target', or to a Llama GGUF file or local Hugging Face model dir with the target's vocabulary",
+    "target": "a GGUF file (llama, qwen2, qwen3, gemma2, gemma3, phi3), a local Hugging Face model dir or 'bundled'",
+    "drafter": "'target', or to a GGUF file or local Hugging Face model dir with the target's vocabulary",
 }
 
 

@@ -68,11 +68,12 @@ def write_gguf(path: Path, arch: str) -> Path:
 
 
 def test_a_gguf_of_another_architecture(tmp_path: Path) -> None:
-    model = write_gguf(tmp_path / "qwen.gguf", "qwen2")
+    model = write_gguf(tmp_path / "falcon.gguf", "falcon")
     line = one_line(serve(tmp_path, RAGSPEC_TARGET_MODEL=str(model)))
-    assert line.startswith(f"ragspec: cannot load the target model {model}: GGUF architecture 'qwen2' is not "
+    assert line.startswith(f"ragspec: cannot load the target model {model}: GGUF architecture 'falcon' is not "
                            "supported"), line
-    assert "(supported: llama)" in line and "set RAGSPEC_TARGET_MODEL to a Llama GGUF file" in line
+    assert "(supported: llama, qwen2, qwen3, gemma2, gemma3, phi3)" in line
+    assert "set RAGSPEC_TARGET_MODEL to a GGUF file (llama, qwen2" in line
 
 
 def test_a_missing_model_file(tmp_path: Path) -> None:

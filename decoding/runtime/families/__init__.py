@@ -13,7 +13,6 @@ embeddings (Gemma), fused tensors (Phi-3), and q / k rows permuted by llama.cpp'
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,22 +20,8 @@ import numpy as np
 from transformers import PretrainedConfig
 
 from decoding.errors import ModelFileError
+from decoding.runtime.families.base import Family
 from decoding.runtime.gguf_meta import field, gguf_rope, required
-
-
-@dataclass(frozen=True)
-class Family:
-    """One GGUF architecture: its config from the metadata and the layout of its tensors."""
-
-    gguf_arch: str  # general.architecture
-    model_type: str  # the transformers model_type its config gets
-    config: Callable[[Any, dict[str, Any]], PretrainedConfig]  # (GGUF reader, common keywords) -> config
-    permuted_qk: bool = False  # q / k rows permuted by llama.cpp's converter (its interleaved rope): put back
-    qkv_bias: bool = False  # attn_q / attn_k / attn_v .bias
-    qk_norm: bool = False  # attn_q_norm / attn_k_norm [D]
-    post_norms: bool = False  # post_attention_norm, post_ffw_norm [E]
-    fused: bool = False  # attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows): Phi-3
-    norm_offset: float = 0.0  # transformers' RMSNorm multiplies by w + offset (Gemma: 1; a GGUF stores w + 1)
 
 
 @dataclass(frozen=True)
@@ -80,7 +65,7 @@ def common_config(reader: Any, arch: str) -> dict[str, Any]:
 
 
 def _families() -> dict[str, Family]:
-    from decoding.runtime.families import gemma, llama, phi3, qwen
+    from decoding.runtime.families import gemma, llama, phi3, qwen  # each imports base, not this module
 
     return {f.gguf_arch: f for module in (llama, qwen, gemma, phi3) for f in module.FAMILIES}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import Gemma2Config, Gemma3TextConfig, PretrainedConfig
 
-from decoding.runtime.families import Family
+from decoding.runtime.families.base import Family
 from decoding.runtime.gguf_meta import field
 
 _LAYERS_27B = {"gemma2": 46, "gemma3": 62}

@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import LlamaConfig
 
-from decoding.runtime.families import Family
+from decoding.runtime.families.base import Family
 
 
 def _config(reader: Any, common: dict[str, Any]) -> LlamaConfig:

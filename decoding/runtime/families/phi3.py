@@ -9,7 +9,7 @@ from typing import Any
 from transformers import Phi3Config, PretrainedConfig
 
 from decoding.errors import ModelFileError
-from decoding.runtime.families import Family
+from decoding.runtime.families.base import Family
 from decoding.runtime.gguf_meta import field
 
 

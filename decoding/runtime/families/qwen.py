@@ -7,7 +7,7 @@ from typing import Any
 
 from transformers import PretrainedConfig, Qwen2Config, Qwen3Config
 
-from decoding.runtime.families import Family
+from decoding.runtime.families.base import Family
 
 
 def _qwen2(reader: Any, common: dict[str, Any]) -> PretrainedConfig:

@@ -1,0 +1,24 @@
+"""A family's description (``Family``): the one thing every family module imports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PretrainedConfig
+
+
+@dataclass(frozen=True)
+class Family:
+    """One GGUF architecture: its config from the metadata and the layout of its tensors."""
+
+    gguf_arch: str  # general.architecture
+    model_type: str  # the transformers model_type its config gets
+    config: Callable[[Any, dict[str, Any]], PretrainedConfig]  # (GGUF reader, common keywords) -> config
+    permuted_qk: bool = False  # q / k rows permuted by llama.cpp's converter (its interleaved rope): put back
+    qkv_bias: bool = False  # attn_q / attn_k / attn_v .bias
+    qk_norm: bool = False  # attn_q_norm / attn_k_norm [D]
+    post_norms: bool = False  # post_attention_norm, post_ffw_norm [E]
+    fused: bool = False  # attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows): Phi-3
+    norm_offset: float = 0.0  # transformers' RMSNorm multiplies by w + offset (Gemma: 1; a GGUF stores w + 1)
