@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, Phi3Config
@@ -27,6 +28,7 @@ from tests.decoding.conftest import (
     RandomTreeDrafter,
     TinyTarget,
     TinyTokenizer,
+    gguf_writer,
     make_tiny_family,
     naive_greedy,
     needs_kernels,
@@ -187,3 +189,16 @@ def test_the_torch_path_attention_equals_transformers_eager(arch: str) -> None:
     with torch.inference_mode():
         want, got = eager(ids).logits, ours(ids).logits
     assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), arch
+
+
+def test_a_phi3_gguf_with_longrope_factors_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The 128K Phi-3's LongRoPE factors pick tables by the sequence's length: refused naming why, not run wrong."""
+    path = tmp_path / "phi3-128k.gguf"
+    w = gguf_writer(path, make_tiny_family("phi3", layers=1).config, "phi3")
+    w.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match=r"^Phi-3 with LongRoPE factors .*use a 4K-window Phi-3$"):
+        weights_from_gguf(path)
