@@ -100,6 +100,9 @@ MIN_CONTEXT = 36864  # every file's context length at least: a 32K-token documen
 GREEDY_TOKENS = 32  # the greedy prefix compared with llama.cpp's
 LOGIT_TOP = 8  # llama.cpp's top logits compared with ours after the prompt
 SECTIONS = ("decode", "prefill", "long", "drafter")
+# llama.cpp as compared: the builds of bench.llama_ref, and each with its flash attention on (llama-cpp-python leaves it
+# off unless asked, llama.cpp's own tools turn it on where it runs: it changes long contexts most)
+LLAMA_BUILDS = ("llama_cpp", "llama_cpp_fa", "llama_cpp_avx2", "llama_cpp_avx2_fa")
 ACCEPTANCES = (0.6, 0.7, 0.8)  # per-token acceptance of the chain model
 DRAFT_LENGTHS = tuple(range(1, 9))
 VERIFY_CHAINS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 16)  # draft nodes of the timed verify chains (0: a plain step)
@@ -271,6 +274,7 @@ class Plan:
     threads: int = 2
     max_new: int = 64
     builds: dict[str, Path] = dataclasses.field(default_factory=dict)  # llama.cpp build name -> its library dir
+    flash: frozenset[str] = frozenset()  # the builds run with llama.cpp's flash attention on (``*_fa``)
     contexts: tuple[int, ...] = (2048, 16384)  # decode; () for none
     prefill_tokens: int | None = 2048  # None: no prefill section
     long_tokens: int = 32768
@@ -297,7 +301,8 @@ def measure_context(target: LoadedModel | None, gguf: Path, plan: Plan, text: Te
     workers: dict[str, LlamaWorker] = {}
     try:
         for name, lib in plan.builds.items():
-            workers[name] = LlamaWorker(lib, gguf, plan.threads, n_ctx=context + plan.max_new + 256)
+            workers[name] = LlamaWorker(lib, gguf, plan.threads, n_ctx=context + plan.max_new + 256,
+                                        flash_attn=name in plan.flash)
         fixed = (dataclasses.replace(target, eos_token_ids=()) if target is not None
                  else cast(LoadedModel, SimpleNamespace(eos_token_ids=())))  # llama.cpp alone
         engine = Engine(fixed, PrefixCache(byte_budget=8 << 30), config=ENGINE_CONFIG) if target is not None else None
@@ -440,11 +445,11 @@ def _long_probe(model_dir: Path, tokens: int, runs: int, threads: int, max_new: 
 
 
 def long_llama(gguf: Path, lib: Path, tokens: int, runs: int, threads: int, max_new: int, text: Text,
-               vocab: int) -> dict[str, Any]:
+               vocab: int, flash_attn: bool = False) -> dict[str, Any]:
     """llama.cpp reading the same document: a cold prompt, then the same question and another one (its KV of the
     shared prefix reused), decode speed, the worker's memory."""
     first, other = (text.prompt(0, vocab, None, question=q, document=tokens) for q in (0, 1))
-    worker = LlamaWorker(lib, gguf, threads, n_ctx=len(first.ids) + max_new + 512)
+    worker = LlamaWorker(lib, gguf, threads, n_ctx=len(first.ids) + max_new + 512, flash_attn=flash_attn)
     try:
         loaded = worker.memory()
         worker.generate(text.prompt(64, vocab, None).ids, 8, [])  # warm-up
@@ -478,10 +483,17 @@ def long_document(model_dir: Path, plan: Plan, text: Text, fresh_process: bool =
         ours = _long_probe(model_dir, plan.long_tokens, plan.runs, plan.threads, plan.max_new)
     else:
         ours = long_ours(model_dir, plan.long_tokens, plan.runs, plan.threads, plan.max_new, text)
+    if "error" in ours:
+        logger.warning("long document, ours: %s", ours["error"])
+    else:
+        logger.info("long document, ours: cold TTFT %.1f s, cached %.0f / %.0f ms (same / another question)",
+                    ours["cold_ttft_s"], ours["same_question_ttft_ms"]["median"],
+                    ours["another_question_ttft_ms"]["median"])
     result: dict[str, Any] = {"measured_at": _now(), "model": arch.model, "document_tokens": plan.long_tokens,
                               "new_tokens": plan.max_new, "ours": ours}
     for name, lib in plan.builds.items():
-        theirs = long_llama(gguf, lib, plan.long_tokens, plan.runs, plan.threads, plan.max_new, text, arch.shape.vocab)
+        theirs = long_llama(gguf, lib, plan.long_tokens, plan.runs, plan.threads, plan.max_new, text, arch.shape.vocab,
+                            name in plan.flash)
         result[name] = theirs
         if "cold_ttft_s" in ours:
             result[f"cold_ttft_ours_vs_{name}"] = round(theirs["cold_ttft_s"] / ours["cold_ttft_s"], 3)
@@ -601,6 +613,7 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         decode = {**before.get("decode", {}), **row.get("decode", {})}
         archs[name] = {**before, **row, "decode": decode}
     merged["architectures"] = archs
+    merged["llama_cpp_builds"] = {**old.get("llama_cpp_builds", {}), **new.get("llama_cpp_builds", {})}
     merged["runs"] = [*old.get("runs", []), *new.get("runs", [])]
     return merged
 
@@ -612,8 +625,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     bundled_dir = bundled_gguf_dir(models_dir)
     cache = Path(args.cache_dir)
     found = available_builds(Path(args.builds_dir))
-    builds = {name: found[name] for name in args.builds if name in found}
+    builds = {name: found[name.removesuffix("_fa")] for name in args.builds if name.removesuffix("_fa") in found}
     plan = Plan(runs=args.runs, threads=args.threads, max_new=args.max_new_tokens, builds=builds,
+                flash=frozenset(name for name in builds if name.endswith("_fa")),
                 contexts=tuple(args.contexts), prefill_tokens=args.prefill_tokens, long_tokens=args.long_tokens,
                 drafter_context=args.drafter_context, verify_repeats=args.verify_repeats)
     from transformers import AutoTokenizer
@@ -625,7 +639,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                    "greedy_tokens": min(GREEDY_TOKENS, args.max_new_tokens), "cache_dir": str(cache),
                    "min_context": MIN_CONTEXT},
         "machine": machine_info(),
-        "llama_cpp_builds": {name: {"lib_dir": str(lib), "build_flags": build_flags(lib)} for name, lib in
+        "llama_cpp_builds": {name: {"lib_dir": str(lib), "flash_attn": name.endswith("_fa"),
+                                    "build_flags": build_flags(lib)} for name, lib in
                              builds.items()},
         "architectures": {},
         "runs": [{"at": _now(), "archs": args.archs, "sections": args.sections, "contexts": args.contexts,
@@ -677,18 +692,39 @@ def _k(tokens: int | str) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
-def _pair(piece: dict[str, Any], build: str, fmt: str = ".1f") -> str:
-    if not isinstance(piece.get("ours"), dict) or not isinstance(piece.get(build), dict):
+def _builds_in(piece: dict[str, Any]) -> list[str]:
+    return [b for b in LLAMA_BUILDS if isinstance(piece.get(b), dict) or f"{b}_tokens_per_s" in piece]
+
+
+def _label(build: str) -> str:
+    return build.removeprefix("llama_cpp").removeprefix("_").replace("fa", "flash attn").replace("_", " ")
+
+
+def _pair(piece: dict[str, Any], fmt: str = ".1f") -> str:
+    """Ours / the first llama.cpp build (the ratio), then each other build's figure and ratio."""
+    builds = _builds_in(piece)
+    if not isinstance(piece.get("ours"), dict) or not builds:
         return "-"
-    ratio = piece.get(f"ours_vs_{build}")
-    return f"{piece['ours']['median']:{fmt}} / {piece[build]['median']:{fmt}} (**{ratio:.2f}x**)"
+    first, *rest = builds
+    cell = f"{piece['ours']['median']:{fmt}} / {piece[first]['median']:{fmt}} (**{piece[f'ours_vs_{first}']:.2f}x**)"
+    return cell + "".join(f"; {_label(b)} {piece[b]['median']:{fmt}} ({piece[f'ours_vs_{b}']:.2f}x)" for b in rest)
 
 
-def _checks(row: dict[str, Any], build: str) -> str:
-    """The greedy and logits checks, per context: '=' equal 32 tokens, else the first divergence (and the top-two gaps
-    of both runtimes there); the logits' largest difference after the prompt."""
+def _prefill(pf: dict[str, Any]) -> str:
+    builds = [b for b in _builds_in(pf) if f"ours_vs_{b}" in pf]
+    if "ours_tokens_per_s" not in pf or not builds:
+        return "-"
+    first, *rest = builds
+    cell = f"{pf['ours_tokens_per_s']:.0f} / {pf[first + '_tokens_per_s']:.0f} ({pf['ours_vs_' + first]:.2f}x)"
+    return cell + "".join(f"; {_label(b)} {pf[b + '_tokens_per_s']:.0f} ({pf['ours_vs_' + b]:.2f}x)" for b in rest)
+
+
+def _checks(row: dict[str, Any]) -> str:
+    """The greedy and logits checks against the first llama.cpp build, per context: '=' equal 32 tokens, else the
+    first divergence (and the top-two gaps of both runtimes there); the logits' largest difference after the prompt."""
     parts = []
     for context, piece in sorted(row.get("decode", {}).items(), key=lambda kv: int(kv[0])):
+        build = next(iter(_builds_in(piece)), "llama_cpp")
         g = piece.get("greedy", {}).get(f"vs_{build}")
         lg = piece.get("logits", {}).get(build)
         if g is None:
@@ -707,7 +743,6 @@ def _checks(row: dict[str, Any], build: str) -> str:
 def table(result: dict[str, Any]) -> list[str]:
     """Markdown rows for the README: per architecture, decode at each context and prefill, ours / llama.cpp's best
     build (medians, the ratio); the checks; then the long document and the drafter's chain model where measured."""
-    build = next(iter(result.get("llama_cpp_builds") or {"llama_cpp": None}))
     archs = result.get("architectures", {})
     contexts = sorted({c for row in archs.values() for c in row.get("decode", {})}, key=int)
     lines = ["| architecture (shape) | weights MB | " + " | ".join(f"decode at {_k(c)} ours / llama.cpp (tok/s)"
@@ -717,25 +752,22 @@ def table(result: dict[str, Any]) -> list[str]:
     for name, row in archs.items():
         ours = row.get("ours")
         weights = ours.get("served_weight_mb", "-") if isinstance(ours, dict) else str(ours)[:60]
-        cells = [_pair(row["decode"][c], build) if c in row.get("decode", {}) else "-" for c in contexts]
-        pf = row.get("prefill", {})
-        prefill = (f"{pf['ours_tokens_per_s']:.0f} / {pf[build + '_tokens_per_s']:.0f} "
-                   f"({pf['ours_vs_' + build]:.2f}x)" if "ours_tokens_per_s" in pf and f"ours_vs_{build}" in pf
-                   else "-")
+        cells = [_pair(row["decode"][c]) if c in row.get("decode", {}) else "-" for c in contexts]
         lines.append(f"| `{name}` ({row.get('model', '?')}) | {weights} | " + " | ".join(cells)
-                     + f" | {prefill} | {_checks(row, build)} |")
+                     + f" | {_prefill(row.get('prefill', {}))} | {_checks(row)} |")
     long = result.get("long_document")
     if long and isinstance(long.get("ours"), dict) and "cold_ttft_s" in long["ours"]:
-        o, t = long["ours"], long.get(build, {})
+        sides = [long["ours"], *(long[b] for b in _builds_in(long))]
+        names = " / ".join(["ours", *(f"llama.cpp {_label(b)}".strip() for b in _builds_in(long))])
 
         def both(key: str, unit: str, fmt: str = ".2f") -> str:
             def one(side: dict[str, Any]) -> str:
                 v = side.get(key)
                 v = v["median"] if isinstance(v, dict) else v
                 return f"{v:{fmt}}{unit}" if isinstance(v, int | float) else "-"
-            return f"{one(o)} / {one(t)}"
+            return " / ".join(one(side) for side in sides)
 
-        head = f"| {long['model']} shape, {_k(long['document_tokens'])}-token document whole | ours / llama.cpp |"
+        head = f"| {long['model']} shape, {_k(long['document_tokens'])}-token document whole | {names} |"
         lines += ["", head,
                   "|---|---|",
                   f"| time to first token, cold | {both('cold_ttft_s', ' s', '.1f')} |",
@@ -744,8 +776,8 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"| time to first token, another question (document KV cached) | "
                   f"{both('another_question_ttft_ms', ' ms', '.0f')} |",
                   f"| decode at that length (tok/s) | {both('decode_tokens_per_s', '', '.1f')} |",
-                  f"| resident memory after (MB over the process before loading) | "
-                  f"{o['memory'].get('after_all_mb', '-')} / {t.get('memory', {}).get('after_all_mb', '-')} |"]
+                  "| resident memory after (MB over the process before loading) | "
+                  + " / ".join(str(side.get("memory", {}).get("after_all_mb", "-")) for side in sides) + " |"]
     drafter = result.get("drafter")
     if drafter and "chain_model" in drafter:
         cm = drafter["chain_model"]
@@ -794,8 +826,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="interleaved repetitions (medians)")
     p.add_argument("--threads", type=int, default=2, help="threads of every runtime")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens decoded per run (default 64)")
-    p.add_argument("--builds", type=_names(["llama_cpp", "llama_cpp_avx2"]), default=["llama_cpp"],
-                   help="llama.cpp builds to compare with (default llama_cpp: the best one here)")
+    p.add_argument("--builds", type=_names(list(LLAMA_BUILDS)), default=["llama_cpp"],
+                   help="llama.cpp builds to compare with (default llama_cpp: the best one here; *_fa: the same build "
+                        "with its flash attention on)")
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "architectures.json")
     p.add_argument("--fresh", action="store_true", help="write a new JSON instead of merging into the one there")
     p.add_argument("--cache-dir", default=str(default_cache_dir()), help="where the derived GGUF files are kept")

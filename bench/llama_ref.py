@@ -26,12 +26,13 @@ BUILDS = {"llama_cpp": "best", "llama_cpp_avx2": "avx2"}  # method name -> build
 
 class LlamaWorker:
     """A worker process running one llama.cpp build on one GGUF file (``n_ctx`` tokens of context, ``threads``
-    threads)."""
+    threads; ``flash_attn``: llama.cpp's flash attention, which llama-cpp-python leaves off unless asked and
+    llama.cpp's own tools turn on where it runs)."""
 
-    def __init__(self, lib_dir: Path, gguf: Path, threads: int, n_ctx: int = 8192) -> None:
+    def __init__(self, lib_dir: Path, gguf: Path, threads: int, n_ctx: int = 8192, flash_attn: bool = False) -> None:
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
         cmd = [sys.executable, "-m", "bench.llama_ref", "--gguf", str(gguf), "--threads", str(threads),
-               "--ctx", str(n_ctx)]
+               "--ctx", str(n_ctx), *(["--flash-attn"] if flash_attn else [])]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info: dict[str, Any] = self._call({"op": "info"})
         self.info["lib_dir"] = str(lib_dir)
@@ -125,14 +126,15 @@ def _rss_mb(key: str = "VmRSS") -> float:
     return 0.0
 
 
-def _serve(gguf: str, threads: int, n_ctx: int = 8192) -> None:
+def _serve(gguf: str, threads: int, n_ctx: int = 8192, flash_attn: bool = False) -> None:
     import llama_cpp
     from llama_cpp import Llama
 
     batches = _Batches(threads)
 
     before = _rss_mb()
-    llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
+    llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
+                flash_attn=flash_attn)
     for line in sys.stdin:
         req = json.loads(line)
         try:
@@ -321,6 +323,7 @@ if __name__ == "__main__":
     parser.add_argument("--gguf")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=8192, help="the context's tokens (n_ctx)")
+    parser.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention on")
     parser.add_argument("--quantize", nargs=2, metavar=("SRC", "DST"), help="quantize SRC into DST and exit")
     parser.add_argument("--ftype", default="LLAMA_FTYPE_MOSTLY_Q4_K_M", help="the llama_ftype --quantize writes")
     args = parser.parse_args()
@@ -329,4 +332,4 @@ if __name__ == "__main__":
         sys.exit(_quantize(src, dst, args.ftype, args.threads))
     if not args.gguf:
         parser.error("--gguf is required")
-    _serve(args.gguf, args.threads, args.ctx)
+    _serve(args.gguf, args.threads, args.ctx, args.flash_attn)
