@@ -77,6 +77,7 @@ bench: models $(BENCH_STAMP)
 	$(PY) -m bench.concurrency --json bench/results/concurrency.json
 	$(PY) -m bench.load --json bench/results/load.json
 	$(PY) -m bench.formats --json bench/results/formats.json
+	$(PY) -m bench.architectures --json bench/results/architectures.json
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \

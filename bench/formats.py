@@ -80,7 +80,8 @@ GREEDY_TOKENS = 32  # the greedy prefix compared with llama.cpp's
 
 @dataclass(frozen=True)
 class Shape:
-    """A Llama model's shape (tied embeddings)."""
+    """A model's shape: a Llama (tied embeddings) unless ``arch`` names another GGUF architecture the runtime runs
+    (``decoding.runtime.families``), whose tensors and metadata keys the file then holds."""
 
     hidden: int
     layers: int
@@ -91,6 +92,12 @@ class Shape:
     vocab: int
     context: int = 8192
     rope_theta: float = 500000.0
+    arch: str = "llama"  # general.architecture
+    tied: bool = True  # no output.weight: the logits read the token embeddings
+    sliding_window: int = 0  # <arch>.attention.sliding_window (0: not written)
+    attn_softcap: float = 0.0  # Gemma 2's <arch>.attn_logit_softcapping (0: not written)
+    final_softcap: float = 0.0  # Gemma 2's <arch>.final_logit_softcapping (0: not written)
+    rms_eps: float = 1e-5
 
 
 SHAPES = {
@@ -172,6 +179,19 @@ class Vocab:
         return dataclasses.replace(self, tokens=[*self.tokens, *(f"<|reserved_{i}|>" for i in range(extra))],
                                    token_types=[*self.token_types, *([3] * extra)])  # 3: llama.cpp's CONTROL
 
+    def fitted(self, size: int) -> Vocab:
+        """``size`` entries: padded as ``padded`` does, or cut to the first ``size`` tokens (Phi-3's 32064 under a
+        larger vocabulary) with the merges whose parts or result were cut left out, so that every merge still
+        joins two tokens into a third, as a BPE vocabulary must."""
+        if size >= len(self.tokens):
+            return self.padded(size)
+        if max(self.bos, self.eos) >= size:
+            raise ValueError(f"BOS / EOS ids {self.bos} / {self.eos} do not fit a {size}-token vocabulary")
+        kept = set(self.tokens[:size])
+        merges = [m for m in self.merges if (parts := m.split(" ", 1)) and len(parts) == 2
+                  and parts[0] in kept and parts[1] in kept and parts[0] + parts[1] in kept]
+        return dataclasses.replace(self, tokens=self.tokens[:size], token_types=self.token_types[:size], merges=merges)
+
 
 def vocab_of(gguf_path: Path) -> Vocab:
     from gguf import GGUFReader
@@ -187,26 +207,59 @@ def vocab_of(gguf_path: Path) -> Vocab:
     )
 
 
-def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scale: float = 0.02) -> None:
-    """A random-weight Llama of ``shape`` as an F16 GGUF file with llama.cpp's converter's names and keys (norms F32
-    ones, matrices normal * ``scale``; q / k rows in any order: the values are random). Streamed: one tensor in
-    memory at a time, generated in row chunks."""
-    import gguf
+def shape_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], str]]:
+    """A shape's tensors as llama.cpp's converter names them for ``shape.arch``: (name, dims as numpy orders them,
+    kind: ``norm`` / ``bias`` / ``matrix``). Which tensors a layer holds is the runtime's table of the family
+    (``decoding.runtime.families.Family``: q / k / v biases, per-head q / k norms, norms after the attention and the
+    MLP, Phi-3's fused q / k / v and gate / up rows); llama.cpp's loader checks the same file against its own (it
+    refuses a file with a tensor missing or one too many), so the two cannot drift apart unnoticed."""
+    from decoding.runtime.families import FAMILIES
 
-    vocab = vocab.padded(shape.vocab)
+    family = FAMILIES[shape.arch]
     s = shape
-    matrices: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (s.vocab, s.hidden))]
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (s.vocab, s.hidden), "matrix")]
     for i in range(s.layers):
         b = f"blk.{i}."
-        matrices += [(b + "attn_norm.weight", (s.hidden,)), (b + "attn_q.weight", (s.heads * s.head_dim, s.hidden)),
-                     (b + "attn_k.weight", (s.kv_heads * s.head_dim, s.hidden)),
-                     (b + "attn_v.weight", (s.kv_heads * s.head_dim, s.hidden)),
-                     (b + "attn_output.weight", (s.hidden, s.heads * s.head_dim)), (b + "ffn_norm.weight", (s.hidden,)),
-                     (b + "ffn_gate.weight", (s.ffn, s.hidden)), (b + "ffn_up.weight", (s.ffn, s.hidden)),
-                     (b + "ffn_down.weight", (s.hidden, s.ffn))]  # fmt: skip
-    matrices.append(("output_norm.weight", (s.hidden,)))
+        out.append((b + "attn_norm.weight", (s.hidden,), "norm"))
+        if family.fused:  # q, k, v rows in one tensor
+            out.append((b + "attn_qkv.weight", (q + 2 * kv, s.hidden), "matrix"))
+        else:
+            out += [(b + f"attn_{x}.weight", (n, s.hidden), "matrix") for x, n in (("q", q), ("k", kv), ("v", kv))]
+        if family.qkv_bias:
+            out += [(b + f"attn_{x}.bias", (n,), "bias") for x, n in (("q", q), ("k", kv), ("v", kv))]
+        if family.qk_norm:
+            out += [(b + f"attn_{x}_norm.weight", (s.head_dim,), "norm") for x in "qk"]
+        out.append((b + "attn_output.weight", (s.hidden, q), "matrix"))
+        if family.post_norms:
+            out.append((b + "post_attention_norm.weight", (s.hidden,), "norm"))
+        out.append((b + "ffn_norm.weight", (s.hidden,), "norm"))
+        if family.fused:  # gate rows, then up rows
+            out.append((b + "ffn_up.weight", (2 * s.ffn, s.hidden), "matrix"))
+        else:
+            out += [(b + f"ffn_{x}.weight", (s.ffn, s.hidden), "matrix") for x in ("gate", "up")]
+        out.append((b + "ffn_down.weight", (s.hidden, s.ffn), "matrix"))
+        if family.post_norms:
+            out.append((b + "post_ffw_norm.weight", (s.hidden,), "norm"))
+    out.append(("output_norm.weight", (s.hidden,), "norm"))
+    if not s.tied:
+        out.append(("output.weight", (s.vocab, s.hidden), "matrix"))
+    return out
+
+
+def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scale: float = 0.02) -> None:
+    """A random-weight model of ``shape`` (its architecture's tensors, ``shape_tensors``, and metadata keys) as an
+    F16 GGUF file with llama.cpp's converter's names and keys: matrices normal * ``scale``, q / k rows in any order
+    (the values are random), norms F32 ones (a multiplier of 1 in every family: Gemma's files store transformers'
+    ``1 + w``, and w = 0), biases F32 normal * 0.5. ``vocab`` is fitted to the shape's size (``Vocab.fitted``).
+    Streamed: one tensor in memory at a time, generated in row chunks."""
+    import gguf
+
+    vocab = vocab.fitted(shape.vocab)
+    s = shape
+    tensors = shape_tensors(s)
     tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(tmp), s.arch)
     w.add_name("random weights")
     w.add_block_count(s.layers)
     w.add_context_length(s.context)
@@ -218,7 +271,13 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
     w.add_value_length(s.head_dim)
     w.add_rope_dimension_count(s.head_dim)
     w.add_rope_freq_base(s.rope_theta)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    if s.attn_softcap:
+        w.add_attn_logit_softcapping(s.attn_softcap)
+    if s.final_softcap:
+        w.add_final_logit_softcapping(s.final_softcap)
     w.add_vocab_size(s.vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
@@ -229,16 +288,19 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
     w.add_bos_token_id(vocab.bos)
     w.add_eos_token_id(vocab.eos)
     w.add_add_bos_token(False)
-    for name, dims in matrices:
-        dtype = np.dtype(np.float32 if len(dims) == 1 else np.float16)
+    for name, dims, kind in tensors:
+        dtype = np.dtype(np.float16 if kind == "matrix" else np.float32)
         w.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for _, dims in matrices:
-        if len(dims) == 1:
+    for _, dims, kind in tensors:
+        if kind == "norm":
             w.write_tensor_data(np.ones(dims, dtype=np.float32))
+            continue
+        if kind == "bias":
+            w.write_tensor_data(rng.standard_normal(dims, dtype=np.float32) * np.float32(0.5))
             continue
         rows, cols = dims
         data = np.empty(dims, dtype=np.float16)
@@ -252,21 +314,30 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
     tmp.replace(path)
 
 
-def shape_dir(name: str, shape: Shape, bundled_dir: Path, cache: Path, lib_dir: Path, threads: int) -> Path:
-    """The model dir of a shape: random F16 weights quantized to Q4_K_M by llama.cpp (made once; the F16 file is
-    removed after)."""
+def shape_dir(name: str, shape: Shape, bundled_dir: Path, cache: Path, lib_dir: Path, threads: int,
+              scale: float = 0.02) -> Path:
+    """The model dir of a shape: random F16 weights (``write_shape_gguf`` with ``scale``) quantized to Q4_K_M by
+    llama.cpp (made once; the F16 file is removed after). A stamp beside it (``shape.json``: the shape and the scale)
+    has a changed shape written anew; a file without one (written before the stamps) is kept."""
     model_dir = cache / f"{name}-random-q4_k_m"
+    f16 = cache / f"{name}-random-f16.gguf"
+    stamp = model_dir / "shape.json"
+    want = json.dumps({**dataclasses.asdict(shape), "scale": scale}, sort_keys=True)
+    if stamp.is_file() and stamp.read_text() != want:
+        logger.info("%s: the shape changed: written anew", name)
+        model_gguf(model_dir).unlink(missing_ok=True)
+        f16.unlink(missing_ok=True)
     if not model_gguf(model_dir).is_file():
         model_dir.mkdir(parents=True, exist_ok=True)
-        f16 = cache / f"{name}-random-f16.gguf"
         t = time.perf_counter()
         if not f16.is_file():
-            write_shape_gguf(f16, shape, vocab_of(model_gguf(bundled_dir)))
+            write_shape_gguf(f16, shape, vocab_of(model_gguf(bundled_dir)), scale=scale)
             logger.info("%s: F16 GGUF written in %.0f s", name, time.perf_counter() - t)
         tmp = model_dir / (GGUF_LINK + ".tmp")
         quantize(lib_dir, f16, tmp, SHAPE_FTYPE, threads)
         tmp.replace(model_gguf(model_dir))
         f16.unlink()
+        stamp.write_text(want)
         logger.info("%s: random weights written and quantized in %.0f s", name, time.perf_counter() - t)
     _with_tokenizer(model_dir, bundled_dir)
     return model_dir

@@ -25,11 +25,14 @@ BUILDS = {"llama_cpp": "best", "llama_cpp_avx2": "avx2"}  # method name -> build
 
 
 class LlamaWorker:
-    """A worker process running one llama.cpp build on one GGUF file (full window, ``threads`` threads)."""
+    """A worker process running one llama.cpp build on one GGUF file (``n_ctx`` tokens of context, ``threads``
+    threads; ``flash_attn``: llama.cpp's flash attention, which llama-cpp-python leaves off unless asked and
+    llama.cpp's own tools turn on where it runs)."""
 
-    def __init__(self, lib_dir: Path, gguf: Path, threads: int) -> None:
+    def __init__(self, lib_dir: Path, gguf: Path, threads: int, n_ctx: int = 8192, flash_attn: bool = False) -> None:
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
-        cmd = [sys.executable, "-m", "bench.llama_ref", "--gguf", str(gguf), "--threads", str(threads)]
+        cmd = [sys.executable, "-m", "bench.llama_ref", "--gguf", str(gguf), "--threads", str(threads),
+               "--ctx", str(n_ctx), *(["--flash-attn"] if flash_attn else [])]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info: dict[str, Any] = self._call({"op": "info"})
         self.info["lib_dir"] = str(lib_dir)
@@ -66,6 +69,11 @@ class LlamaWorker:
     def eval(self, ids: list[int], keep: int | None = 0) -> float:
         """Seconds to evaluate ``ids`` after the first ``keep`` cached tokens (None: after all of them)."""
         return float(self._call({"op": "eval", "ids": ids, "keep": keep})["seconds"])
+
+    def memory(self) -> dict[str, float]:
+        """The worker's resident memory now over what it held before loading the model (``rss_mb``), and its peak
+        (``peak_mb``, VmHWM: the whole process)."""
+        return {k: float(v) for k, v in self._call({"op": "rss"}).items()}
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -111,21 +119,22 @@ def open_workers(gguf: Path | None, threads: int, names: list[str]) -> dict[str,
 # ---- the worker ---------------------------------------------------------------------------------------
 
 
-def _rss_mb() -> float:
+def _rss_mb(key: str = "VmRSS") -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
 
-def _serve(gguf: str, threads: int) -> None:
+def _serve(gguf: str, threads: int, n_ctx: int = 8192, flash_attn: bool = False) -> None:
     import llama_cpp
     from llama_cpp import Llama
 
     batches = _Batches(threads)
 
     before = _rss_mb()
-    llm = Llama(model_path=gguf, n_ctx=8192, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
+    llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
+                flash_attn=flash_attn)
     for line in sys.stdin:
         req = json.loads(line)
         try:
@@ -136,6 +145,8 @@ def _serve(gguf: str, threads: int) -> None:
                     "system_info": system.decode() if isinstance(system, bytes) else str(system),
                     "rss_mb": round(_rss_mb() - before, 1),
                 }
+            elif req["op"] == "rss":
+                reply = {"rss_mb": round(_rss_mb() - before, 1), "peak_mb": round(_rss_mb("VmHWM"), 1)}
             elif req["op"] == "top":
                 reply = {"top": _top(llm, req["ids"], req["k"])}
             elif req["op"] == "batch":
@@ -311,6 +322,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gguf")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ctx", type=int, default=8192, help="the context's tokens (n_ctx)")
+    parser.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention on")
     parser.add_argument("--quantize", nargs=2, metavar=("SRC", "DST"), help="quantize SRC into DST and exit")
     parser.add_argument("--ftype", default="LLAMA_FTYPE_MOSTLY_Q4_K_M", help="the llama_ftype --quantize writes")
     args = parser.parse_args()
@@ -319,4 +332,4 @@ if __name__ == "__main__":
         sys.exit(_quantize(src, dst, args.ftype, args.threads))
     if not args.gguf:
         parser.error("--gguf is required")
-    _serve(args.gguf, args.threads)
+    _serve(args.gguf, args.threads, args.ctx, args.flash_attn)

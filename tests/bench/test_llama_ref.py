@@ -45,9 +45,11 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_worker_generates_evaluates_and_reports_errors(stand_in: Path, tmp_path: Path) -> None:
-    worker = llama_ref.LlamaWorker(stand_in, tmp_path / "model.gguf", 2)
+    worker = llama_ref.LlamaWorker(stand_in, tmp_path / "model.gguf", 2, n_ctx=4096)
     try:
         assert worker.info["version"] == "stand-in" and worker.info["system_info"] == "CPU : STAND-IN"
+        memory = worker.memory()
+        assert set(memory) == {"rss_mb", "peak_mb"} and memory["peak_mb"] > 0
         assert worker.info["build_flags"] == ["variant: test", "cmake -DX=ON", "patch: none"]
         out = worker.generate([5, 9], 4, eos=[])
         assert out["tokens"] == [16, 15, 8, 9] and out["ttft_s"] >= 0 and out["decode_s"] >= 0
