@@ -37,6 +37,8 @@ _HOST = torch.device("cpu")
 @dataclass(frozen=True)
 class PrefixEntry:
     """Target KV of one prompt segment: per layer ``[1, heads, n, head_dim]``; ``topk`` ``[n, k]`` optional.
+    ``dropped`` (empty: none): per layer, the segment's leading rows it does not hold (a sliding-window layer
+    keeps only the rows later tokens can read), so layer i's tensors are ``[1, heads, n - dropped[i], head_dim]``.
 
     Keys and values live on whichever device the tier holding the entry keeps; ``topk`` always lives on the
     host (its readers concatenate it with top-k computed on the host), which construction checks.
@@ -45,10 +47,19 @@ class PrefixEntry:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     topk: torch.Tensor | None
+    dropped: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.topk is not None and self.topk.device.type != "cpu":
             raise ValueError(f"a prefix entry's top-k lives on the host, not on {self.topk.device}")
+        if self.dropped and len(self.dropped) != len(self.keys):
+            raise ValueError(f"{len(self.dropped)} dropped counts for {len(self.keys)} layers")
+        if len({int(k.shape[2]) + self.dropped_rows(i) for i, k in enumerate(self.keys)}) > 1:
+            raise ValueError("a prefix entry's layers hold rows of segments of different lengths")
+
+    def dropped_rows(self, layer: int) -> int:
+        """Leading rows of the segment layer ``layer`` does not hold."""
+        return self.dropped[layer] if self.dropped else 0
 
     @property
     def device(self) -> torch.device:
@@ -59,11 +70,11 @@ class PrefixEntry:
         if self.device == device:
             return self
         return PrefixEntry(tuple(k.to(device) for k in self.keys), tuple(v.to(device) for v in self.values),
-                           self.topk)
+                           self.topk, self.dropped)
 
     @property
     def length(self) -> int:
-        return int(self.keys[0].shape[2])
+        return int(self.keys[0].shape[2]) + self.dropped_rows(0)
 
     @property
     def nbytes(self) -> int:
@@ -285,7 +296,7 @@ class PrefixCache:
                 self._host.pop(key, None)
         if self.persist_dir is not None:
             for path in self.persist_dir.glob("*.safetensors"):
-                if path.stem in keys or _file_tag(path) == tag:
+                if path.stem in keys or _file_metadata(path).get("tag", "") == tag:
                     path.unlink(missing_ok=True)
                     keys.add(path.stem)
             with self._lock:
@@ -320,7 +331,8 @@ class PrefixCache:
         fd, tmp = tempfile.mkstemp(prefix=f"{key}.tmp", dir=str(self.persist_dir))
         os.close(fd)
         try:
-            save_file(tensors, tmp, metadata={"tag": tag or "", "layers": str(len(entry.keys))})
+            meta = {"tag": tag or "", "layers": str(len(entry.keys)), "dropped": ",".join(map(str, entry.dropped))}
+            save_file(tensors, tmp, metadata=meta)
             os.replace(tmp, path)
             return path.stat().st_size
         except Exception:
@@ -351,14 +363,16 @@ class PrefixCache:
             n = sum(1 for name in data if name.startswith("k."))
             keys = tuple(data[f"k.{i}"] for i in range(n))
             values = tuple(data[f"v.{i}"] for i in range(n))
-            tag = _file_tag(path)
+            meta = _file_metadata(path)
+            tag = meta.get("tag", "")
+            dropped = tuple(int(d) for d in meta.get("dropped", "").split(",") if d)
             with self._lock:
                 if tag:
                     self._tags.setdefault(tag, set()).add(key)
                 if key in self._files:
                     self._files.move_to_end(key)
             os.utime(path)  # recency for the disk quota, across restarts too
-            return PrefixEntry(keys=keys, values=values, topk=data.get("topk"))
+            return PrefixEntry(keys=keys, values=values, topk=data.get("topk"), dropped=dropped)
         except Exception:
             logger.warning("discarding unreadable prefix cache file %s", path, exc_info=True)
             path.unlink(missing_ok=True)
@@ -372,11 +386,11 @@ def _to_host(entry: PrefixEntry) -> PrefixEntry:
     return entry.to(_HOST)
 
 
-def _file_tag(path: Path) -> str:
+def _file_metadata(path: Path) -> dict[str, str]:
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            return str((f.metadata() or {}).get("tag", ""))
+            return dict(f.metadata() or {})
     except Exception:
-        return ""
+        return {}

@@ -7,10 +7,16 @@ are dropped without re-prefill and without copying the cache. Cached prompt pref
 ``decoding.cache.prefix`` and importable from here too) are loaded into it row for row, or, for a runtime that
 reads a prefix in place (the quantized CPU runtime), their leading whole blocks are shared: every generation on
 one document then reads the same prefix tensors (``SharedPrefix``), and a batched forward reads them once.
+
+A sliding-window layer (``windows``: a model whose layer attends only to its last ``window`` keys) keeps only the
+rows its next queries can read: when its buffer is full it drops the rows below them, in whole ``WINDOW_BLOCK``s,
+``WINDOW_MARGIN`` rows to spare (a cache cut back that far after a forward still has every row it needs), so its
+memory is bounded by the window however long the sequence; its snapshots and shared prefixes hold the same tail.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Sequence
@@ -21,20 +27,37 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from decoding.cache.prefix import PrefixEntry
 
+WINDOW_BLOCK = 128  # a sliding-window layer drops rows in whole blocks of this many (a multiple of the kernels' 64)
+WINDOW_MARGIN = 128  # rows it keeps beyond what the queries of its last forward could read
+
+
+def window_floor(start: int, window: int) -> int:
+    """The lowest row a sliding-window layer keeps while its next rows start at ``start``: the first of the
+    ``WINDOW_BLOCK`` holding row ``start + 1 - window - WINDOW_MARGIN`` (0 without a window)."""
+    if not window:
+        return 0
+    return max(0, start + 1 - window - WINDOW_MARGIN) // WINDOW_BLOCK * WINDOW_BLOCK
+
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's keys/values in a ``[1, heads, capacity, head_dim]`` buffer; ``length`` rows are live."""
+    """One layer's keys/values in a ``[1, heads, capacity, head_dim]`` buffer; ``length`` rows are live.
+    ``window`` > 0: a sliding-window layer, which drops the rows its queries no longer read (module docstring)."""
 
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, window: int = 0) -> None:
         super().__init__()
-        self.capacity = capacity  # rows the buffers hold: cache rows split..split+capacity-1
+        self.window = window
+        if window:  # it holds about its window whatever the sequence's length
+            capacity = min(capacity, window + 2 * WINDOW_MARGIN + 2 * WINDOW_BLOCK)
+        self.capacity = capacity  # rows the buffers hold: cache rows base..base+capacity-1
         self.length = 0
-        # rows 0..split-1: a prefix read in place from ``shared`` (keys, values ``[1, heads, split, head_dim]``, never
-        # written), not from the buffers
+        # rows pre0..split-1: a prefix read in place from ``shared`` (keys, values ``[1, heads, split - pre0,
+        # head_dim]``, never written), not from the buffers; pre0 > 0: a sliding window's rows below it were dropped
         self.split = 0
+        self.pre0 = 0
+        self.base = 0  # the cache row at buffer row 0: split, or past the rows a sliding window dropped
         self.shared: tuple[torch.Tensor, torch.Tensor] | None = None
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
@@ -57,10 +80,18 @@ class SlotLayer(CacheLayerMixin):
         self.is_initialized = True
         self.moved += 1
 
-    def _ensure(self, needed: int) -> None:
-        """Room for cache rows up to ``needed``."""
+    @property
+    def first(self) -> int:
+        """The lowest cache row this layer still holds (0 unless a sliding window dropped rows)."""
+        return self.pre0 if self.base == self.split and self.pre0 < self.split else self.base
+
+    def _ensure(self, needed: int, start: int | None = None) -> None:
+        """Room for cache rows up to ``needed`` (new rows from ``start``, default the length): a sliding-window
+        layer first drops the rows below ``window_floor(start)``."""
         assert self._kbuf is not None and self._vbuf is not None
-        needed -= self.split
+        if self.window and needed - self.base > self.capacity:
+            self._slide(window_floor(self.length if start is None else start, self.window))
+        needed -= self.base
         if needed <= self.capacity:
             return
         new_cap = max(needed, self.capacity * 2)
@@ -68,6 +99,19 @@ class SlotLayer(CacheLayerMixin):
         self._kbuf = torch.nn.functional.pad(self._kbuf, grow)
         self._vbuf = torch.nn.functional.pad(self._vbuf, grow)
         self.capacity = new_cap
+        self.moved += 1
+
+    def _slide(self, lowest: int) -> None:
+        """Drop the buffers' rows below ``lowest`` (whole blocks), moving the rest down to buffer row 0."""
+        assert self._kbuf is not None and self._vbuf is not None and not self.tile_keys
+        if lowest <= self.base or lowest < self.split:
+            return  # nothing of the buffers' own is below it
+        keep = max(0, self.length - lowest)
+        drop = lowest - self.base
+        if keep:
+            self._kbuf[:, :, :keep] = self._kbuf[:, :, drop : drop + keep].clone()
+            self._vbuf[:, :, :keep] = self._vbuf[:, :, drop : drop + keep].clone()
+        self.base = lowest
         self.moved += 1
 
     def reserve(self, heads: int, head_dim: int, dtype: torch.dtype, rows: int) -> None:
@@ -81,8 +125,9 @@ class SlotLayer(CacheLayerMixin):
     def reserve_tiles(self, heads: int, block_elems: int, tile_keys: int) -> torch.Tensor:
         """The tiled blocks' buffer ``[heads, blocks, block_elems]`` covering the capacity (after ``reserve``);
         made anew (nothing tiled) when it grows. A shared prefix must come in whole blocks of ``tile_keys``."""
-        if self.split % tile_keys:
-            raise ValueError(f"a shared prefix of {self.split} rows is not in whole blocks of {tile_keys}")
+        if self.split % tile_keys or self.window:
+            raise ValueError(f"a shared prefix of {self.split} rows is not in whole blocks of {tile_keys}, or the "
+                             "layer slides a window (its blocks are not kept laid out)")
         blocks = -(-self.capacity // tile_keys)
         if self.tiles is None or self.tiles.shape[1] < blocks or self.tile_keys != tile_keys:
             self.tiles = torch.empty(heads, blocks, block_elems, dtype=torch.int16)
@@ -102,13 +147,13 @@ class SlotLayer(CacheLayerMixin):
     def _rewritten(self, row: int) -> None:
         """Cache rows from ``row`` on change: the buffers' blocks reaching them are no longer tiled."""
         if self.tile_keys:
-            block = max(0, row - self.split) // self.tile_keys
+            block = max(0, row - self.base) // self.tile_keys
             if self._tiled[0] > block:
                 self._tiled[0] = block
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole ``[1, heads, capacity, head_dim]`` key and value buffers (after ``reserve``): cache row j at
-        buffer row j - split."""
+        buffer row j - base."""
         assert self._kbuf is not None and self._vbuf is not None
         return self._kbuf, self._vbuf
 
@@ -117,41 +162,51 @@ class SlotLayer(CacheLayerMixin):
         self._rewritten(self.length)
         self.length += n
 
-    def share(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Make ``[1, h, n, d]`` rows 0..n-1, read in place (never copied, never written); an empty layer only."""
+    def share(self, keys: torch.Tensor, values: torch.Tensor, first: int = 0) -> None:
+        """Make ``[1, h, n, d]`` rows first..first+n-1 (a sliding window's: rows below ``first`` dropped), read in
+        place (never copied, never written); an empty layer only."""
         if self.length or self.split:
             raise ValueError("a shared prefix goes first into an empty cache layer")
         if keys.shape != values.shape or keys.stride() != values.stride() or keys.stride()[2:] != (keys.shape[3], 1):
             raise ValueError("a shared prefix's keys and values are alike, each row contiguous and next to the last")
         n = keys.shape[2]
-        self.shared, self.split, self.length = (keys, values), n, n
+        self.shared, self.pre0 = (keys, values), first
+        self.split = self.length = self.base = first + n
         self.moved += 1
-        if not self.is_initialized:  # the buffers hold only the rows after it
+        if not self.is_initialized and not self.window:  # the buffers hold only the rows after it
             self.capacity = max(1, self.capacity - n)
 
     def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of cache rows start..end-1 ``[1, h, end - start, d]``, wherever they lie."""
+        if start < self.first:
+            raise ValueError(f"cache rows below {self.first} were dropped (a sliding window), not row {start}")
         parts = []
         if start < self.split:
             assert self.shared is not None
-            parts.append((self.shared[0][:, :, start : min(end, self.split)],
-                          self.shared[1][:, :, start : min(end, self.split)]))
+            lo, hi = start - self.pre0, min(end, self.split) - self.pre0
+            parts.append((self.shared[0][:, :, lo:hi], self.shared[1][:, :, lo:hi]))
         if end > self.split:
             assert self._kbuf is not None and self._vbuf is not None
-            lo, hi = max(start, self.split) - self.split, end - self.split
+            lo, hi = max(start, self.split) - self.base, end - self.base
             parts.append((self._kbuf[:, :, lo:hi], self._vbuf[:, :, lo:hi]))
         return torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2)
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, at: int = 0) -> None:
-        """Copy cached rows ``[1, h, n, d]`` into rows at..at+n-1; they become the last live rows."""
+        """Copy cached rows ``[1, h, n, d]`` into rows at..at+n-1; they become the last live rows. ``at`` past the
+        length (a sliding window's tail, the rows before it dropped) only into a layer whose buffers hold no row."""
         if not self.is_initialized:
             self.lazy_initialization(keys)
         n = keys.shape[2]
-        self._ensure(at + n)
+        if at > self.length:
+            if self.length != self.base:
+                raise ValueError(f"rows {self.length}..{at - 1} would be missing between the cached rows")
+            self.base = self.length = at
+            self.moved += 1
+        self._ensure(at + n, at)
         assert self._kbuf is not None and self._vbuf is not None
         self._writable(at)
         self._rewritten(at)
-        b = at - self.split
+        b = at - self.base
         self._kbuf[:, :, b : b + n].copy_(keys)
         self._vbuf[:, :, b : b + n].copy_(values)
         self.length = at + n
@@ -191,7 +246,7 @@ class SlotLayer(CacheLayerMixin):
         self._ensure(self.length + n)
         assert self._kbuf is not None and self._vbuf is not None
         self._rewritten(self.length)
-        b = self.length - self.split
+        b = self.length - self.base
         self._kbuf[:, :, b : b + n].copy_(key_states)
         self._vbuf[:, :, b : b + n].copy_(value_states)
         self.length += n
@@ -202,7 +257,7 @@ class SlotLayer(CacheLayerMixin):
         """Keep rows ``base + rows[j]`` at ``base + j``; length becomes ``base + len(rows)``."""
         assert self._kbuf is not None and self._vbuf is not None
         self._writable(base)
-        b = base - self.split
+        b = base - self.base
         src = rows + b
         k = self._kbuf.index_select(2, src)  # [1, h, m, d]: only the accepted rows
         v = self._vbuf.index_select(2, src)
@@ -215,6 +270,9 @@ class SlotLayer(CacheLayerMixin):
     def truncate(self, length: int) -> None:
         if length < self.length:
             self._writable(length)
+            if self.window and length + 1 - self.window < self.first:
+                raise ValueError(f"a sliding-window layer cut back to {length} rows would miss rows below "
+                                 f"{self.first}: they were dropped")
         self.length = min(self.length, length)
         self._rewritten(self.length)
 
@@ -229,10 +287,14 @@ class SlotLayer(CacheLayerMixin):
 
 
 class SlotCache(Cache):
-    """Working KV cache of one generation (batch 1)."""
+    """Working KV cache of one generation (batch 1). ``windows``: each layer's sliding window (0 or none: the layer
+    keeps every row), as the runtime that fills the cache gives them (``TargetRuntime.new_cache``)."""
 
-    def __init__(self, num_layers: int, capacity: int) -> None:
-        super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, windows: Sequence[int] = ()) -> None:
+        windows = tuple(windows) or (0,) * num_layers
+        if len(windows) != num_layers:
+            raise ValueError(f"{len(windows)} windows for {num_layers} layers")
+        super().__init__(layers=[SlotLayer(capacity, w) for w in windows])
         self.shared_prefix: SharedPrefix | None = None
         # a runtime's own view of the buffers (the CPU kernels' pointers), with the ``moved`` it was made at
         self.runtime_view: tuple[int, Any] | None = None
@@ -249,21 +311,30 @@ class SlotCache(Cache):
     def length(self) -> int:
         return self.slot_layers[0].length
 
+    @property
+    def floor(self) -> int:
+        """The lowest row every layer still holds (0 unless a sliding window dropped rows): a query that reads
+        rows below it (a drafter's chosen rows of the prompt) cannot run on this cache."""
+        return max(layer.first for layer in self.slot_layers)
+
     def load_prefix(self, entries: Sequence[PrefixEntry], share_block: int = 0) -> None:
         """Rows 0.. from cached segments, one after the other (a prefix cache match). ``share_block`` > 0 (a runtime
         that reads a prefix in place, in blocks of that many rows): their leading whole blocks are shared (read from
         ``SharedPrefix.of(entries)``, as every cache loading the same entries does), only the rest is copied."""
         shared = sum(e.length for e in entries) // share_block * share_block if share_block else 0
+        firsts = tail_firsts(entries)
         if shared:
             prefix = self.shared_prefix = SharedPrefix.of(entries)  # held while this cache lives
-            for layer, k, v in zip(self.slot_layers, prefix.keys, prefix.values, strict=True):
-                layer.share(k[:, :, :shared], v[:, :, :shared])
+            for layer, k, v, f in zip(self.slot_layers, prefix.keys, prefix.values, firsts, strict=True):
+                f = min(f, shared)
+                layer.share(k[:, :, : shared - f], v[:, :, : shared - f], f)
         at = 0
         for entry in entries:
-            lo = max(0, shared - at)
-            if lo < entry.length:
-                for layer, k, v in zip(self.slot_layers, entry.keys, entry.values, strict=True):
-                    layer.load(k[:, :, lo:], v[:, :, lo:], at + lo)
+            for i, (layer, k, v) in enumerate(zip(self.slot_layers, entry.keys, entry.values, strict=True)):
+                held = at + entry.dropped_rows(i)  # the entry's first row this layer holds
+                lo = max(shared, firsts[i], held)
+                if lo < at + entry.length:
+                    layer.load(k[:, :, lo - held :], v[:, :, lo - held :], lo)
             at += entry.length
 
     def compact(self, base: int, rows: Sequence[int]) -> None:
@@ -284,9 +355,27 @@ class SlotCache(Cache):
             layer.truncate(length)
 
     def snapshot(self, start: int, end: int, topk: torch.Tensor | None = None) -> PrefixEntry:
-        """An immutable copy of rows start..end-1 (a prefix cache segment)."""
-        rows = [layer.rows(start, end) for layer in self.slot_layers]
-        return PrefixEntry(keys=tuple(k for k, _ in rows), values=tuple(v for _, v in rows), topk=topk)
+        """An immutable copy of rows start..end-1 (a prefix cache segment); a sliding-window layer's holds only the
+        rows from ``window_floor(end)`` on (those the rows after ``end`` can read)."""
+        lows = [max(start, window_floor(end, layer.window)) for layer in self.slot_layers]
+        rows = [layer.rows(lo, end) for layer, lo in zip(self.slot_layers, lows, strict=True)]
+        dropped = tuple(lo - start for lo in lows) if any(lo > start for lo in lows) else ()
+        return PrefixEntry(keys=tuple(k for k, _ in rows), values=tuple(v for _, v in rows), topk=topk,
+                           dropped=dropped)
+
+
+def tail_firsts(entries: Sequence[PrefixEntry]) -> list[int]:
+    """Per layer, the first row of the run of entries' rows that reaches their end without a gap: from the last
+    entry that dropped rows of that layer (a sliding window's), 0 where none did."""
+    if not entries:
+        return []
+    firsts, at = [0] * len(entries[0].keys), 0
+    for entry in entries:
+        for i in range(len(firsts)):
+            if entry.dropped_rows(i):
+                firsts[i] = at + entry.dropped_rows(i)
+        at += entry.length
+    return firsts
 
 
 class SharedPrefix:
@@ -301,11 +390,20 @@ class SharedPrefix:
     def __init__(self, entries: Sequence[PrefixEntry]) -> None:
         self.entries = tuple(entries)  # held: the key's ids stay theirs while this lives
         self._layout: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # per layer: its rows from firsts[i] on (a sliding window's tail), of the entries reaching that far
+        self.firsts = tail_firsts(entries)
         if len(entries) == 1:
             self.keys, self.values = entries[0].keys, entries[0].values
         else:
-            self.keys = tuple(torch.cat(ks, 2) for ks in zip(*(e.keys for e in entries), strict=True))
-            self.values = tuple(torch.cat(vs, 2) for vs in zip(*(e.values for e in entries), strict=True))
+            ends = list(itertools.accumulate(e.length for e in entries))
+            self.keys = tuple(self._cat([e.keys[i] for e, end in zip(entries, ends, strict=True) if end > f])
+                              for i, f in enumerate(self.firsts))
+            self.values = tuple(self._cat([e.values[i] for e, end in zip(entries, ends, strict=True) if end > f])
+                                for i, f in enumerate(self.firsts))
+
+    @staticmethod
+    def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
     def laid_out(self, rows: int, heads: int, block_elems: int,
                  tile_keys: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -66,14 +66,14 @@ class DraftLM:
         self.num_layers = model.num_layers
         self.window = model.max_positions or 1 << 30
         self.vocab = model.vocab_size
-        self.cache = SlotCache(self.num_layers, 256)
+        self.cache = model.new_cache(256)
 
     @property
     def length(self) -> int:
         return self.cache.length
 
     def start(self, capacity: int) -> None:
-        self.cache = SlotCache(self.num_layers, max(capacity, 16))
+        self.cache = self.model.new_cache(max(capacity, 16))
 
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
@@ -288,11 +288,13 @@ class RapidKVDrafter(RapidDrafter):
             self._cache.truncate(self._base)
 
     def _forward(self, token: int) -> torch.Tensor:
-        """One token after the rows cached so far, seeing the prompt subset and every row after the prompt."""
+        """One token after the rows cached so far, seeing the prompt subset and every row after the prompt (of the
+        rows every layer still holds: a sliding-window layer's cache drops the rows far behind)."""
         assert self._cache is not None
         length = self._cache.length
         visible = torch.ones(length + 1, dtype=torch.bool)
         visible[: len(self._seen)] = self._seen
+        visible[: self._cache.floor] = False
         mask = torch.zeros(1, 1, 1, length + 1, dtype=self._dtype, device=self.lm.device)
         mask[0, 0, 0].masked_fill_(~visible.to(self.lm.device), torch.finfo(self._dtype).min)
         pos = torch.tensor([[length]], device=self.lm.device)  # [1, 1]

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from decoding.cache.slot import SlotCache
+from decoding.cache.slot import SlotCache, SlotLayer
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
 from decoding.runtime.attention import _visibility
@@ -138,6 +138,7 @@ class _KvLayer(ctypes.Structure):
     _fields_ = [
         ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
         ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l), ("tiles0", _p), ("tiles0_sh", _l), ("tiled0", _p),
+        ("own0", _l), ("pre0", _l),
     ]  # fmt: skip
 
 
@@ -295,16 +296,19 @@ class CpuLlama:
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
         past_key_values: SlotCache | None, logits_to_keep: int,
     ) -> SimpleNamespace:
-        cache = past_key_values if past_key_values is not None else SlotCache(self.num_layers, input_ids.numel())
+        cache = past_key_values if past_key_values is not None else self.new_cache(input_ids.numel())
         ids, pos, keep = self.check(BatchItem(input_ids, cache, position_ids, attention_mask, logits_to_keep))
         n, start = ids.numel(), cache.length
         x = self._embed(ids)  # [n, E]
-        self._reserve(cache, start + n)
         if attention_mask is not None:
-            self._layers(x, [_Part(n, pos, cache, start, self._tree_visibility(attention_mask, n, start))])
+            vis = self._tree_visibility(attention_mask, n, start)
+            self._check_window_reads(cache, vis)
+            self._reserve(cache, start + n)
+            self._layers(x, [_Part(n, pos, cache, start, vis)])
         else:
-            for c0 in range(0, n, CHUNK_ROWS):
+            for c0 in range(0, n, CHUNK_ROWS):  # room per chunk: a sliding window's layers drop rows in between
                 c1 = min(n, c0 + CHUNK_ROWS)
+                self._reserve(cache, start + c1)
                 vis = _visibility(None, c1 - c0, start + c1)
                 self._layers(x[c0:c1], [_Part(c1 - c0, pos[c0:c1], cache, start + c0, vis)])
         return SimpleNamespace(logits=self._head(x, keep).unsqueeze(0))
@@ -347,6 +351,8 @@ class CpuLlama:
                 raise ValueError(f"a causal batch item takes at most {CHUNK_ROWS} rows, got {n}")
             vis = (self._tree_visibility(item.attention_mask, n, start) if item.attention_mask is not None
                    else _visibility(None, n, start + n))
+            if item.attention_mask is not None:
+                self._check_window_reads(item.cache, vis)
             parts.append(_Part(n, pos, item.cache, start, vis))
             keeps.append(keep)
         x = self._embed(torch.cat([ids for ids, _, _ in checked]))
@@ -378,16 +384,44 @@ class CpuLlama:
             raise ValueError("CpuLlama takes a causal forward or a 0 / -inf visibility mask, not a bias")
         return vis
 
+    @staticmethod
+    def _check_window_reads(cache: SlotCache, vis: Any) -> None:
+        """A ValueError if a query of a visibility mask (one reading chosen rows far back, as RAPID-KV's drafter
+        does) would read rows a sliding-window layer of ``cache`` dropped; a causal or tree forward never does."""
+        if not cache.floor:
+            return
+        past, path, off = vis
+        counts = (off[1:] - off[:-1]).to(torch.int64)  # [n] path rows per query
+        for window in {layer.window for layer in cache.slot_layers if layer.window}:
+            lo = (past + counts - window).clamp(min=0)  # [n] each query's first visible key, by logical index
+            at = (off[:-1].to(torch.int64) + (lo - past)).clamp(0, max(0, path.numel() - 1))
+            reads = torch.where(lo < past, lo, path.to(torch.int64)[at] if path.numel() else lo)
+            first = max(layer.first for layer in cache.slot_layers if layer.window == window)
+            if int(reads.min()) < first:
+                raise ValueError(f"the mask shows cache rows below {first}, which this cache's sliding-window layers "
+                                 "dropped")
+
+    @property
+    def kv_windows(self) -> tuple[int, ...]:
+        """Each layer's sliding window (0: the layer reads every row)."""
+        return tuple(int(w) for w in self.plan.windows)
+
+    def new_cache(self, capacity: int) -> SlotCache:
+        """A cache whose sliding-window layers keep only the rows their window reads (``decoding.cache.slot``)."""
+        return SlotCache(self.num_layers, capacity, self.kv_windows)
+
     @property
     def kv_storage(self) -> torch.dtype:
         """The cache buffers' dtype: int8 keys / values are stored as uint8 rows holding their scales."""
         return torch.uint8 if self.kv_dtype == torch.int8 else self.kv_dtype
 
     def kv_bytes_per_token(self) -> int:
-        """Bytes one token's keys and values take in a cache, over every layer (tiled copies included)."""
+        """Bytes one more token's keys and values take in a cache, over the layers that keep every row (tiled
+        copies included); a sliding-window layer holds a bounded number of rows."""
         _, _, g, d, _ = self.dims
         row = kernels.kv_row_width(self.kv_storage, d) * self.kv_storage.itemsize
-        return self.num_layers * 2 * g * row * (2 if self._tile_keys() else 1)
+        full = sum(1 for w in self.kv_windows if not w)
+        return full * 2 * g * row * (2 if self._tile_keys() else 1)
 
     @property
     def share_block(self) -> int:
@@ -413,24 +447,35 @@ class CpuLlama:
             return 0  # the vector attention runs this model: it lays out no tiles' blocks
         return int(self.lib.rs_tile_keys())
 
+    def _ready(self, layer: SlotLayer, rows: int, tile_keys: int) -> bool:
+        """Whether ``layer`` (and every layer of the cache with its window: they grow together) has room for
+        ``rows`` rows, and, keeping every row, its blocks' and its shared prefix's layouts."""
+        room = layer.is_initialized and layer.dtype == self.kv_storage and rows - layer.base <= layer.capacity
+        if layer.window or not tile_keys or not room:
+            return room
+        tiles_cover = layer.tiles is not None and layer.tiles.shape[1] * tile_keys >= layer.capacity
+        return tiles_cover and (layer.shared_tiles is not None or not layer.split)
+
     def _reserve(self, cache: SlotCache, rows: int) -> None:
+        """Room in every layer of ``cache`` for rows up to ``rows`` (a sliding-window layer drops the rows below
+        its next queries' window first), and the laid-out blocks of the layers that keep every row."""
         _, _, g, d, _ = self.dims
-        first, tile_keys = cache.slot_layers[0], self._tile_keys()
-        tiles_cover = not tile_keys or (first.tiles is not None and first.tiles.shape[1] * tile_keys >= first.capacity)
-        shared_laid = not tile_keys or first.shared_tiles is not None or cache.shared_prefix is None
-        room = first.is_initialized and first.dtype == self.kv_storage and rows - first.split <= first.capacity
-        if room and tiles_cover and shared_laid:
-            return  # every layer has the room (they grow together)
+        layers, tile_keys = cache.slot_layers, self._tile_keys()
+        kinds = {layer.window: layer for layer in reversed(layers)}  # the first layer of each window
+        if all(self._ready(layer, rows, tile_keys) for layer in kinds.values()):
+            return
         elems = int(self.lib.rs_tile_block_elems(d)) if tile_keys else 0
-        for layer in cache.slot_layers:
+        for layer in layers:
             layer.reserve(g, kernels.kv_row_width(self.kv_storage, d), self.kv_storage, rows)
-            if tile_keys:  # the attention keeps the cache's whole blocks laid out for its bf16 products
+            if tile_keys and not layer.window:  # the attention keeps the whole blocks laid out for its bf16 products
                 layer.reserve_tiles(g, elems, tile_keys)
-        if not shared_laid and first.split:  # a shared prefix's, once for every cache reading it
+        unlaid = [i for i, layer in enumerate(layers) if tile_keys and not layer.window and layer.split
+                  and layer.shared_tiles is None]
+        if unlaid:  # a shared prefix's, once for every cache reading it
             assert cache.shared_prefix is not None
-            layouts = cache.shared_prefix.laid_out(first.split, g, elems, tile_keys)
-            for layer, layout in zip(cache.slot_layers, layouts, strict=True):
-                layer.share_tiles(*layout)
+            layouts = cache.shared_prefix.laid_out(layers[unlaid[0]].split, g, elems, tile_keys)
+            for i in unlaid:
+                layers[i].share_tiles(*layouts[i])
 
     @staticmethod
     def _kv_view(cache: SlotCache) -> Any:
@@ -445,6 +490,7 @@ class CpuLlama:
             kv.tiled = layer.tiled.data_ptr()
             if layer.tiles is not None:
                 kv.tiles, kv.tiles_sh = layer.tiles.data_ptr(), layer.tiles.stride(0)
+            kv.own0, kv.pre0 = layer.base, layer.pre0
             if layer.shared is not None:
                 k0, v0 = layer.shared
                 kv.k0, kv.v0, kv.sh0, kv.split = k0.data_ptr(), v0.data_ptr(), k0.stride(1), layer.split

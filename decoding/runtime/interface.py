@@ -64,7 +64,9 @@ class TargetRuntime(Protocol):
     Capabilities: ``batches``: whether ``forward_batch`` runs its items in one forward, each row bit for bit what it
     is alone (False: it runs them one after the other, and the engine runs one generation at a time).
     ``share_block``: rows per block of a cached prefix the attention reads in place, shared by every sequence
-    reading it (0: prefixes are copied into each cache). ``kv_bytes_per_token()``: what one cached token costs.
+    reading it (0: prefixes are copied into each cache). ``kv_bytes_per_token()``: what each further cached token
+    costs. ``new_cache(capacity)``: an empty cache for this runtime's forwards (sliding-window layers in it keep only
+    their window's rows, so they do not count in ``kv_bytes_per_token``).
     """
 
     @property
@@ -89,7 +91,11 @@ class TargetRuntime(Protocol):
     def share_block(self) -> int: ...
 
     def kv_bytes_per_token(self) -> int:
-        """Bytes one token's keys and values take in a cache, over every layer."""
+        """Bytes one more token's keys and values take in a cache, over the layers that keep every row."""
+        ...
+
+    def new_cache(self, capacity: int) -> SlotCache:
+        """An empty cache for about ``capacity`` rows (it grows past them), laid out for this runtime."""
         ...
 
     def tree_mask(self, ancestors: torch.Tensor, past: int) -> torch.Tensor:

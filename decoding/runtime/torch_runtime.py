@@ -70,6 +70,10 @@ class TorchRuntime:
         """Bytes one token's keys and values take in a cache of the model's dtype, over every layer."""
         return kv_bytes_per_token(self.config, self.dtype)
 
+    def new_cache(self, capacity: int) -> SlotCache:
+        """A cache whose every layer keeps every row (transformers' own masks apply any sliding window)."""
+        return SlotCache(self.num_layers, capacity)
+
     def tree_mask(self, ancestors: torch.Tensor, past: int) -> torch.Tensor:
         mask = additive_tree_mask(ancestors, past, self.dtype)  # [1, 1, n, past + n]
         return describe_tree_mask(mask, past, ancestors)  # CUDA: split without reading it

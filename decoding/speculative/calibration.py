@@ -86,7 +86,7 @@ def _verify_costs(
         fill = engine.device.type != "cpu"
     gen = torch.Generator().manual_seed(context_tokens)
     with torch.inference_mode():
-        cache = SlotCache(engine.num_layers, context_tokens + max(sizes) + 2)
+        cache = engine.model.new_cache(context_tokens + max(sizes) + 2)
         if fill:
             rows = torch.Generator(engine.device).manual_seed(context_tokens)
             fill_random(cache, engine.model.config, context_tokens, engine.model.dtype, engine.device, rows)

@@ -187,7 +187,7 @@ class Engine:
     def warm_prefix(self, prompt: Prompt, cancel: threading.Event | None = None) -> bool:
         """Compute and cache the KV of ``prompt``'s prefix segments ahead of the first question (stops between
         chunks when ``cancel`` is set; finished segments stay cached). True if anything was computed."""
-        return self.reader.warm(prompt, self.num_layers, cancel)
+        return self.reader.warm(prompt, self.model.new_cache, cancel)
 
     def _mask(self, layout_mask: torch.Tensor, past: int) -> torch.Tensor:
         """The runtime's tree mask ``[1, 1, n, past + n]``: the cached prefix is visible, the tree by ancestry."""
@@ -235,7 +235,7 @@ class Engine:
         t0 = time.perf_counter()
         sampling = config.sampling
         stats = GenerationStats(prompt_tokens=len(prompt.ids), context_truncated=prompt.context_truncated)
-        cache = SlotCache(self.num_layers, self.cache_rows(len(prompt.ids), config))
+        cache = self.model.new_cache(self.cache_rows(len(prompt.ids), config))
 
         ids = prompt.ids
         prefix_len = len(prompt.prefix_ids) if prompt.suffix_ids else len(ids) - 1  # the last token runs

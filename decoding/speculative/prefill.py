@@ -154,13 +154,14 @@ class PromptReader:
             topk = torch.cat([*host.fetch(*(e.topk for e in entries if e.topk is not None)), topk])
         return PromptRead(reused, last, topk)
 
-    def warm(self, prompt: Prompt, num_layers: int, cancel: threading.Event | None = None) -> bool:
+    def warm(self, prompt: Prompt, new_cache: Callable[[int], SlotCache],
+             cancel: threading.Event | None = None) -> bool:
         """Compute and cache the KV of ``prompt``'s prefix segments ahead of the first question (stops between
         chunks when ``cancel`` is set; finished segments stay cached). True if anything was computed."""
         if self.prefix_cache is None or not prompt.prefix_key or not prompt.prefix_ids:
             return False
         ids = list(prompt.prefix_ids)
-        cache = SlotCache(num_layers, len(ids) + 1)
+        cache = new_cache(len(ids) + 1)
         with torch.inference_mode():
             done = drain(self.read(ids, segment_ends(prompt, len(ids)), prompt.prefix_key, cache, cancel))
         return done.reused < len(ids)

@@ -23,7 +23,7 @@ from decoding.runtime.gguf_tokenizer import end_of_turn_ids, tokenizer_from_gguf
 from tests.app.live import ThreadServer, ask, service_settings, upload_text, wait_indexed
 from tests.decoding.conftest import make_tiny_family, make_tokenizer
 from tests.decoding.gguf_families import write_family_gguf
-from tests.decoding.runtime.gguf_vocabs import write_vocab
+from tests.decoding.runtime.gguf_vocabs import FAMILY_VOCAB, write_vocab
 
 pytestmark = pytest.mark.real_model
 
@@ -33,8 +33,6 @@ DOCUMENT = ("The lighthouse on the northern cape was built in 1874 from granite 
             "museum of charts, logbooks and the original Fresnel lens.")
 
 
-VOCAB = {"llama": "llama-bpe", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen2", "gemma2": "gemma",
-         "gemma3": "gemma", "phi3": "phi3"}  # the family's kind of tokenizer (tests/decoding/runtime/gguf_vocabs.py)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -42,10 +40,10 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """The file alone: its tokenizer, chat template and end-of-turn tokens are the GGUF's own."""
     arch = request.param
     root = tmp_path_factory.mktemp(f"byo-{arch}")
-    tokenizer = tokenizer_from_gguf(write_vocab(VOCAB[arch], root))
+    tokenizer = tokenizer_from_gguf(write_vocab(FAMILY_VOCAB[arch], root))
     hf = make_tiny_family(arch, seed=11, vocab=len(tokenizer), layers=6 if arch == "gemma3" else 3,
                           window=None if arch == "mistral" else 72)  # Mistral's GGUF holds no window
-    gguf = write_family_gguf(root / f"tiny-{arch}.Q8_0.gguf", hf, vocab=VOCAB[arch])
+    gguf = write_family_gguf(root / f"tiny-{arch}.Q8_0.gguf", hf, vocab=FAMILY_VOCAB[arch])
     server = ThreadServer(service_settings(root / "data", target_model=str(gguf), max_context=512))
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client:

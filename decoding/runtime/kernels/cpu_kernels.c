@@ -776,8 +776,8 @@ typedef struct {
 /* Element offset of cache row j's key / value for key head g, and the buffer it lies in. */
 static inline const char *kv_row(const att_seq *s, const void *own, const void *pre, int g, long j, long kv_sn,
                                  long esz) {
-    return j < s->split ? (const char *)pre + esz * (g * s->sh0 + j * kv_sn)
-                        : (const char *)own + esz * (g * s->kv_sh + (j - s->split) * kv_sn);
+    return j < s->split ? (const char *)pre + esz * (g * s->sh0 + (j - s->pre0) * kv_sn)
+                        : (const char *)own + esz * (g * s->kv_sh + (j - s->own0) * kv_sn);
 }
 
 /* Where block b (key head g) of sequence s is laid out for the dot products (DOT16_BLOCK_U16 keys, then values):
@@ -1372,7 +1372,8 @@ void attention_kv_part(const float *q, long q_sh, long q_sn, int H, int n, int D
         return;
     }
 #endif
-    const att_seq one = {q, out, n, past, path, path_off, k, v, 0, 0, kv_sh, 0, 0};
+    const att_seq one = {.q = q, .out = out, .n = n, .past = past, .path = path, .path_off = path_off, .k = k, .v = v,
+                         .kv_sh = kv_sh};
     attention_seqs_part(&one, 1, H, D, G, q_sh, q_sn, kv_sn, scale, 0.0f, o_sn, o_sh, work, kvm);
 }
 

@@ -764,8 +764,9 @@ typedef struct {
 } rs_scratch;
 
 /* One layer of a sequence's cache: rows below split (whole blocks of 64) are a prefix read in place (k0 / v0, sh0
-   elements per key head), perhaps by other sequences of the forward too; row j >= split lies at row j - split of
-   kbuf / vbuf (kv_sh elements per key head, kv_sn per row). tiles / tiled (optional, a bf16 cache where the library
+   elements per key head), perhaps by other sequences of the forward too; row j >= split lies at row j - own0 of
+   kbuf / vbuf (kv_sh elements per key head, kv_sn per row), row j < split at row j - pre0 of k0 / v0 (own0 > split,
+   pre0 > 0: a sliding-window layer dropped the rows below, in whole blocks). tiles / tiled (own0 == split) (optional, a bf16 cache where the library
    lays out blocks, rs_tile_keys): the cache's own whole blocks (from row split on) laid out for the bf16 products,
    tiles_sh elements per key head, and how many are valid; tiles0 / tiled0 (optional, not on the tiles): the shared
    prefix's blocks laid out once for every cache reading it. */
@@ -780,6 +781,7 @@ typedef struct {
     uint16_t *tiles0;
     long tiles0_sh;
     int32_t *tiled0;
+    long own0, pre0; /* the first cache row kbuf / k0 hold (split / 0, or past the rows a sliding window dropped) */
 } rs_kv_layer;
 
 /* One sequence's rows of a forward: its positions and its cache (kv: one entry per layer). Keys / values of its rows
@@ -839,13 +841,13 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     for (int i = 0; i < n; ++i) {
         const rs_sequence *s = seq + i;
         const rs_kv_layer *c = s->kv + l;
-        const long own = s->start - c->split; /* the sequence's own rows from here on are rewritten: stale blocks */
+        const long own = s->start - c->own0; /* the sequence's own rows from here on are rewritten: stale blocks */
         if (tk && c->tiles && *c->tiled > own / tk) *c->tiled = (int32_t)(own / tk);
         valid[i] = tk && c->tiles ? *c->tiled : 0;
         const att_seq a = {T->q + (long)row0[i] * H * D, T->att + (long)row0[i] * H * D, s->rows, s->past, s->path, s->path_off,
                            c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split,
                            tk ? c->tiles : 0, tk ? c->tiles0 : 0, c->tiles_sh, c->tiles0_sh, valid[i],
-                           tk && c->tiles0 ? *c->tiled0 : 0, L->window};
+                           tk && c->tiles0 ? *c->tiled0 : 0, L->window, c->own0, c->pre0};
         att[i] = a;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -858,7 +860,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
             const rs_kv_layer *c = seq[i].kv + l;
             rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], L->cos_t, L->sin_t, L->q_norm, L->k_norm,
                            S->eps, T->q + (long)r * H * D, c->kbuf, c->vbuf, c->kv_sh, c->kv_sn,
-                           seq[i].start - c->split + m, kv_mode);
+                           seq[i].start - c->own0 + m, kv_mode);
         }
         if (tiles_path) {
             for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
@@ -891,7 +893,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     }
     for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */
         const rs_kv_layer *c = seq[i].kv + l;
-        const long past = seq[i].past, own = (past - c->split) / tk, pre = (past < c->split ? past : c->split) / tk;
+        const long past = seq[i].past, own = (past - c->own0) / tk, pre = (past < c->split ? past : c->split) / tk;
         if (c->tiles && own > valid[i]) *c->tiled = (int32_t)own;
         if (c->tiles0 && pre > *c->tiled0) *c->tiled0 = (int32_t)pre;
     }

@@ -34,7 +34,9 @@ static inline void store_tile8(__m256 v, const float *bias, const float *res, fl
 /* One sequence's attention in a forward (cpu_kernels.c's attention_seqs_part): query i's q[h] at q + h*q_sh + i*q_sn,
  * its output at out + i*o_sn + h*o_sh; query i sees cache rows 0..past-1, then path[path_off[i] .. path_off[i+1]).
  * Cache row j of key head g: j < split (a prefix other sequences may share, whole blocks of 64 keys) at element
- * g*sh0 + j*kv_sn of k0 / v0; j >= split at element g*kv_sh + (j - split)*kv_sn of k / v (the sequence's own rows). */
+ * g*sh0 + (j - pre0)*kv_sn of k0 / v0; j >= split at element g*kv_sh + (j - own0)*kv_sn of k / v (the sequence's own
+ * rows). pre0 / own0 (whole blocks, own0 >= split): the first row each holds, past the rows a sliding-window layer
+ * dropped (its queries never read below them); 0 / split where nothing was dropped. */
 typedef struct {
     const float *q;
     float *out;
@@ -51,6 +53,7 @@ typedef struct {
     long lay_sh, lay0_sh;
     int laid, laid0;
     int window; /* a sliding window (0: none): query i sees only its last `window` keys (logical positions) */
+    long own0, pre0;
 } att_seq;
 
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */
