@@ -206,7 +206,8 @@ class RapidDrafter(BaseDrafter):
 
     def _catch_up(self, generated: list[int]) -> torch.Tensor | None:
         """Cut the cache back to what still agrees with the output, feed the rest (root last); None, and no
-        more drafts this request, when the output holds an id the drafter LM has no row for."""
+        more drafts this request, when the output holds an id the drafter LM has no row for or its cache cannot be
+        cut back that far."""
         keep = 0
         limit = min(len(self._fed), len(generated) - 1)  # the root is fed again: its logits are needed
         while keep < limit and self._fed[keep] == generated[keep]:
@@ -214,7 +215,11 @@ class RapidDrafter(BaseDrafter):
         if self.lm.vocab and max(generated[keep:]) >= self.lm.vocab:
             self.active = False
             return None
-        self.lm.truncate(self._prompt_len + keep)
+        try:
+            self.lm.truncate(self._prompt_len + keep)
+        except ValueError:  # a sliding-window drafter dropped rows that far back (a chain past its cache's margin)
+            self.active = False
+            return None
         self._fed = generated[:]
         return self.lm.feed(generated[keep:])
 
