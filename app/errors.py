@@ -65,6 +65,10 @@ class ServiceUnavailable(ServiceError):  # noqa: N818 (the API's error names)
 LIBRARY_ERRORS: dict[type[Exception], tuple[int, str]] = {
     retrieval_errors.DocumentNotFound: (404, "document_not_found"),
     retrieval_errors.DocumentNotReady: (409, "document_not_ready"),
+    retrieval_errors.CollectionNotFound: (404, "collection_not_found"),
+    retrieval_errors.CollectionNotReady: (409, "collection_not_ready"),
+    retrieval_errors.InvalidFilter: (422, "invalid_filter"),
+    retrieval_errors.InvalidAttributes: (422, "invalid_attributes"),
     retrieval_errors.UnsupportedDocumentType: (415, "unsupported_document_type"),
     retrieval_errors.EmptyDocument: (422, "empty_document"),
     retrieval_errors.UnreadableDocument: (422, "unreadable_document"),

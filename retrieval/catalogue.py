@@ -10,8 +10,9 @@ itself takes none): the store keeps the rows and the document dirs consistent wi
 from __future__ import annotations
 
 import builtins
+import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +21,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from retrieval.errors import CatalogueUnavailable, DocumentNotFound
+from retrieval.errors import CatalogueUnavailable, CollectionNotFound, DocumentNotFound
+from retrieval.filters import Attributes, Filter, attribute_row, attribute_value, to_sql
 from retrieval.parsing import DocumentKind
 
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
@@ -59,8 +61,43 @@ ingest_jobs = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ingest_jobs_created", "created_at"),
 )
+# A tenant's named set of documents; ``version`` is bumped by every change of its members (added, removed, deleted,
+# their status or attributes changed): what a collection's search index and cached prompt are keyed by.
+collections = sa.Table(
+    "collections",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("description", sa.Text),
+    sa.Column("metadata", sa.Text),  # JSON object of strings
+    sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Index("collections_tenant", "tenant", "created_at", "id"),
+)
+collection_documents = sa.Table(
+    "collection_documents",
+    metadata,
+    sa.Column("collection_id", sa.Text, primary_key=True),
+    sa.Column("doc_id", sa.Text, primary_key=True),
+    sa.Column("added_at", sa.Double, nullable=False),
+    sa.Index("collection_documents_doc", "doc_id"),
+)
+# One row per attribute; the value in the column of its kind (s: text_value; n, b: num_value), compared by code point
+document_attributes = sa.Table(
+    "document_attributes",
+    metadata,
+    sa.Column("doc_id", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("text_value", sa.Text().with_variant(sa.Text(collation="C"), "postgresql")),
+    sa.Column("num_value", sa.Double),
+    sa.Index("document_attributes_key", "key", "doc_id"),
+)
 _COLUMNS = tuple(c.name for c in documents.columns)
 _ORDER = (documents.c.created_at, documents.c.id)
+_COLLECTION_ORDER = (collections.c.created_at, collections.c.id)
 
 
 @dataclass(frozen=True)
@@ -91,6 +128,35 @@ class DocumentRecord:
     embedder: str | None
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True)
+class CollectionRecord:
+    """Row of one collection; ``metadata`` a JSON object (string values)."""
+
+    id: str
+    tenant: str
+    name: str
+    description: str | None
+    metadata: dict[str, str]
+    version: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class MemberCounts:
+    """A collection's (or a filtered set's) documents by status, and the sums over them."""
+
+    by_status: dict[str, int]
+    chunks: int
+    tokens: int
+    bytes: int
+    ready_tokens: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
 
 
 def database_url(target: Path | str) -> str:
@@ -153,13 +219,22 @@ class Catalogue:
     def close(self) -> None:
         self._engine.dispose()
 
-    def insert(self, record: DocumentRecord, *, job: bool = False) -> None:
-        """A new row; with ``job``, its ingestion job too, in the same transaction (never a queued document that
-        no worker would ever take)."""
+    def insert(self, record: DocumentRecord, *, job: bool = False, attributes: Attributes | None = None,
+               collection_ids: Iterable[str] = ()) -> None:
+        """A new row; with ``job``, its ingestion job too, and its attributes and memberships, in the same
+        transaction (never a queued document that no worker would ever take, nor one half in its collections)."""
         with self._engine.begin() as conn:
             conn.execute(documents.insert().values({c: getattr(record, c) for c in _COLUMNS}))
             if job:
                 conn.execute(ingest_jobs.insert().values(doc_id=record.id, created_at=record.created_at))
+            if attributes:
+                conn.execute(document_attributes.insert(),
+                             [attribute_row(record.id, k, v) for k, v in attributes.items()])
+            cids = list(dict.fromkeys(collection_ids))
+            if cids:
+                conn.execute(collection_documents.insert(), [
+                    {"collection_id": c, "doc_id": record.id, "added_at": record.created_at} for c in cids])
+                _bump(conn, cids)
 
     def row(self, doc_id: str) -> DocumentRecord | None:
         with self._engine.connect() as conn:
@@ -187,13 +262,173 @@ class Catalogue:
         fields["updated_at"] = time.time()
         with self._engine.begin() as conn:
             result = conn.execute(documents.update().where(documents.c.id == doc_id).values(**fields))
+            if result.rowcount and "status" in fields:  # its collections' indexes and prompts follow
+                _bump_collections_of(conn, doc_id)
         if result.rowcount == 0:
             raise DocumentNotFound(doc_id)
 
     def delete(self, doc_id: str) -> None:
+        """The row, its job, attributes and memberships (its collections' versions bumped), in one transaction."""
         with self._engine.begin() as conn:
+            _bump_collections_of(conn, doc_id)
             conn.execute(documents.delete().where(documents.c.id == doc_id))
             conn.execute(ingest_jobs.delete().where(ingest_jobs.c.doc_id == doc_id))
+            conn.execute(document_attributes.delete().where(document_attributes.c.doc_id == doc_id))
+            conn.execute(collection_documents.delete().where(collection_documents.c.doc_id == doc_id))
+
+    # --- attributes -----------------------------------------------------------------------------
+
+    def set_attributes(self, doc_id: str, attributes: Attributes) -> None:
+        """Replace the document's attributes (its collections' versions bumped); DocumentNotFound without a row."""
+        with self._engine.begin() as conn:
+            if conn.execute(sa.select(documents.c.id).where(documents.c.id == doc_id)).first() is None:
+                raise DocumentNotFound(doc_id)
+            conn.execute(document_attributes.delete().where(document_attributes.c.doc_id == doc_id))
+            if attributes:
+                conn.execute(document_attributes.insert(),
+                             [attribute_row(doc_id, k, v) for k, v in attributes.items()])
+            _bump_collections_of(conn, doc_id)
+
+    def attributes(self, doc_ids: Iterable[str]) -> dict[str, Attributes]:
+        """Attributes of each of ``doc_ids`` (every id a key, {} for none), keys sorted."""
+        ids = list(dict.fromkeys(doc_ids))
+        out: dict[str, Attributes] = {d: {} for d in ids}
+        a = document_attributes.c
+        with self._engine.connect() as conn:
+            for part in _batches(ids):
+                rows = conn.execute(sa.select(a.doc_id, a.key, a.kind, a.text_value, a.num_value)
+                                    .where(a.doc_id.in_(part)).order_by(a.doc_id, a.key))
+                for r in rows:
+                    out[r.doc_id][r.key] = attribute_value(r.kind, r.text_value, r.num_value)
+        return out
+
+    # --- collections ----------------------------------------------------------------------------
+
+    def insert_collection(self, record: CollectionRecord) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(collections.insert().values(_collection_row(record)))
+
+    def collection(self, collection_id: str) -> CollectionRecord | None:
+        with self._engine.connect() as conn:
+            row = conn.execute(collections.select().where(collections.c.id == collection_id)).first()
+        return _collection(row) if row else None
+
+    def collections(self, tenant: str | None, limit: int | None = None,
+                    after: str | None = None) -> builtins.list[CollectionRecord]:
+        """Collections of ``tenant`` (all when None), oldest first, from the one after ``after`` (an id)."""
+        query = collections.select().order_by(*_COLLECTION_ORDER)
+        if tenant is not None:
+            query = query.where(collections.c.tenant == tenant)
+        with self._engine.connect() as conn:
+            if after is not None:
+                query = query.where(_after(conn, collections, after))
+            if limit is not None:
+                query = query.limit(limit)
+            return [_collection(r) for r in conn.execute(query)]
+
+    def update_collection(self, collection_id: str, **fields: Any) -> None:
+        """Set ``fields`` (name, description, metadata) and ``updated_at``; CollectionNotFound without a row."""
+        if "metadata" in fields:
+            fields["metadata"] = json.dumps(fields["metadata"] or {}, sort_keys=True)
+        fields["updated_at"] = time.time()
+        with self._engine.begin() as conn:
+            result = conn.execute(collections.update().where(collections.c.id == collection_id).values(**fields))
+        if result.rowcount == 0:
+            raise CollectionNotFound(collection_id)
+
+    def delete_collection(self, collection_id: str) -> builtins.list[str]:
+        """The collection and its memberships (not its documents); the ids its members had, oldest first."""
+        with self._engine.begin() as conn:
+            members = [str(r[0]) for r in conn.execute(
+                sa.select(collection_documents.c.doc_id)
+                .join(documents, documents.c.id == collection_documents.c.doc_id)
+                .where(collection_documents.c.collection_id == collection_id).order_by(*_ORDER))]
+            conn.execute(collection_documents.delete().where(collection_documents.c.collection_id == collection_id))
+            result = conn.execute(collections.delete().where(collections.c.id == collection_id))
+        if result.rowcount == 0:
+            raise CollectionNotFound(collection_id)
+        return members
+
+    def add_members(self, collection_id: str, doc_ids: Iterable[str]) -> int:
+        """Put documents in the collection (those already in it are left as they are); how many were added. The
+        caller checked that they exist."""
+        now = time.time()
+        with self._engine.begin() as conn:
+            have = {str(r[0]) for r in conn.execute(sa.select(collection_documents.c.doc_id).where(
+                collection_documents.c.collection_id == collection_id))}
+            new = [d for d in dict.fromkeys(doc_ids) if d not in have]
+            if new:
+                conn.execute(collection_documents.insert(),
+                             [{"collection_id": collection_id, "doc_id": d, "added_at": now} for d in new])
+                _bump(conn, [collection_id])
+        return len(new)
+
+    def remove_member(self, collection_id: str, doc_id: str) -> bool:
+        """Take a document out of the collection; False when it was not in it."""
+        with self._engine.begin() as conn:
+            result = conn.execute(collection_documents.delete().where(
+                collection_documents.c.collection_id == collection_id, collection_documents.c.doc_id == doc_id))
+            if result.rowcount:
+                _bump(conn, [collection_id])
+        return bool(result.rowcount)
+
+    def collections_of(self, doc_ids: Iterable[str]) -> dict[str, builtins.list[str]]:
+        """The collections each of ``doc_ids`` belongs to (every id a key), oldest collection first."""
+        ids = list(dict.fromkeys(doc_ids))
+        out: dict[str, builtins.list[str]] = {d: [] for d in ids}
+        m = collection_documents.c
+        with self._engine.connect() as conn:
+            for part in _batches(ids):
+                rows = conn.execute(sa.select(m.doc_id, m.collection_id)
+                                    .join(collections, collections.c.id == m.collection_id)
+                                    .where(m.doc_id.in_(part)).order_by(*_COLLECTION_ORDER))
+                for doc_id, cid in rows:
+                    out[doc_id].append(cid)
+        return out
+
+    def versions(self, collection_ids: Iterable[str]) -> dict[str, int]:
+        """Each existing collection's version."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(sa.select(collections.c.id, collections.c.version)
+                                .where(collections.c.id.in_(list(collection_ids))))
+            return {str(r[0]): int(r[1]) for r in rows}
+
+    def members(
+        self, collection_ids: Iterable[str], *, where: Filter | None = None,
+        statuses: Iterable[DocumentStatus] | None = None, limit: int | None = None, after: str | None = None,
+    ) -> builtins.list[DocumentRecord]:
+        """Documents in any of ``collection_ids`` matching ``where`` (with one of ``statuses``), once each, oldest
+        first (the canonical order of a collection's documents), from the one after ``after`` (an id)."""
+        query = documents.select().where(_membership(collection_ids, where, statuses)).order_by(*_ORDER)
+        with self._engine.connect() as conn:
+            if after is not None:
+                query = query.where(_after(conn, documents, after))
+            if limit is not None:
+                query = query.limit(limit)
+            return [_record(r) for r in conn.execute(query)]
+
+    def member_stamps(self, collection_ids: Iterable[str], *, where: Filter | None = None) -> dict[str, float]:
+        """Ready members matching ``where``: id -> ``updated_at`` (which changes when a document is re-indexed)."""
+        query = (sa.select(documents.c.id, documents.c.updated_at)
+                 .where(_membership(collection_ids, where, ["ready"])).order_by(*_ORDER))
+        with self._engine.connect() as conn:
+            return {str(r[0]): float(r[1]) for r in conn.execute(query)}
+
+    def member_counts(self, collection_ids: Iterable[str], *, where: Filter | None = None) -> MemberCounts:
+        """Members matching ``where`` by status, with their chunks, tokens and bytes (and the ready ones' tokens)."""
+        d = documents.c
+        query = (sa.select(d.status, sa.func.count(), sa.func.coalesce(sa.func.sum(d.n_chunks), 0),
+                           sa.func.coalesce(sa.func.sum(d.n_tokens), 0), sa.func.coalesce(sa.func.sum(d.size), 0))
+                 .where(_membership(collection_ids, where, None)).group_by(d.status))
+        by_status: dict[str, int] = {}
+        chunks = tokens = size = ready_tokens = 0
+        with self._engine.connect() as conn:
+            for status, n, c, t, b in conn.execute(query):
+                by_status[str(status)] = int(n)
+                chunks, tokens, size = chunks + int(c), tokens + int(t), size + int(b)
+                if status == "ready":
+                    ready_tokens = int(t)
+        return MemberCounts(by_status, chunks, tokens, size, ready_tokens)
 
     # --- ingestion jobs -------------------------------------------------------------------------
 
@@ -279,3 +514,52 @@ class Catalogue:
 
 def _record(row: sa.Row[Any]) -> DocumentRecord:
     return DocumentRecord(**row._asdict())
+
+
+def _collection(row: sa.Row[Any]) -> CollectionRecord:
+    fields = row._asdict()
+    fields["metadata"] = json.loads(fields["metadata"]) if fields["metadata"] else {}
+    return CollectionRecord(**fields)
+
+
+def _collection_row(record: CollectionRecord) -> dict[str, Any]:
+    row = {c.name: getattr(record, c.name) for c in collections.columns}
+    row["metadata"] = json.dumps(record.metadata or {}, sort_keys=True)
+    return row
+
+
+def _membership(collection_ids: Iterable[str], where: Filter | None,
+                statuses: Iterable[DocumentStatus] | None) -> sa.ColumnElement[bool]:
+    """A condition on ``documents``: in one of the collections, matching ``where``, with one of ``statuses``."""
+    m = collection_documents.c
+    member = sa.exists().where(m.doc_id == documents.c.id, m.collection_id.in_(list(collection_ids)))
+    parts = [member]
+    if where is not None:
+        parts.append(to_sql(where, document_attributes, documents.c.id))
+    if statuses is not None:
+        parts.append(documents.c.status.in_(list(statuses)))
+    return sa.and_(*parts)
+
+
+def _after(conn: sa.Connection, table: sa.Table, after: str) -> sa.ColumnElement[bool]:
+    """Rows past ``after`` in (created_at, id) order; an unknown cursor id starts nowhere (no rows)."""
+    at = conn.execute(sa.select(table.c.created_at).where(table.c.id == after)).scalar()
+    if at is None:
+        return sa.false()
+    return sa.or_(table.c.created_at > at, sa.and_(table.c.created_at == at, table.c.id > after))
+
+
+def _bump(conn: sa.Connection, collection_ids: builtins.list[str]) -> None:
+    conn.execute(collections.update().where(collections.c.id.in_(collection_ids))
+                 .values(version=collections.c.version + 1, updated_at=time.time()))
+
+
+def _bump_collections_of(conn: sa.Connection, doc_id: str) -> None:
+    of_doc = sa.select(collection_documents.c.collection_id).where(collection_documents.c.doc_id == doc_id)
+    conn.execute(collections.update().where(collections.c.id.in_(of_doc))
+                 .values(version=collections.c.version + 1))
+
+
+def _batches(ids: builtins.list[str], size: int = 500) -> Iterator[builtins.list[str]]:
+    for i in range(0, len(ids), size):
+        yield ids[i : i + size]

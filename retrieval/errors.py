@@ -112,3 +112,34 @@ class CatalogueUnavailable(RetrievalError):  # noqa: N818 (domain names)
 class IngestAbandoned(RetrievalError):  # noqa: N818 (domain names)
     """An ingest whose job another worker took over (this one's lease ran out): its work is dropped, the document
     left to the new holder."""
+
+
+class CollectionNotFound(RetrievalError):  # noqa: N818 (domain names)
+    """No collection with this id (for this tenant: another tenant's collection is not found, never shown)."""
+
+    def __init__(self, collection_id: str) -> None:
+        self.collection_id = collection_id
+        super().__init__(f"collection {collection_id!r} not found")
+
+
+class CollectionNotReady(RetrievalError):  # noqa: N818 (domain names)
+    """A question over collections none of whose (matching) documents is ready yet."""
+
+    def __init__(self, collection_ids: list[str], pending: int, failed: int, filtered: bool) -> None:
+        self.collection_ids = collection_ids
+        self.pending = pending
+        names = ", ".join(repr(c) for c in collection_ids)
+        matching = "matching the filter " if filtered else ""
+        why = (f"{pending} still queued or indexing" if pending else
+               f"none is queued or indexing{f', {failed} failed' if failed else ''}")
+        super().__init__(f"no ready document {matching}in collection {names} ({why})")
+
+
+class InvalidFilter(RetrievalError):  # noqa: N818 (domain names)
+    """An attribute filter with an unknown operator, a malformed compound or a value of the wrong shape; the message
+    names the place (``filter.filters[1].value``)."""
+
+
+class InvalidAttributes(RetrievalError):  # noqa: N818 (domain names)
+    """Document attributes out of bounds: too many keys, a key too long, a value that is not a string, a number or
+    a boolean."""

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,18 +37,26 @@ from typing import Any
 import numpy as np
 
 from retrieval import doc_files
-from retrieval.catalogue import Catalogue, Claim, DocumentRecord, DocumentStatus
+from retrieval.catalogue import Catalogue, Claim, CollectionRecord, DocumentRecord, DocumentStatus, MemberCounts
 from retrieval.chunking import Chunk, Tokenizer, chunk_text, passage_spans, tokenize
 from retrieval.doc_files import PASSAGES_FILE, fsync_tree, remove
 from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder
-from retrieval.errors import DocumentNotFound, DocumentNotReady, EmptyDocument, IngestAbandoned, RetrievalError
+from retrieval.errors import (
+    CollectionNotFound,
+    DocumentNotFound,
+    DocumentNotReady,
+    EmptyDocument,
+    IngestAbandoned,
+    RetrievalError,
+)
+from retrieval.filters import Attributes, Filter, check_attributes
 from retrieval.index import IndexConfig, VectorIndex
 from retrieval.lexical import LEXICAL_FILE, LexicalIndex
 from retrieval.parsing import parse_document
 
 __all__ = [  # the store's public names, some defined beside it (catalogue, doc_files) and re-exported here
-    "DEFAULT_TENANT", "INTERRUPTED", "PASSAGES_FILE", "Claim", "DocumentRecord", "DocumentStatus", "DocumentStore",
-    "RecoveryReport",
+    "DEFAULT_TENANT", "INTERRUPTED", "PASSAGES_FILE", "Claim", "CollectionRecord", "DocumentRecord", "DocumentStatus",
+    "DocumentStore", "MemberCounts", "RecoveryReport",
 ]
 
 logger = logging.getLogger(__name__)
@@ -172,8 +180,15 @@ class DocumentStore:
         filename: str | None,
         content_type: str | None,
         data: bytes,
+        *,
+        attributes: Attributes | None = None,
+        collection_ids: Sequence[str] = (),
     ) -> DocumentRecord:
-        """Parse and store an upload (status ``queued``). Bad input raises before anything is stored."""
+        """Parse and store an upload (status ``queued``), with its ``attributes``, in ``collection_ids`` (the
+        tenant's). Bad input raises before anything is stored."""
+        attributes = check_attributes(attributes or {})
+        for cid in collection_ids:
+            self.get_collection(cid, tenant or DEFAULT_TENANT)
         parsed = parse_document(data, filename, content_type, max_pages=self.max_pdf_pages)
         doc_id = uuid.uuid4().hex
         work = self._work_dir(doc_id)
@@ -191,7 +206,7 @@ class DocumentStore:
                     created_at=now, updated_at=now,
                 )
                 try:
-                    self._db.insert(record, job=True)
+                    self._db.insert(record, job=True, attributes=attributes, collection_ids=collection_ids)
                 except BaseException:
                     remove(self._doc_dir(doc_id))
                     raise
@@ -290,6 +305,114 @@ class DocumentStore:
                 os.rename(doc_dir, trash)
         remove(trash)
         logger.info("deleted document %s", doc_id)
+
+    # --- attributes and collections -----------------------------------------------------------
+
+    def set_attributes(self, doc_id: str, attributes: Any, tenant: str | None = None) -> Attributes:
+        """Replace a document's attributes (validated: ``InvalidAttributes``); the attributes as stored."""
+        checked = check_attributes(attributes)
+        with self._lock:
+            self.get(doc_id, tenant)
+            self._db.set_attributes(doc_id, checked)
+            return self._db.attributes([doc_id])[doc_id]
+
+    def attributes(self, doc_ids: Iterable[str]) -> dict[str, Attributes]:
+        with self._lock:
+            return self._db.attributes(doc_ids)
+
+    def collections_of(self, doc_ids: Iterable[str]) -> dict[str, builtins.list[str]]:
+        with self._lock:
+            return self._db.collections_of(doc_ids)
+
+    def create_collection(self, tenant: str | None, name: str, description: str | None = None,
+                          metadata: dict[str, str] | None = None) -> CollectionRecord:
+        now = time.time()
+        record = CollectionRecord(id="col" + uuid.uuid4().hex, tenant=tenant or DEFAULT_TENANT, name=name,
+                                  description=description, metadata=dict(metadata or {}), version=0,
+                                  created_at=now, updated_at=now)
+        with self._lock:
+            self._db.insert_collection(record)
+        logger.info("created collection %s", record.id)
+        return record
+
+    def get_collection(self, collection_id: str, tenant: str | None = None) -> CollectionRecord:
+        """The collection; unknown, or another tenant's, raises CollectionNotFound."""
+        with self._lock:
+            record = self._db.collection(collection_id)
+        if record is None or (tenant is not None and record.tenant != tenant):
+            raise CollectionNotFound(collection_id)
+        return record
+
+    def list_collections(self, tenant: str | None, limit: int | None = None,
+                         after: str | None = None) -> builtins.list[CollectionRecord]:
+        with self._lock:
+            return self._db.collections(tenant, limit, after)
+
+    def update_collection(self, collection_id: str, tenant: str | None = None, **fields: Any) -> CollectionRecord:
+        with self._lock:
+            self.get_collection(collection_id, tenant)
+            if fields:
+                self._db.update_collection(collection_id, **fields)
+            return self.get_collection(collection_id)
+
+    def delete_collection(self, collection_id: str, tenant: str | None = None, *,
+                          delete_documents: bool = False) -> builtins.list[str]:
+        """Delete the collection (its documents stay unless ``delete_documents``); the ids of the documents deleted
+        with it (those that are also in another collection are deleted too: asked for by the caller)."""
+        with self._lock:
+            self.get_collection(collection_id, tenant)
+            members = self._db.delete_collection(collection_id)
+        deleted = []
+        if delete_documents:
+            for doc_id in members:
+                try:
+                    self.delete(doc_id, tenant)
+                except DocumentNotFound:  # deleted meanwhile
+                    continue
+                deleted.append(doc_id)
+        logger.info("deleted collection %s (%d documents deleted with it)", collection_id, len(deleted))
+        return deleted
+
+    def add_to_collection(self, collection_id: str, doc_ids: Sequence[str], tenant: str | None = None) -> int:
+        """Add existing documents of the tenant (an unknown one: DocumentNotFound, nothing added); how many were
+        not in it yet."""
+        with self._lock:
+            self.get_collection(collection_id, tenant)
+            for doc_id in doc_ids:
+                self.get(doc_id, tenant)
+            return self._db.add_members(collection_id, doc_ids)
+
+    def remove_from_collection(self, collection_id: str, doc_id: str, tenant: str | None = None) -> None:
+        """Take a document out (it stays in the store); one not in the collection: DocumentNotFound."""
+        with self._lock:
+            self.get_collection(collection_id, tenant)
+            if not self._db.remove_member(collection_id, doc_id):
+                raise DocumentNotFound(doc_id)
+
+    def members(self, collection_ids: Sequence[str], *, where: Filter | None = None,
+                statuses: Iterable[DocumentStatus] | None = None, limit: int | None = None,
+                after: str | None = None) -> builtins.list[DocumentRecord]:
+        """Documents of the collections (checked by the caller) matching ``where``, oldest first."""
+        with self._lock:
+            return self._db.members(collection_ids, where=where, statuses=statuses, limit=limit, after=after)
+
+    def member_counts(self, collection_ids: Sequence[str], *, where: Filter | None = None) -> MemberCounts:
+        with self._lock:
+            return self._db.member_counts(collection_ids, where=where)
+
+    def member_stamps(self, collection_ids: Sequence[str], *, where: Filter | None = None) -> dict[str, float]:
+        with self._lock:
+            return self._db.member_stamps(collection_ids, where=where)
+
+    def collection_versions(self, collection_ids: Iterable[str]) -> dict[str, int]:
+        with self._lock:
+            return self._db.versions(collection_ids)
+
+    def collection_dir(self, collection_id: str) -> Path:
+        """Where a collection's search index lives (``retrieval.collection_index``)."""
+        if not collection_id.isalnum():
+            raise CollectionNotFound(collection_id)
+        return self.root / "collections" / collection_id
 
     def stale(self, embedder: Embedder) -> builtins.list[DocumentRecord]:
         """Ready documents indexed with another embedder than ``embedder``, or before passages and the
