@@ -132,3 +132,28 @@ def bm25_scores(query: str, indexes: Sequence[LexicalIndex], k1: float = K1, b: 
                 tf = counts.astype(np.float32)
                 score[ids] += idf * tf * (k1 + 1) / (tf + norm[ids])
     return [s / ceiling for s in scores]
+
+
+def bm25_of_chunks(query: str, index: LexicalIndex, chunk_ids: np.ndarray, n: int, avgdl: float,
+                   df: dict[str, int], k1: float = K1, b: float = B) -> np.ndarray:
+    """BM25 of some chunks of one document (``chunk_ids``) for ``query``, with the corpus statistics given (a
+    collection's: ``n`` chunks, mean length ``avgdl``, ``df[term]`` chunks holding each term), divided by the most
+    any chunk could score, as ``bm25_scores`` does: a collection's candidates score on the scale of a named
+    document's chunks."""
+    out = np.zeros(len(chunk_ids), dtype=np.float32)
+    query_terms = terms(query)
+    if not query_terms or n == 0 or len(chunk_ids) == 0:
+        return out
+    position = {int(c): i for i, c in enumerate(chunk_ids)}
+    norm = k1 * (1 - b + b * index.lengths[chunk_ids].astype(np.float32) / max(avgdl, 1.0))
+    ceiling = 0.0
+    for term in query_terms:
+        d = df.get(term, 0)
+        idf = math.log(1 + (n - d + 0.5) / (d + 0.5))
+        ceiling += idf * (k1 + 1)
+        ids, counts = index.postings(term)
+        for cid, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            i = position.get(cid)
+            if i is not None:
+                out[i] += idf * count * (k1 + 1) / (count + norm[i])
+    return out / ceiling

@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,9 +30,10 @@ import numpy as np
 
 from retrieval.chunking import Chunk
 from retrieval.embedding import Embedder
-from retrieval.errors import DocumentNotReady, RetrievalError
+from retrieval.errors import DocumentNotFound, DocumentNotReady, RetrievalError
 from retrieval.index import VectorIndex
-from retrieval.lexical import LexicalIndex, bm25_scores
+from retrieval.lexical import LexicalIndex, bm25_of_chunks, bm25_scores, terms
+from retrieval.library import CollectionIndexes
 from retrieval.store import DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ BUDGET_FLOOR = 4096
 BUDGET_RATIO = 24
 DEFAULT_BUDGET_CAP = 8192
 DEFAULT_TOP_K = 16
+DEFAULT_CANDIDATES = 64  # a collection question's candidate chunks per query and per kind (dense, BM25)
 CHUNK_SEPARATOR = "\n\n"
 
 
@@ -179,6 +181,7 @@ class Ranking:
 @dataclass(frozen=True)
 class _Loaded:
     updated_at: float
+    created_at: float
     index: VectorIndex
     chunks: list[Chunk]
     owners: np.ndarray  # [n_vectors] chunk id of each indexed window
@@ -261,6 +264,71 @@ class Retriever:
         total = sum(doc.n_tokens for doc in loaded)  # the records _load read: no second store lookup
         return Ranking(tuple(doc_ids), tuple(hits), self.threshold, top_k, default_budget(total, self.budget_cap))
 
+    def rank_library(
+        self,
+        queries: Sequence[str],
+        library: CollectionIndexes,
+        collection_ids: Sequence[str],
+        *,
+        total_tokens: int,
+        allowed: Collection[str] | None = None,
+        candidates: int = DEFAULT_CANDIDATES,
+        top_k: int | None = None,
+        tenant: str | None = None,
+    ) -> Ranking:
+        """A question over collections: candidate chunks from each collection's index (``candidates`` nearest to
+        each query's vector and as many best BM25 matches, among the ``allowed`` documents: every ready member
+        when None), then scored as ``rank`` scores a named document's chunks (best window, BM25 with the
+        collections' statistics, the hybrid score). Only the candidates are in the ranking; ``total_tokens`` (the
+        ready members' tokens) sets its default budget."""
+        queries = list(dict.fromkeys(queries))
+        if not queries:
+            raise ValueError("rank_library needs at least one query")
+        top_k = self.top_k if top_k is None else top_k
+        vectors = (self.embedder.encode_query(queries[0])[None] if len(queries) == 1
+                   else self.embedder.encode(queries))  # [queries, dim]
+        query_terms = [terms(q) for q in queries]
+        found: dict[str, set[int]] = {}
+        n_chunks, n_terms, df = 0, 0.0, {t: 0 for ts in query_terms for t in ts}
+        for cid in collection_ids:
+            with library.synced(cid) as index:
+                for v in vectors:
+                    for doc_id, chunk_id, _ in index.search(v, candidates, allowed):
+                        found.setdefault(doc_id, set()).add(chunk_id)
+                if self.lexical_weight > 0:
+                    for ts in query_terms:
+                        for doc_id, chunk_id in index.lexical(ts, candidates, allowed):
+                            found.setdefault(doc_id, set()).add(chunk_id)
+                    stats = index.term_stats(df)
+                    n_chunks, n_terms = n_chunks + stats.n_chunks, n_terms + stats.avgdl * stats.n_chunks
+                    for t, d in stats.df.items():
+                        df[t] += d
+        avgdl = n_terms / max(n_chunks, 1)
+        w = self.lexical_weight
+        hits: list[Hit] = []
+        order: list[tuple[float, str]] = []
+        for doc_id, chunk_set in found.items():
+            try:
+                doc = self._load(doc_id, tenant)
+            except (DocumentNotFound, DocumentNotReady):  # deleted or re-indexing since the index was synced
+                continue
+            ids = np.array(sorted(c for c in chunk_set if c < len(doc.chunks)), dtype=np.int64)
+            sims = np.stack([_dense_scores(doc, v, top_k)[ids] for v in vectors])  # [queries, candidates]
+            if w > 0 and doc.lexical is not None:
+                lexs = np.stack([bm25_of_chunks(q, doc.lexical, ids, n_chunks, avgdl, df) for q in queries])
+            else:
+                lexs = np.zeros_like(sims)
+            scores = (1 - w) * sims.astype(np.float64) + w * lexs.astype(np.float64)
+            scores[np.isneginf(sims)] = -np.inf
+            best = scores.argmax(axis=0)
+            for j, c in enumerate(ids.tolist()):
+                q = int(best[j])
+                if sims[q, j] > -np.inf:
+                    hits.append(_hit(doc_id, doc.chunks[c], float(scores[q, j]), float(sims[q, j])))
+            order.append((doc.created_at, doc_id))
+        doc_ids = tuple(d for _, d in sorted(order))
+        return Ranking(doc_ids, tuple(hits), self.threshold, top_k, default_budget(total_tokens, self.budget_cap))
+
     def retrieve(
         self,
         query: str,
@@ -312,7 +380,7 @@ class Retriever:
                 return cached
         chunks = self.store.load_chunks(doc_id)
         passages = self.store.load_passages(doc_id)
-        loaded = _Loaded(updated_at=record.updated_at, index=self.store.load_index(doc_id, self.embedder),
+        loaded = _Loaded(updated_at=record.updated_at, created_at=record.created_at, index=self.store.load_index(doc_id, self.embedder),
                          chunks=chunks,
                          owners=np.arange(len(chunks)) if passages is None else passages[:, 0].astype(np.int64),
                          lexical=self.store.load_lexical(doc_id), n_tokens=record.n_tokens)
