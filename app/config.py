@@ -20,6 +20,7 @@ class RequestLimits:
     max_json_bytes: int  # the body of every route but the upload
     max_question_chars: int
     max_document_ids: int
+    max_collection_ids: int
     max_new_tokens: int
     default_max_tokens: int
 
@@ -90,6 +91,7 @@ class ServiceConfig:
                 max_json_bytes=int(settings.max_json_mb * 1024 * 1024),
                 max_question_chars=settings.max_question_chars,
                 max_document_ids=settings.max_document_ids,
+                max_collection_ids=settings.max_collection_ids,
                 max_new_tokens=settings.max_new_tokens,
                 default_max_tokens=min(settings.default_max_tokens, settings.max_new_tokens),
             ),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +52,8 @@ from decoding.runtime.models import (
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import GenerationConfig
 from retrieval.embedding import Embedder, load_embedder
+from retrieval.errors import CollectionNotFound
+from retrieval.library import CollectionIndexes
 from retrieval.retriever import Retriever
 from retrieval.store import DocumentStore
 
@@ -65,6 +69,7 @@ class Services:
     embedder: Embedder
     store: DocumentStore
     retriever: Retriever
+    library: CollectionIndexes  # every collection's search index, kept in step with the catalogue
     indexing: IndexingJobs
     scheduler: GenerationScheduler
     prompts: PromptBuilder
@@ -105,6 +110,47 @@ class Services:
 
         self.scheduler.submit_background(run, key=prompt.prefix_key)
 
+    def document_ready(self, doc_id: str) -> None:
+        """After an ingest: warm the document's prefix, bring its collections' indexes in step, and warm the prefix
+        of each collection that the target reads whole once none of its documents is still waiting (so a batch of
+        uploads warms it once, after its last document)."""
+        self.warm_document(doc_id)
+        for cid in self.store.collections_of([doc_id])[doc_id]:
+            self.collection_changed(cid)
+
+    def collection_changed(self, collection_id: str) -> None:
+        """Its members changed: sync its index now (questions then find it ready) and warm its whole-collection
+        prefix when it fits the window and nothing of it is queued or indexing."""
+        self.library.sync(collection_id)
+        if self.prefix_cache is None:
+            return
+        counts = self.store.member_counts([collection_id])
+        pending = counts.by_status.get("queued", 0) + counts.by_status.get("indexing", 0)
+        max_tokens = self.config.limits.default_max_tokens
+        if pending or not counts.by_status.get("ready") or counts.ready_tokens + max_tokens > self.prompts.max_context:
+            return
+        records = self.store.members([collection_id], statuses=["ready"])
+        prompt = self.prompts.warm_prompt(document_texts(self.store, records), max_tokens)
+        if prompt is None or prompt.prefix_key is None:
+            return
+        self.prefix_registry.add(prompt.prefix_key, [r.id for r in records])
+        engine = self.engine
+
+        def run(cancel: threading.Event) -> Iterator[Any]:
+            engine.warm_prefix(prompt, cancel)
+            yield from ()
+
+        self.scheduler.submit_background(run, key=prompt.prefix_key)
+
+    def forget_collection(self, collection_id: str) -> None:
+        """After a collection is deleted (its index dropped) or its members changed (its index synced)."""
+        try:
+            self.store.get_collection(collection_id)
+        except CollectionNotFound:
+            self.library.forget(collection_id)
+            return
+        self.library.sync(collection_id)
+
     def forget_document(self, doc_id: str) -> None:
         """After a delete: drop cached chunks/index and every KV prefix the document is part of."""
         self.retriever.invalidate(doc_id)
@@ -143,6 +189,7 @@ class Services:
     def close(self) -> None:
         self.scheduler.stop()
         self.indexing.stop()
+        self.library.close()
         self.drafters.close()
         self.store.close()
 
@@ -263,6 +310,16 @@ def open_retriever(settings: RetrievalSettings, store: DocumentStore, embedder: 
     )
 
 
+def open_library(settings: Settings, store: DocumentStore, embedder: Embedder) -> CollectionIndexes:
+    """The collections' indexes: a cache under the data dir, rebuilt from the catalogue and the documents' files
+    where missing. Each process keeps its own: a replica of a shared store (cluster mode) one of its own, deleted
+    at its close, so that replicas never write one index at once."""
+    root = settings.data_dir / "collections"
+    if settings.shared_store:
+        root = root / f"replica-{socket.gethostname()}-{os.getpid()}"
+    return CollectionIndexes(root, store, embedder, discard_on_close=settings.shared_store)
+
+
 def open_prefix_registry(
     settings: PathSettings, store: DocumentStore, prefix_cache: PrefixCache | None
 ) -> PrefixRegistry:
@@ -324,6 +381,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None, *, config:
         embedder=embedder,
         store=store,
         retriever=open_retriever(settings, store, embedder),
+        library=open_library(settings, store, embedder),
         indexing=indexing,
         scheduler=scheduler,
         prompts=PromptBuilder(target.tokenizer, target.name, engine.max_context,
@@ -338,7 +396,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None, *, config:
         started_at=time.time(),
     )
     if not settings.shared_store:  # a replica that ingests a document is not the one its questions are routed to
-        indexing.on_ready = services.warm_document
+        indexing.on_ready = services.document_ready
     if config.calibration.enabled:
         start_calibration(engine, scheduler)  # 256 and 2048 tokens; on a GPU, longer caches up to the window
     logger.info("services ready in %.1f s (target %s, embedder %s)", time.perf_counter() - t0, target.name,

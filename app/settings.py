@@ -282,6 +282,7 @@ class RequestSettings(BaseModel):
     max_pdf_pages: int = Field(2000, ge=1, description="Most pages of an uploaded PDF -> 413 above (counted first)")
     max_question_chars: int = Field(4000, ge=1, description="Longest accepted question -> 422 above")
     max_document_ids: int = Field(16, ge=1, description="Most documents per question")
+    max_collection_ids: int = Field(16, ge=1, description="Most collections per question")
     max_new_tokens: int = Field(1024, ge=1, description="Upper bound on max_tokens per answer")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     default_frequency_penalty: float = Field(

@@ -533,7 +533,7 @@ def _membership(collection_ids: Iterable[str], where: Filter | None,
     """A condition on ``documents``: in one of the collections, matching ``where``, with one of ``statuses``."""
     m = collection_documents.c
     member = sa.exists().where(m.doc_id == documents.c.id, m.collection_id.in_(list(collection_ids)))
-    parts = [member]
+    parts: builtins.list[sa.ColumnElement[bool]] = [member]
     if where is not None:
         parts.append(to_sql(where, document_attributes, documents.c.id))
     if statuses is not None:

@@ -48,6 +48,7 @@ CHUNK_BITS = 24  # a chunk's FTS rowid: slot << 24 | chunk id
 MAX_CHUNKS = 1 << CHUNK_BITS
 FTS_TOKENIZER = "unicode61 remove_diacritics 0 tokenchars '_'"  # the terms of retrieval.lexical, as stored
 
+_HNSW_PARAMS: Any = getattr(faiss, "SearchParametersHNSW")  # noqa: B009 (not in faiss's type stubs)
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS slots (slot INTEGER PRIMARY KEY, doc_id TEXT NOT NULL, stamp REAL NOT NULL,
     n_chunks INTEGER NOT NULL, n_terms INTEGER NOT NULL, live INTEGER NOT NULL);
@@ -344,7 +345,7 @@ class CollectionIndex:
         n = self.n_vectors
         if n == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        flat = self._index if self.kind == "flat" else faiss.downcast_index(self._index.storage)
+        flat: Any = self._index if self.kind == "flat" else faiss.downcast_index(self._index.storage)
         return faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)
 
     # --- searching ----------------------------------------------------------------------------------
@@ -399,9 +400,9 @@ class CollectionIndex:
             bitmap = np.packbits(mask, bitorder="little")
             selector = faiss.IDSelectorBitmap(self.n_vectors, faiss.swig_ptr(bitmap))
             ef = min(self.config.ef_max, max(ef, math.ceil(ef / share)))
-            params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
+            params = _HNSW_PARAMS(sel=selector, efSearch=ef)
         else:
-            params = faiss.SearchParametersHNSW(efSearch=ef)
+            params = _HNSW_PARAMS(efSearch=ef)
         scores, rows = self._index.search(q, k, params=params)
         keep = rows[0] >= 0
         return scores[0][keep], rows[0][keep]

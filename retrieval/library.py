@@ -51,13 +51,14 @@ class CollectionIndexes:
 
     def __init__(self, root: Path, store: DocumentStore, embedder: Embedder,
                  config: CollectionIndexConfig | None = None, *, save_after_s: float = 30.0,
-                 cache_size: int = 64) -> None:
+                 cache_size: int = 64, discard_on_close: bool = False) -> None:
         self.root = Path(root)
         self.store = store
         self.embedder = embedder
         self.config = config or CollectionIndexConfig()
         self.save_after_s = save_after_s
         self.cache_size = cache_size
+        self.discard_on_close = discard_on_close  # a process's private indexes: deleted at close
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -104,8 +105,11 @@ class CollectionIndexes:
             self._open.clear()
         for h in held:
             with h.lock:
-                h.index.save()
+                if not self.discard_on_close:
+                    h.index.save()
                 h.index.close()
+        if self.discard_on_close:
+            remove(self.root)
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -127,18 +131,18 @@ class CollectionIndexes:
             remove(directory)
         directory.mkdir(parents=True, exist_ok=True)
         marker.write_text(self.embedder.name, encoding="utf-8")
-        index = CollectionIndex.open(directory, self.embedder.dim, self.config, reload=self._entry)
+        opened = CollectionIndex.open(directory, self.embedder.dim, self.config, reload=self._entry)
         evicted: list[_Open] = []
         with self._lock:
             held = self._open.get(collection_id)
+            kept = held is None
             if held is None:
-                held = _Open(index, threading.RLock(), time.monotonic())
+                held = _Open(opened, threading.RLock(), time.monotonic())
                 self._open[collection_id] = held
-                index = None  # kept
             while len(self._open) > self.cache_size:
                 evicted.append(self._open.popitem(last=False)[1])
-        if index is not None:  # another thread opened it meanwhile
-            index.close()
+        if not kept:  # another thread opened it meanwhile
+            opened.close()
         for old in evicted:
             with old.lock:
                 old.index.save()

@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -126,14 +126,18 @@ def pack_hits(
     return kept
 
 
-def hit_pieces(hits: Sequence[Hit]) -> list[str]:
+def hit_pieces(hits: Sequence[Hit], titles: Mapping[str, str] | None = None) -> list[str]:
     """One piece of text per hit, in order, that ``join_hits`` concatenates: the hit's text, after a blank line
-    unless it is the first or directly follows the previous hit in the same document."""
+    unless it is the first or directly follows the previous hit in the same document. With ``titles`` (document id
+    -> title), the first hit of each run of a document's hits comes after a ``Document: <title>`` line."""
     pieces: list[str] = []
     prev: Hit | None = None
     for hit in hits:
         gap = prev is not None and not (prev.document_id == hit.document_id and prev.end == hit.start)
-        pieces.append(CHUNK_SEPARATOR + hit.text if gap else hit.text)
+        text = hit.text
+        if titles is not None and (prev is None or prev.document_id != hit.document_id):
+            text = f"Document: {titles.get(hit.document_id, hit.document_id)}\n\n{text}"
+        pieces.append(CHUNK_SEPARATOR + text if gap else text)
         prev = hit
     return pieces
 
@@ -380,7 +384,8 @@ class Retriever:
                 return cached
         chunks = self.store.load_chunks(doc_id)
         passages = self.store.load_passages(doc_id)
-        loaded = _Loaded(updated_at=record.updated_at, created_at=record.created_at, index=self.store.load_index(doc_id, self.embedder),
+        loaded = _Loaded(updated_at=record.updated_at, created_at=record.created_at,
+                         index=self.store.load_index(doc_id, self.embedder),
                          chunks=chunks,
                          owners=np.arange(len(chunks)) if passages is None else passages[:, 0].astype(np.int64),
                          lexical=self.store.load_lexical(doc_id), n_tokens=record.n_tokens)

@@ -16,9 +16,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from app.answering.citations import cite
 from app.answering.drafters import needs_draft_prompt, needs_draft_rows
@@ -42,13 +42,15 @@ from decoding.speculative.generation import (
     TokenEvent,
 )
 from decoding.speculative.stats import GenerationStats
-from retrieval.catalogue import DocumentRecord
-from retrieval.errors import DocumentNotReady
-from retrieval.retriever import Hit, join_hits, pack_hits
+from retrieval.catalogue import DocumentRecord, MemberCounts
+from retrieval.errors import CollectionNotReady, DocumentNotFound, DocumentNotReady
+from retrieval.filters import Attributes, Filter, parse_filter
+from retrieval.retriever import DEFAULT_CANDIDATES, Hit, Ranking, join_hits, pack_hits
 
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25
+WHOLE_SLACK = 256  # prompt tokens kept for the template, the question and the titles when a collection is read whole
 T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]  # whether the client has gone away (a JSON request's own check)
 
@@ -67,6 +69,29 @@ class Question:
     system: str = SYSTEM_PROMPT
     session_id: str | None = None
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely tokens'
+    collection_ids: Sequence[str] = ()  # collections asked, beside or instead of documents
+    filter: Mapping[str, Any] | None = None  # an attribute filter over the collections' documents (its JSON form)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A question over collections: which, the parsed filter, what the catalogue said of their matching documents,
+    and whether the ready ones fit the target's window together (``whole``: read whole, as named documents are;
+    else the best chunks across the collections, from their indexes)."""
+
+    collection_ids: tuple[str, ...]
+    where: Filter | None
+    counts: MemberCounts
+    versions: dict[str, int]
+    whole: bool
+
+    @property
+    def pending(self) -> int:
+        return self.counts.by_status.get("queued", 0) + self.counts.by_status.get("indexing", 0)
+
+    @property
+    def ready(self) -> int:
+        return self.counts.by_status.get("ready", 0)
 
 
 @dataclass(frozen=True)
@@ -80,6 +105,7 @@ class Admission:
     drafters: tuple[Drafter, ...]
     records: tuple[DocumentRecord, ...]
     arrived: float
+    scope: Scope | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,8 @@ class Plan:
     drafters: tuple[Drafter, ...]
     sources: tuple[Source, ...]
     arrived: float  # perf_counter() at the request's arrival
+    documents: int = 0  # documents the question was asked over (named, and the collections' ready matches)
+    documents_pending: int = 0  # the collections' matching documents still queued or indexing
 
 
 class NeverRan(InvalidRequest):
@@ -105,7 +133,8 @@ class NeverRan(InvalidRequest):
 
 
 def check_limits(
-    services: Services, question: str, document_ids: Sequence[str], max_tokens: int | None
+    services: Services, question: str, document_ids: Sequence[str], max_tokens: int | None,
+    collection_ids: Sequence[str] = (),
 ) -> int:
     """Request limits that depend on settings (422); returns the effective max_tokens."""
     limits = services.config.limits
@@ -119,14 +148,20 @@ def check_limits(
         raise InvalidRequest(
             f"document_ids: {len(document_ids)} given, at most {limits.max_document_ids} allowed"
         )
+    if len(collection_ids) > limits.max_collection_ids:
+        raise InvalidRequest(
+            f"collection_ids: {len(collection_ids)} given, at most {limits.max_collection_ids} allowed"
+        )
     if max_tokens is not None and max_tokens > limits.max_new_tokens:
         raise InvalidRequest(f"max_tokens: {max_tokens} is above the limit of {limits.max_new_tokens}")
     return max_tokens or limits.default_max_tokens
 
 
-def source_of(hit: Hit) -> Source:
+def source_of(hit: Hit, title: str | None = None, attributes: Attributes | None = None) -> Source:
     return Source(
         document_id=hit.document_id,
+        title=title,
+        attributes=attributes or {},
         chunk_id=str(hit.chunk_id),
         text=hit.text,
         score=hit.score,
@@ -158,7 +193,10 @@ def admit(services: Services, tenant: str, q: Question, arrived: float | None = 
     """The request's checks, which raise its 4xx errors: limits, a question too long for the window, the mode,
     a full queue, a cache too big for the working pool, unknown or unready documents."""
     arrived = time.perf_counter() if arrived is None else arrived
-    max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens)
+    max_tokens = check_limits(services, q.question, q.document_ids, q.max_tokens, q.collection_ids)
+    if q.filter is not None and not q.collection_ids:
+        raise InvalidRequest("filter: applies to the documents of collections; name collection_ids")
+    where = parse_filter(q.filter) if q.filter is not None else None  # InvalidFilter: 422
     # a question (with its history) too long for the window is the request's fault: a 400 before any stream
     # starts, found by tokenizing it alone (the documents are fitted after retrieval)
     services.prompts.fit([], q.question, q.history, max_tokens, None, system=q.system)
@@ -167,6 +205,16 @@ def admit(services: Services, tenant: str, q: Question, arrived: float | None = 
     # a cache for the answer alone must fit the working pool (the prompt's rows are counted once it is built)
     services.scheduler.check_fits(services.engine.kv_bytes(max_tokens))
     records = [services.store.get(doc_id, tenant) for doc_id in dict.fromkeys(q.document_ids)]  # unknown: 404
+    scope = None
+    if q.collection_ids:
+        scope = _scope(services, tenant, q.collection_ids, where, max_tokens)
+        if scope.ready == 0 and not records:
+            raise CollectionNotReady(list(scope.collection_ids), scope.pending,
+                                     scope.counts.by_status.get("failed", 0), where is not None)
+        if scope.whole:  # read whole, as named documents are
+            named = {r.id for r in records}
+            records += [r for r in services.store.members(scope.collection_ids, where=where, statuses=["ready"])
+                        if r.id not in named]
     # one order for a set of documents, whatever order they are named in (upload order): the same prompt, so
     # the same cached prefix KV, and no second copy of it on disk for every permutation
     records.sort(key=lambda r: (r.created_at, r.id))
@@ -177,21 +225,49 @@ def admit(services: Services, tenant: str, q: Question, arrived: float | None = 
             states = ", ".join(f"{r.id}: {r.status}" for r in not_ready)
             raise DocumentNotReady(first.id, first.status, f"documents not ready ({states})")
         raise DocumentNotReady(first.id, first.status, first.message)
-    return Admission(tenant, q, max_tokens, tuple(drafters), tuple(records), arrived)
+    return Admission(tenant, q, max_tokens, tuple(drafters), tuple(records), arrived, scope)
+
+
+def _scope(services: Services, tenant: str, collection_ids: Sequence[str], where: Filter | None,
+           max_tokens: int) -> Scope:
+    """The collections (the tenant's: unknown ones 404) and what they hold that matches ``where``."""
+    cids = tuple(dict.fromkeys(collection_ids))
+    for cid in cids:
+        services.store.get_collection(cid, tenant)
+    counts = services.store.member_counts(cids, where=where)
+    versions = services.store.collection_versions(cids)
+    room = services.prompts.max_context - max_tokens - WHOLE_SLACK
+    whole = counts.by_status.get("ready", 0) > 0 and counts.ready_tokens <= room
+    return Scope(cids, where, counts, versions, whole)
 
 
 def plan(services: Services, admission: Admission) -> Plan:
     """Retrieval and the prompt (blocking: the answer runs it in a worker thread). Retrieval is scored once: the
     sources, the target's window (documents longer than it) and RAPID's context all come from one ranking."""
-    q, tenant, records = admission.question, admission.tenant, admission.records
+    q, tenant, records, scope = admission.question, admission.tenant, admission.records, admission.scope
     doc_ids = [r.id for r in records]
+    queries = retrieval_queries(q.question, q.history)
     ranking, hits = None, []
     if doc_ids:
-        ranking = services.retriever.rank(retrieval_queries(q.question, q.history), doc_ids, tenant=tenant)
+        ranking = services.retriever.rank(queries, doc_ids, tenant=tenant)
+    library = scope is not None and not scope.whole and scope.ready > 0
+    if scope is not None and library:
+        ranking = _rank_library(services, admission, queries, ranking)
+    if ranking is not None:
         hits = ranking.relevant().hits
-    sources = tuple(source_of(h) for h in sorted(hits, key=lambda h: -h.score))  # best first
-    docs = document_texts(services.store, records)
-    prompt = services.prompts.fit(docs, q.question, q.history, admission.max_tokens, ranking, system=q.system)
+    titles = {r.id: r.title for r in records}
+    if library and ranking is not None:
+        titles.update(_titles(services, {h.document_id for h in ranking.hits} - set(titles)))
+    attributes = services.store.attributes({h.document_id for h in hits}) if hits else {}
+    sources = tuple(source_of(h, titles.get(h.document_id), attributes.get(h.document_id))
+                    for h in sorted(hits, key=lambda h: -h.score))  # best first
+    if library and ranking is not None:  # past the window: the best chunks across the collections, titled
+        prompt = services.prompts.fit_chunks(ranking, _library_key(scope, doc_ids), q.question, q.history,
+                                             admission.max_tokens, titles, system=q.system)
+        docs = []
+    else:
+        docs = document_texts(services.store, records)
+        prompt = services.prompts.fit(docs, q.question, q.history, admission.max_tokens, ranking, system=q.system)
     if prompt.prefix_key is not None and doc_ids:
         services.prefix_registry.add(prompt.prefix_key, doc_ids)
     # RAPID reads the best retrieved chunks within its own budget: as a prompt of its own, or as their rows of the
@@ -202,12 +278,56 @@ def plan(services: Services, admission: Admission) -> Plan:
     if needs_draft_prompt(q.mode):
         draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)
         prompt = replace(prompt, draft_ids=draft)
-    if needs_draft_rows(q.mode) and not prompt.context_truncated:
+    if needs_draft_rows(q.mode) and not prompt.context_truncated and docs:
         prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
     config = GenerationConfig(
         max_new_tokens=admission.max_tokens, sampling=q.sampling, stop=q.stop, logprobs=q.logprobs
     )
-    return Plan(tenant, q, prompt, config, admission.drafters, sources, admission.arrived)
+    n_docs = len(records) + (scope.ready if library and scope is not None else 0)
+    return Plan(tenant, q, prompt, config, admission.drafters, sources, admission.arrived,
+                documents=n_docs, documents_pending=scope.pending if scope is not None else 0)
+
+
+def _rank_library(services: Services, admission: Admission, queries: Sequence[str],
+                  named: Ranking | None) -> Ranking:
+    """The collections' candidates ranked (enough of them to fill the target's window), with the named documents'
+    ranking when there is one: one ranking per question."""
+    scope = admission.scope
+    assert scope is not None
+    allowed = None
+    if scope.where is not None:  # the catalogue answers the filter; the indexes search only what it allows
+        allowed = set(services.store.member_stamps(scope.collection_ids, where=scope.where))
+    chunk_tokens = max(1, scope.counts.tokens // max(scope.counts.chunks, 1))
+    candidates = max(DEFAULT_CANDIDATES, 2 * services.prompts.max_context // chunk_tokens)
+    ranking = services.retriever.rank_library(
+        queries, services.library, scope.collection_ids, total_tokens=scope.counts.ready_tokens, allowed=allowed,
+        candidates=candidates, tenant=admission.tenant,
+    )
+    if named is None:
+        return ranking
+    seen = {(h.document_id, h.chunk_id) for h in named.hits}
+    extra = tuple(h for h in ranking.hits if (h.document_id, h.chunk_id) not in seen)
+    order = named.doc_ids + tuple(d for d in ranking.doc_ids if d not in set(named.doc_ids))
+    return replace(named, doc_ids=order, hits=named.hits + extra,
+                   budget_tokens=max(named.budget_tokens, ranking.budget_tokens))
+
+
+def _titles(services: Services, doc_ids: set[str]) -> dict[str, str]:
+    titles = {}
+    for doc_id in doc_ids:
+        with contextlib.suppress(DocumentNotFound):
+            titles[doc_id] = services.store.get(doc_id).title
+    return titles
+
+
+def _library_key(scope: Scope | None, doc_ids: Sequence[str]) -> list[str]:
+    """What names a collection question's prefix: the collections at their versions, the filter, the named
+    documents (a chunk's cached KV is reused while none of these changes)."""
+    assert scope is not None
+    parts = [f"collection:{cid}@{scope.versions.get(cid, 0)}" for cid in scope.collection_ids]
+    if scope.where is not None:
+        parts.append(f"filter:{scope.where!r}")
+    return parts + list(doc_ids)
 
 
 async def _answer(
@@ -261,7 +381,7 @@ async def answer_plan(
         finish_reason=done.finish_reason,
         sources=sources,
         citations=citations,
-        stats=_ask_stats(done.stats, p.question.mode),
+        stats=_ask_stats(done.stats, p.question.mode, p),
         usage=Usage(prompt_tokens=done.stats.prompt_tokens, completion_tokens=done.stats.completion_tokens),
         logprobs=logprobs,
         trailing_logprobs=logprobs[shown:] if logprobs else (),
@@ -361,13 +481,17 @@ async def _account(
     if p.question.session_id is not None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(
             p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in sources),
-            citations.model_dump(),
+            citations.model_dump(), collections=tuple(p.question.collection_ids),
+            filter=dict(p.question.filter) if p.question.filter is not None else None,
         ))
     return sources, citations
 
 
-def _ask_stats(stats: GenerationStats, mode: str) -> AskStats:
+def _ask_stats(stats: GenerationStats, mode: str, p: Plan) -> AskStats:
     return AskStats(
+        documents=p.documents,
+        documents_pending=p.documents_pending,
+        context="chunks" if stats.context_truncated else "documents",
         ttft_ms=round(stats.ttft_s * 1000, 3),
         tokens_per_second=round(stats.tokens_per_second, 3),
         acceptance_length=round(stats.acceptance_length, 4),

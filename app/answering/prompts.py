@@ -22,7 +22,7 @@ import logging
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -243,15 +243,44 @@ class PromptBuilder:
                 return prompt
         if ranking is None:
             raise ContextTooLong(f"the documents do not fit the {room} tokens left in the window")
-        # The most relevant chunks in document order, after the documents' lead; each chunk a cacheable segment
-        # (its KV is reused by any later prompt over these documents that starts with the same chunks).
         key = prefix_key(self.model_name, system, [d.id for d in docs])
+        return self._fit_chunks(ranking, key, system, question, history, room, budget, self.lead_tokens, None)
+
+    def fit_chunks(
+        self,
+        ranking: Ranking,
+        key_parts: Sequence[str],
+        question: str,
+        history: Sequence[tuple[str, str]],
+        max_tokens: int,
+        titles: Mapping[str, str],
+        system: str = SYSTEM_PROMPT,
+    ) -> Prompt:
+        """A question over collections too large for the window: the best chunks of ``ranking`` that fit, in
+        document order, each document's first chunk after its title (so that an answer can say where a fact comes
+        from); ``key_parts`` name the prefix (the collections at their versions). Marked ``context_truncated``."""
+        room = self.max_context - max_tokens
+        history, bare = self._trim_history(system, question, list(history), room)
+        if len(bare.ids) > room:
+            raise ContextTooLong(
+                f"the question needs {len(bare.ids)} prompt tokens and {max_tokens} new tokens, more than "
+                f"the target's {self.max_context}-token window; shorten the question or lower max_tokens"
+            )
+        key = prefix_key(self.model_name, system, key_parts)
+        return self._fit_chunks(ranking, key, system, question, history, room, room - len(bare.ids), 0, titles)
+
+    def _fit_chunks(
+        self, ranking: Ranking, key: str, system: str, question: str, history: Sequence[tuple[str, str]],
+        room: int, budget: int, lead_tokens: int, titles: Mapping[str, str] | None,
+    ) -> Prompt:
+        """The most relevant chunks in document order, after the documents' lead; each chunk a cacheable segment
+        (its KV is reused by any later prompt over these documents that starts with the same chunks)."""
         budget = self._long_budget(budget)
         for _ in range(FIT_ATTEMPTS):
             if budget <= 0:
                 break
-            selection = ranking.window(budget, lead_tokens=self.lead_tokens)
-            cut = self._build(system, hit_pieces(selection.hits), question, history, key)
+            selection = ranking.window(budget, lead_tokens=lead_tokens)
+            cut = self._build(system, hit_pieces(selection.hits, titles), question, history, key)
             if len(cut.ids) <= room:
                 logger.info("documents cut to %d tokens to fit the window", len(cut.prefix_ids))
                 return replace(cut, context_truncated=True)

@@ -44,9 +44,12 @@ class Turn:
     documents: tuple[str, ...] = ()  # the documents asked about
     sources: tuple[Mapping[str, Any], ...] = ()  # the sources shown (empty when not kept)
     citations: Mapping[str, Any] | None = None  # the answer's citations of those sources (None when not kept)
+    collections: tuple[str, ...] = ()  # the collections asked about
+    filter: Mapping[str, Any] | None = None  # their attribute filter
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "documents": list(self.documents), "sources": list(self.sources)})
+        return json.dumps({**asdict(self), "documents": list(self.documents), "sources": list(self.sources),
+                           "collections": list(self.collections)})
 
     @classmethod
     def from_json(cls, raw: str) -> Turn:
@@ -57,7 +60,18 @@ class Turn:
             documents=tuple(str(d) for d in data.get("documents", ())),
             sources=tuple(dict(s) for s in data.get("sources", ())),
             citations=dict(data["citations"]) if data.get("citations") is not None else None,
+            collections=tuple(str(c) for c in data.get("collections", ())),
+            filter=dict(data["filter"]) if data.get("filter") is not None else None,
         )
+
+
+def last_scope(turns: Sequence[Turn]) -> tuple[list[str], list[str], Mapping[str, Any] | None]:
+    """The documents, collections and filter of a conversation's last turn that asked about any (none: empty
+    lists): what a follow-up naming neither documents nor collections asks about."""
+    for turn in reversed(turns):
+        if turn.documents or turn.collections:
+            return list(turn.documents), list(turn.collections), turn.filter
+    return [], [], None
 
 
 def last_documents(turns: Sequence[Turn]) -> list[str]:

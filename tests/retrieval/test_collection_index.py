@@ -38,7 +38,8 @@ def build(tmp: Path, n_docs: int, chunks: int, config: CollectionIndexConfig,
     return index, docs
 
 
-def brute(docs: dict[str, DocumentEntry], q: np.ndarray, k: int, allowed: set[str] | None = None) -> list[tuple[str, int]]:
+def brute(docs: dict[str, DocumentEntry], q: np.ndarray, k: int,
+          allowed: set[str] | None = None) -> list[tuple[str, int]]:
     scored = [(float(v @ q), d, c) for d, e in docs.items() if allowed is None or d in allowed
               for c, v in enumerate(e.vectors)]
     scored.sort(key=lambda t: -t[0])

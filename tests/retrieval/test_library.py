@@ -55,7 +55,7 @@ def indexes(store: DocumentStore, minilm: Embedder, tmp_path: Path, **config: An
 
 def test_a_collection_question_finds_what_the_named_document_finds(library: Any, minilm: Embedder,
                                                                    tmp_path: Path) -> None:
-    store, col, animals, space, others = library
+    store, col, animals, space, _ = library
     retriever = Retriever(store, minilm)
     lib = indexes(store, minilm, tmp_path)
     total = store.member_counts([col]).ready_tokens
@@ -140,7 +140,7 @@ def _sync_forever(root: str, db_root: str, col: str) -> None:  # a child process
 
 def test_a_process_killed_while_syncing_leaves_an_index_the_next_one_completes(library: Any, minilm: Embedder,
                                                                               tmp_path: Path) -> None:
-    store, col, animals, space, others = library
+    store, col, animals, _, _ = library
     root = tmp_path / "collections"
     ctx = multiprocessing.get_context("spawn")
     child = ctx.Process(target=_sync_forever, args=(str(root), str(store.root), col))

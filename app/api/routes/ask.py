@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,7 +23,7 @@ from app.api.openapi import ERRORS
 from app.api.sse import comment, frame, sse_response
 from app.errors import InvalidRequest
 from app.schemas import AskRequest, AskResponse, TokenLogprobOut
-from app.serving.sessions import Turn, last_documents
+from app.serving.sessions import Turn, last_scope
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,15 @@ async def ask(body: AskRequest, request: Request, services: ServicesDep, tenant:
     arrived = arrival(request)
     session_id = body.session_id or uuid.uuid4().hex
     turns = await services.sessions.history(tenant, body.session_id) if body.session_id is not None else []
+    document_ids, collection_ids = body.document_ids, body.collection_ids
+    where: Mapping[str, Any] | None = body.filter
+    if not document_ids and not collection_ids:  # a follow-up: the conversation's last documents and collections
+        document_ids, collection_ids, where = _conversation_scope(turns, body.session_id)
     question = Question(
         question=body.question,
-        document_ids=body.document_ids or _conversation_documents(turns, body.session_id),
+        document_ids=document_ids,
+        collection_ids=collection_ids,
+        filter=where,
         max_tokens=body.max_tokens,
         sampling=sampling_params(body, services.config.penalties, services.vocab_size, temperature=body.temperature,
                                  top_p=body.top_p, seed=body.seed, eta=body.eta),
@@ -108,12 +114,16 @@ def _dumped(entries: Sequence[TokenLogprobOut]) -> list[dict[str, Any]]:
     return [e.model_dump() for e in entries]
 
 
-def _conversation_documents(turns: Sequence[Turn], session_id: str | None) -> list[str]:
-    """A follow-up that names no documents asks about its conversation's last ones."""
-    if documents := last_documents(turns):
-        return documents
+def _conversation_scope(
+    turns: Sequence[Turn], session_id: str | None
+) -> tuple[list[str], list[str], Mapping[str, Any] | None]:
+    """A follow-up that names no documents or collections asks about its conversation's last ones (and filter)."""
+    documents, collections, where = last_scope(turns)
+    if documents or collections:
+        return documents, collections, where
     if session_id is None:
-        raise InvalidRequest("document_ids: name at least one document (or continue a conversation with session_id)")
+        raise InvalidRequest("document_ids: name at least one document or collection_ids a collection (or continue "
+                             "a conversation with session_id)")
     raise InvalidRequest(
         f"document_ids: none given, and conversation {session_id} has asked about no documents to continue with"
     )

@@ -125,6 +125,8 @@ async def chat_completions(
     q = Question(
         question=question,
         document_ids=body.document_ids,
+        collection_ids=body.collection_ids,
+        filter=body.filter,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         sampling=sampling_params(body, services.config.penalties, services.vocab_size, temperature=body.temperature,
                                  top_p=body.top_p, seed=body.seed),
