@@ -36,8 +36,26 @@ class DocumentTitleIn(BaseModel):
     title: str | None = Field(None, max_length=MAX_TITLE_CHARS)
 
 
-class DocumentTextIn(DocumentTitleIn):
-    """JSON upload: plain text with an optional title."""
+MAX_FILES_PER_UPLOAD = 64  # files in one multipart upload (each within RAGSPEC_MAX_UPLOAD_MB)
+AttributeValue = bool | int | float | str  # a document attribute's value as the API gives it back
+
+ATTRIBUTES_DOC = (
+    "Document attributes: a JSON object of at most 16 keys (1-64 characters each), each value a string (at most 512 "
+    "characters), a finite number or a boolean; what collection filters compare"
+)
+
+
+class DocumentUploadFields(DocumentTitleIn):
+    """The fields an upload takes beside its content, JSON or multipart (one rule for both)."""
+
+    collection_id: str | None = Field(None, max_length=128, description="Put the document in this collection "
+                                      "(one of yours: another's or an unknown one is a 404, and nothing is stored)")
+    attributes: dict[str, Any] | None = Field(None, description=ATTRIBUTES_DOC + " (in a multipart upload: the "
+                                              "object as a JSON string)")
+
+
+class DocumentTextIn(DocumentUploadFields):
+    """JSON upload: plain text with an optional title, collection and attributes."""
 
     text: str = Field(min_length=1, description="Document text (plain text or Markdown)")
 
@@ -47,6 +65,21 @@ class DocumentAccepted(BaseModel):
     title: str
     status: DocumentStatus
     progress: float = Field(ge=0, le=1)
+    collection_ids: list[str] = Field(default_factory=list, description="The collections the document is in")
+    attributes: dict[str, AttributeValue] = Field(default_factory=dict, description="The document's attributes")
+
+
+class DocumentsAccepted(BaseModel):
+    """A multipart upload of more than one file: each file's document, in the order of the files."""
+
+    documents: list[DocumentAccepted]
+
+
+class DocumentPatch(BaseModel):
+    """``PATCH /v1/documents/{id}``: the document's attributes, replaced whole (``{}`` removes them all)."""
+
+    model_config = ConfigDict(extra="forbid")
+    attributes: dict[str, Any] = Field(description=ATTRIBUTES_DOC)
 
 
 class DocumentOut(DocumentAccepted):
@@ -136,6 +169,15 @@ class AskRequest(LogitControls):
         description="The documents to ask about; may be left out on a follow-up (a session_id whose "
         "conversation asked about documents): the conversation's last documents are used",
     )
+    collection_ids: list[str] = Field(
+        default_factory=list,
+        description="Collections to ask, beside or instead of document_ids: the question is answered from every "
+        "ready document of theirs that matches `filter`",
+    )
+    filter: dict[str, Any] | None = Field(
+        None, description="An attribute filter over the collections' documents (OpenAI's vector-store filter shape): "
+        '{"type": "eq"|"ne"|"gt"|"gte"|"lt"|"lte"|"in"|"nin", "key", "value"} or {"type": "and"|"or", "filters": '
+        "[...]}, nested")
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -163,6 +205,9 @@ class Source(BaseModel):
     """A retrieved chunk. Sources come best first."""
 
     document_id: str
+    title: str | None = Field(None, description="The document's title")
+    attributes: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="The document's attributes (set at upload or with PATCH /v1/documents/{id})")
     chunk_id: str
     text: str
     score: float = Field(description="Relevance that ranks the sources: (1 - w) x similarity + w x the chunk's BM25 "
@@ -214,6 +259,12 @@ class Usage(BaseModel):
 
 
 class AskStats(BaseModel):
+    documents: int = Field(0, description="Documents the question was asked over: the named ones and the ready "
+                           "documents of its collections that match its filter")
+    documents_pending: int = Field(0, description="Documents of its collections matching its filter that were still "
+                                   "queued or indexing (not read)")
+    context: Literal["documents", "chunks"] = Field(
+        "documents", description="What the target read: the documents whole, or (past its window) their best chunks")
     ttft_ms: float
     tokens_per_second: float
     acceptance_length: float
@@ -272,6 +323,9 @@ class ChatCompletionRequest(LogitControls):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256, description="An end user's id (OpenAI's): logged, nothing else")
     document_ids: list[str] = Field(default_factory=list)
+    collection_ids: list[str] = Field(default_factory=list, description="Collections to ask (as /v1/ask's)")
+    filter: dict[str, Any] | None = Field(None, description="An attribute filter over the collections' documents "
+                                          "(as /v1/ask's)")
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> ChatCompletionRequest:
@@ -340,3 +394,136 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: Literal["ready", "degraded", "unavailable"]
     checks: dict[str, str]
+
+
+# ---- collections ----------------------------------------------------------------------------------
+
+MAX_COLLECTION_NAME_CHARS = 256
+MAX_COLLECTION_DESCRIPTION_CHARS = 2048
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+PAGE_SIZE_DEFAULT = 20
+PAGE_SIZE_MAX = 100
+MAX_DOCUMENTS_PER_ADD = 1000  # document ids in one POST /v1/collections/{id}/documents
+
+
+def _checked_name(name: str | None) -> str | None:
+    if name is not None and not name.strip():
+        raise ValueError("a collection's name must not be blank")
+    return name
+
+
+def _checked_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise ValueError(f"at most {MAX_METADATA_KEYS} keys, got {len(metadata)}")
+    for key, value in metadata.items():
+        if not 1 <= len(key) <= MAX_METADATA_KEY_CHARS:
+            raise ValueError(f"a key must be 1-{MAX_METADATA_KEY_CHARS} characters, got {key[:80]!r}")
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(f"{key}: {len(value)} characters, at most {MAX_METADATA_VALUE_CHARS} allowed")
+    return metadata
+
+
+METADATA_DOC = (f"Your own labels: at most {MAX_METADATA_KEYS} keys of 1-{MAX_METADATA_KEY_CHARS} characters, string "
+                f"values of at most {MAX_METADATA_VALUE_CHARS} characters")
+
+
+class CollectionIn(BaseModel):
+    """``POST /v1/collections``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=MAX_COLLECTION_NAME_CHARS)
+    description: str | None = Field(None, max_length=MAX_COLLECTION_DESCRIPTION_CHARS)
+    metadata: dict[str, str] | None = Field(None, description=METADATA_DOC)
+
+    _name = field_validator("name")(_checked_name)
+    _metadata = field_validator("metadata")(_checked_metadata)
+
+
+class CollectionPatch(BaseModel):
+    """``PATCH /v1/collections/{id}``: the fields given are set (a null description or metadata clears it), the
+    others kept."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, min_length=1, max_length=MAX_COLLECTION_NAME_CHARS)
+    description: str | None = Field(None, max_length=MAX_COLLECTION_DESCRIPTION_CHARS)
+    metadata: dict[str, str] | None = Field(None, description=METADATA_DOC)
+
+    _name = field_validator("name")(_checked_name)
+    _metadata = field_validator("metadata")(_checked_metadata)
+
+    @model_validator(mode="after")
+    def _name_not_null(self) -> CollectionPatch:
+        if "name" in self.model_fields_set and self.name is None:
+            raise ValueError("name: a collection keeps a name (give a new one, or leave the field out)")
+        return self
+
+
+class DocumentCounts(BaseModel):
+    """A collection's documents by status."""
+
+    queued: int
+    indexing: int
+    ready: int
+    failed: int
+    total: int
+
+
+class CollectionOut(BaseModel):
+    id: str
+    name: str
+    description: str | None
+    metadata: dict[str, str]
+    created_at: float
+    document_counts: DocumentCounts
+    chunks: int = Field(description="Chunks of its indexed documents")
+    tokens: int = Field(description="Target tokens of its indexed documents")
+    bytes: int = Field(description="Bytes of its documents as uploaded")
+
+
+class CollectionPage(BaseModel):
+    """A page of collections, oldest first: the next page is ``?after=<last_id>`` while ``has_more``."""
+
+    data: list[CollectionOut]
+    has_more: bool
+    last_id: str | None
+
+
+class CollectionDocumentsIn(BaseModel):
+    """``POST /v1/collections/{id}/documents``: existing documents of yours to add (those in it already stay)."""
+
+    model_config = ConfigDict(extra="forbid")
+    document_ids: list[str] = Field(min_length=1, max_length=MAX_DOCUMENTS_PER_ADD)
+
+
+class CollectionDocumentPage(BaseModel):
+    """A page of a collection's documents, oldest first, each with its status and progress (follow indexing here):
+    the next page is ``?after=<last_id>`` while ``has_more``."""
+
+    data: list[DocumentOut]
+    has_more: bool
+    last_id: str | None
+
+
+class CollectionLimits(BaseModel):
+    """The bounds of collections and attributes (``/v1/capabilities``)."""
+
+    max_attributes: int = Field(description="Attributes per document")
+    max_attribute_key_chars: int
+    max_attribute_string_chars: int
+    filter_operators: list[str] = Field(description="The attribute filters' operators (comparisons, then and / or)")
+    max_filter_depth: int
+    max_filter_terms: int = Field(description="Comparisons in one filter")
+    max_in_values: int = Field(description="Values of one in / nin comparison")
+    page_size_default: int
+    page_size_max: int
+    max_name_chars: int
+    max_description_chars: int
+    max_metadata_keys: int
+    max_metadata_key_chars: int
+    max_metadata_value_chars: int
+    max_documents_per_add: int
+    max_files_per_upload: int

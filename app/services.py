@@ -9,8 +9,6 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -311,13 +309,11 @@ def open_retriever(settings: RetrievalSettings, store: DocumentStore, embedder: 
 
 
 def open_library(settings: Settings, store: DocumentStore, embedder: Embedder) -> CollectionIndexes:
-    """The collections' indexes: a cache under the data dir, rebuilt from the catalogue and the documents' files
-    where missing. Each process keeps its own: a replica of a shared store (cluster mode) one of its own, deleted
-    at its close, so that replicas never write one index at once."""
-    root = settings.data_dir / "collections"
-    if settings.shared_store:
-        root = root / f"replica-{socket.gethostname()}-{os.getpid()}"
-    return CollectionIndexes(root, store, embedder, discard_on_close=settings.shared_store)
+    """The collections' indexes: a cache under the data dir (a replica's own in cluster mode), rebuilt from the
+    catalogue and the documents' files where missing; those of collections that are gone are deleted."""
+    library = CollectionIndexes(settings.data_dir / "collections", store, embedder)
+    library.prune({c.id for c in store.list_collections(None)})
+    return library
 
 
 def open_prefix_registry(

@@ -51,14 +51,13 @@ class CollectionIndexes:
 
     def __init__(self, root: Path, store: DocumentStore, embedder: Embedder,
                  config: CollectionIndexConfig | None = None, *, save_after_s: float = 30.0,
-                 cache_size: int = 64, discard_on_close: bool = False) -> None:
+                 cache_size: int = 64) -> None:
         self.root = Path(root)
         self.store = store
         self.embedder = embedder
         self.config = config or CollectionIndexConfig()
         self.save_after_s = save_after_s
         self.cache_size = cache_size
-        self.discard_on_close = discard_on_close  # a process's private indexes: deleted at close
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -105,11 +104,16 @@ class CollectionIndexes:
             self._open.clear()
         for h in held:
             with h.lock:
-                if not self.discard_on_close:
-                    h.index.save()
+                h.index.save()
                 h.index.close()
-        if self.discard_on_close:
-            remove(self.root)
+
+    def prune(self, existing: set[str]) -> list[str]:
+        """Delete the indexes of collections not in ``existing`` (deleted while this process was down); their ids."""
+        gone = [p.name for p in self.root.iterdir() if p.is_dir() and p.name not in existing] \
+            if self.root.is_dir() else []
+        for collection_id in gone:
+            self.forget(collection_id)
+        return gone
 
     # --- internals ------------------------------------------------------------------------------
 

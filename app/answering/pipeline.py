@@ -274,7 +274,7 @@ def plan(services: Services, admission: Admission) -> Plan:
     # target's cache
     if needs_draft_prompt(q.mode) or needs_draft_rows(q.mode):
         budget = min(services.config.rapid.context_tokens, services.retriever.budget_cap)
-        rag = pack_hits(hits, budget, doc_ids)
+        rag = pack_hits(hits, budget, ranking.doc_ids if ranking is not None else doc_ids)
     if needs_draft_prompt(q.mode):
         draft = services.prompts.draft_prompt(join_hits(rag), q.question, q.history, system=q.system)
         prompt = replace(prompt, draft_ids=draft)

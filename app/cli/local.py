@@ -4,6 +4,8 @@
 ``ingest`` and ``ask`` talk HTTP to a running server with ``--url`` (``app.cli.remote``). Without it, ``ingest``
 and ``reindex`` work directly on the document store under the data dir (no server needed; the target's
 tokenizer and the embedder are loaded, not the target model) and ``ask`` loads the whole service in process.
+``ingest --collection ID --attribute KEY=VALUE`` puts every file in a collection with those attributes, either way
+(the ``collections`` commands themselves are ``app.cli.collections``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
+from app.cli.collections import attribute, local_tenant
 from app.cli.progress import ProgressLine
 from app.cli.remote import REMOTE_SUBCOMMANDS, ask_http, ingest_http
 from app.schemas import AskMode
@@ -31,13 +34,6 @@ SubParsers = Any
 def say(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-
-
-def _tenant(api_key: str | None) -> str:
-    from app.serving.auth import tenant_of_key
-    from retrieval.store import DEFAULT_TENANT
-
-    return tenant_of_key(api_key) if api_key else DEFAULT_TENANT
 
 
 def _load_tokenizer(settings: Settings) -> Any:
@@ -96,21 +92,37 @@ def _ingest_one(
 
 
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from retrieval.errors import InvalidAttributes, RetrievalError
+    from retrieval.filters import check_attributes
+
+    try:  # checked before any file is read or sent
+        check_attributes(dict(args.attribute))
+    except InvalidAttributes as exc:
+        sys.stderr.write(f"--attribute: {exc}\n")
+        return 2
     if args.url:
         return ingest_http(args, settings)
     if args.no_wait:
         sys.stderr.write("--no-wait needs --url (without a server the files are indexed now)\n")
         return 2
-    from retrieval.errors import RetrievalError
 
     store, tokenizer, embedder = _open_store(settings)
+    tenant = local_tenant(args.api_key)
+    collection_ids = [args.collection] if args.collection else []
     failures = 0
     try:
+        for cid in collection_ids:
+            try:
+                store.get_collection(cid, tenant)
+            except RetrievalError as exc:
+                sys.stderr.write(f"--collection: {exc}\n")
+                return 1
         for path in map(Path, args.files):
             try:
                 data = path.read_bytes()
                 content_type = mimetypes.guess_type(path.name)[0]
-                record = store.create(_tenant(args.api_key), args.title, path.name, content_type, data)
+                record = store.create(tenant, args.title, path.name, content_type, data,
+                                      attributes=dict(args.attribute), collection_ids=collection_ids)
             except (OSError, RetrievalError) as exc:
                 failures += 1
                 sys.stderr.write(f"{path}: {exc}\n")
@@ -140,6 +152,12 @@ def add_ingest(sub: SubParsers) -> None:
         help="Bearer key of the server (with --url), else store under this key's tenant",
     )
     p.add_argument("--no-wait", action="store_true", help="with --url: print the ids once uploaded, do not follow")
+    p.add_argument("--collection", default=None, metavar="ID", help="put every file in this collection")
+    p.add_argument(
+        "--attribute", type=attribute, action="append", default=[], metavar="KEY=VALUE",
+        help="an attribute of every file (repeatable); the value is read as JSON when it parses (2024 a number, true "
+        "a boolean, '\"2024\"' a string), else it is a string",
+    )
     p.set_defaults(handler=_ingest)
 
 
@@ -196,7 +214,7 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     from app.services import load_services
 
     services = load_services(settings.model_copy(update={"calibrate": False}))
-    tenant = _tenant(args.api_key)
+    tenant = local_tenant(args.api_key)
     question = Question(  # greedy with the server's default penalties, as an API request that sets none
         question=args.question,
         document_ids=args.doc,

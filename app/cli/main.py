@@ -2,8 +2,9 @@
 
 Subcommands live in ``SUBCOMMANDS``: name -> builder that adds its argparse sub-parser and sets
 ``handler(args, settings) -> exit code``. Adding one is one function and one entry; the service commands
-(``ingest``, ``ask``, ``reindex``, ``list``, ``delete``) come from ``app.cli.local``. Heavy imports (torch,
-transformers, uvicorn) happen inside handlers, so ``ragspec models`` is quick once the assets are in place.
+(``ingest``, ``ask``, ``reindex``, ``list``, ``delete``) come from ``app.cli.local``, ``collections`` from
+``app.cli.collections``. Heavy imports (torch, transformers, uvicorn) happen inside handlers, so ``ragspec models``
+is quick once the assets are in place.
 
 Logs go to stderr: ragspec's own at ``RAGSPEC_LOG_LEVEL``, other libraries' (httpx's line per request,
 transformers, faiss, ...) only from WARNING up unless ``--verbose``, so command output stays readable.
@@ -22,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.cli.collections import add_collections
 from app.cli.local import SERVICE_SUBCOMMANDS
 from app.settings import Settings
 
@@ -151,6 +153,7 @@ SUBCOMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "models": add_models,
     "serve": add_serve,
     **SERVICE_SUBCOMMANDS,  # ingest, ask, reindex (app.cli.local)
+    "collections": add_collections,  # app.cli.collections
 }
 
 

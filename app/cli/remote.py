@@ -1,6 +1,6 @@
 """``ragspec`` subcommands that talk to a running server over HTTP (plugged into ``app.cli.main`` through
-``app.cli.local``): ``ingest --url`` (upload, then follow the indexing progress until ready or failed),
-``list``, ``delete`` and ``ask --url``.
+``app.cli.local``): ``ingest --url`` (upload, with its collection and attributes, then follow the indexing
+progress until ready or failed), ``list``, ``delete`` and ``ask --url``.
 
 The server is ``--url``, else ``http://RAGSPEC_HOST:RAGSPEC_PORT`` (``http://127.0.0.1:8000`` by default; a
 wildcard bind address is reached on loopback). A server that cannot be reached is one line on stderr and
@@ -150,6 +150,23 @@ def follow(client: httpx.Client, doc_id: str, name: str, out: TextIO, poll_s: fl
         time.sleep(poll_s)
 
 
+def _upload_fields(args: argparse.Namespace) -> dict[str, str]:
+    """The multipart fields beside the file: ``title``, ``collection_id``, ``attributes`` (a JSON string)."""
+    fields = {"title": args.title} if args.title else {}
+    if getattr(args, "collection", None):
+        fields["collection_id"] = args.collection
+    if getattr(args, "attribute", None):
+        fields["attributes"] = json.dumps(dict(args.attribute))
+    return fields
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 @handled
 def ingest_http(args: argparse.Namespace, settings: ServerAddress) -> int:
     """Upload every file, then follow each until ready or failed; stdout: ``id, status, file, detail``."""
@@ -165,12 +182,12 @@ def ingest_http(args: argparse.Namespace, settings: ServerAddress) -> int:
                 warn(f"{path}: {exc.strerror or exc}")
                 continue
             content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-            fields = {"title": args.title} if args.title else None
-            response = client.post("/v1/documents", files={"file": (path.name, data, content_type)}, data=fields)
+            response = client.post("/v1/documents", files={"file": (path.name, data, content_type)},
+                                   data=_upload_fields(args) or None)
             if response.status_code != 202:
                 failures += 1
                 warn(f"{path}: {error_text(response)}")
-                if response.status_code == 401:
+                if response.status_code == 401 or _error_code(response) == "collection_not_found":
                     break  # every other file would be refused the same way
                 continue
             uploaded.append((str(response.json()["id"]), path))

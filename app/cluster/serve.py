@@ -42,7 +42,7 @@ from app.cluster.routing import DEFAULT_VNODES, AffinityRouter, routing_key
 from app.config import ServiceConfig
 from app.errors import ServiceError, error_body
 from app.serving.auth import KeyRing
-from app.serving.sessions import last_documents
+from app.serving.sessions import last_scope
 from app.settings import ClusterSettings, Settings
 
 logger = logging.getLogger(__name__)
@@ -85,11 +85,12 @@ async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str |
     if not isinstance(body, dict):
         return None
     ids = _document_ids(body.get("document_ids"))
+    collections = _document_ids(body.get("collection_ids"))
     session_id = body.get("session_id")
-    if not ids and path == "/v1/ask" and isinstance(session_id, str) and sessions is not None:
+    if not ids and not collections and path == "/v1/ask" and isinstance(session_id, str) and sessions is not None:
         with contextlib.suppress(Exception):  # the replica answers a session it cannot find
-            ids = last_documents(await sessions.history(tenant, session_id))
-    return routing_key(ids, tenant)
+            ids, collections, _ = last_scope(await sessions.history(tenant, session_id))
+    return routing_key(ids + [f"collection:{c}" for c in collections], tenant)
 
 
 def _replica_logging(level: str) -> None:

@@ -74,15 +74,6 @@ def last_scope(turns: Sequence[Turn]) -> tuple[list[str], list[str], Mapping[str
     return [], [], None
 
 
-def last_documents(turns: Sequence[Turn]) -> list[str]:
-    """The documents of a conversation's last turn that asked about any (none: an empty list): what a follow-up
-    naming no documents asks about."""
-    for turn in reversed(turns):
-        if turn.documents:
-            return list(turn.documents)
-    return []
-
-
 @dataclass
 class Conversation:
     id: str

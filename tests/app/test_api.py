@@ -66,7 +66,8 @@ def test_upload_json_lifecycle(client: httpx.Client) -> None:
     response = client.post("/v1/documents", json={"text": "Alpha beta gamma.\n\nDelta epsilon.", "title": "greek"})
     assert response.status_code == 202
     accepted = response.json()
-    assert set(accepted) == {"id", "title", "status", "progress"}
+    assert set(accepted) == {"id", "title", "status", "progress", "collection_ids", "attributes"}
+    assert (accepted["collection_ids"], accepted["attributes"]) == ([], {})
     assert accepted["title"] == "greek" and accepted["status"] in ("queued", "indexing", "ready")
     record = wait_indexed(client, accepted["id"])
     assert record["status"] == "ready" and record["progress"] == 1.0 and record["chunks"] >= 1

@@ -151,6 +151,17 @@ def test_a_follow_up_routes_by_its_session_s_last_documents() -> None:
         ["d3"], tenant)
 
 
+def test_a_collection_question_and_its_follow_up_route_by_the_collection() -> None:
+    tenant = tenant_of_key("key-a")
+    key = routing_key(["collection:c1"], tenant)
+    assert _key("POST", "/v1/ask", {"question": "q", "collection_ids": ["c1"]}) == key
+    assert _key("POST", "/v1/chat/completions", {"messages": [], "collection_ids": ["c1"]}) == key
+    assert _key("POST", "/v1/ask", {"question": "q", "collection_ids": ["c1"], "document_ids": ["d1"]}) == routing_key(
+        ["d1", "collection:c1"], tenant)
+    sessions = FakeSessions([Turn(question="a", answer="b", collections=("c1",))], tenant)
+    assert _key("POST", "/v1/ask", {"question": "q", "session_id": "s1"}, sessions=sessions) == key
+
+
 @dataclass(frozen=True)
 class FakeId:
     unique_id: str

@@ -11,7 +11,20 @@ from pydantic import BaseModel, Field
 
 from app.api.deps import ServicesDep, TenantDep
 from app.errors import NotAvailableYet
-from app.schemas import AskMode
+from app.schemas import (
+    MAX_COLLECTION_DESCRIPTION_CHARS,
+    MAX_COLLECTION_NAME_CHARS,
+    MAX_DOCUMENTS_PER_ADD,
+    MAX_FILES_PER_UPLOAD,
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_VALUE_CHARS,
+    PAGE_SIZE_DEFAULT,
+    PAGE_SIZE_MAX,
+    AskMode,
+    CollectionLimits,
+)
+from retrieval import filters
 
 router = APIRouter(tags=["ask"])
 
@@ -38,6 +51,27 @@ class Capabilities(BaseModel):
     max_question_chars: int
     max_document_ids: int
     max_upload_bytes: int
+    collections: CollectionLimits = Field(description="Collections, document attributes and their filters")
+
+
+COLLECTION_LIMITS = CollectionLimits(
+    max_attributes=filters.MAX_ATTRIBUTES,
+    max_attribute_key_chars=filters.MAX_KEY_CHARS,
+    max_attribute_string_chars=filters.MAX_STRING_CHARS,
+    filter_operators=[*filters.COMPARISONS, *filters.COMPOUNDS],
+    max_filter_depth=filters.MAX_FILTER_DEPTH,
+    max_filter_terms=filters.MAX_FILTER_TERMS,
+    max_in_values=filters.MAX_IN_VALUES,
+    page_size_default=PAGE_SIZE_DEFAULT,
+    page_size_max=PAGE_SIZE_MAX,
+    max_name_chars=MAX_COLLECTION_NAME_CHARS,
+    max_description_chars=MAX_COLLECTION_DESCRIPTION_CHARS,
+    max_metadata_keys=MAX_METADATA_KEYS,
+    max_metadata_key_chars=MAX_METADATA_KEY_CHARS,
+    max_metadata_value_chars=MAX_METADATA_VALUE_CHARS,
+    max_documents_per_add=MAX_DOCUMENTS_PER_ADD,
+    max_files_per_upload=MAX_FILES_PER_UPLOAD,
+)
 
 
 @router.get("/v1/capabilities", response_model=Capabilities)
@@ -62,4 +96,5 @@ async def capabilities(services: ServicesDep, tenant: TenantDep) -> Capabilities
         max_question_chars=limits.max_question_chars,
         max_document_ids=limits.max_document_ids,
         max_upload_bytes=limits.max_upload_bytes,
+        collections=COLLECTION_LIMITS,
     )
