@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,9 @@ class Services:
     keys: KeyRing
     started_at: float
     recalibration: RecalibrationBackoff = field(default_factory=RecalibrationBackoff)
+    # collections' syncs and warm-ups after a change of their members, one at a time, off the request
+    background: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ragspec-collections"))
 
     @property
     def vocab_size(self) -> int:
@@ -140,14 +144,23 @@ class Services:
 
         self.scheduler.submit_background(run, key=prompt.prefix_key)
 
+    def collection_changed_soon(self, collection_id: str) -> None:
+        """``collection_changed`` on the background worker (a request that changed the members does not wait for
+        the sync: a question syncs what it needs itself)."""
+        self.background.submit(self._quietly, self.collection_changed, collection_id)
+
     def forget_collection(self, collection_id: str) -> None:
-        """After a collection is deleted (its index dropped) or its members changed (its index synced)."""
+        """After a collection is deleted: its index dropped, in memory and on disk."""
+        self.library.forget(collection_id)
+
+    @staticmethod
+    def _quietly(work: Callable[[str], None], collection_id: str) -> None:
         try:
-            self.store.get_collection(collection_id)
-        except CollectionNotFound:
-            self.library.forget(collection_id)
-            return
-        self.library.sync(collection_id)
+            work(collection_id)
+        except CollectionNotFound:  # deleted meanwhile
+            pass
+        except Exception:
+            logger.exception("background work on collection %s failed", collection_id)
 
     def forget_document(self, doc_id: str) -> None:
         """After a delete: drop cached chunks/index and every KV prefix the document is part of."""
@@ -187,6 +200,7 @@ class Services:
     def close(self) -> None:
         self.scheduler.stop()
         self.indexing.stop()
+        self.background.shutdown(wait=True, cancel_futures=True)
         self.library.close()
         self.drafters.close()
         self.store.close()

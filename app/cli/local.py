@@ -201,7 +201,9 @@ def _print_answer(body: dict[str, Any], as_json: bool) -> None:
     for n, src in enumerate(body.get("sources", []), start=1):
         page, last = src.get("page"), src.get("page_end")
         pages = "" if page is None else f" p. {page}" if last in (None, page) else f" pp. {page}-{last}"
-        say(f"  [{n}] {src['document_id']}:{src['chunk_id']}{pages} score {src['score']:.2f}: {src['text'][:80]!r}")
+        title = f" {src['title']!r}" if src.get("title") else ""
+        say(f"  [{n}] {src['document_id']}:{src['chunk_id']}{title}{pages} score {src['score']:.2f}: "
+            f"{src['text'][:80]!r}")
 
 
 def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
@@ -217,7 +219,9 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
     tenant = local_tenant(args.api_key)
     question = Question(  # greedy with the server's default penalties, as an API request that sets none
         question=args.question,
-        document_ids=args.doc,
+        document_ids=args.doc or [],
+        collection_ids=args.collection or [],
+        filter=args.filter,
         max_tokens=args.max_tokens,
         sampling=sampling_params(LogitControls.model_validate({}), services.config.penalties, services.vocab_size,
                                  temperature=0.0, top_p=1.0, seed=None),
@@ -260,13 +264,30 @@ def _ask_local(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ask(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.doc and not args.collection:
+        sys.stderr.write("give --doc or --collection (or both)\n")
+        return 2
     return ask_http(args, _print_answer) if args.url else _ask_local(args, settings)
+
+
+def _filter_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a filter is a JSON object")
+    return value
 
 
 def add_ask(sub: SubParsers) -> None:
     p = sub.add_parser("ask", help="ask a question over documents (HTTP with --url, else in process)")
     p.add_argument("question")
-    p.add_argument("--doc", action="append", required=True, metavar="ID", help="document id (repeatable)")
+    p.add_argument("--doc", action="append", metavar="ID", help="document id (repeatable)")
+    p.add_argument("--collection", action="append", metavar="ID",
+                   help="collection id (repeatable): ask every ready document of it, or those matching --filter")
+    p.add_argument("--filter", type=_filter_json, default=None, metavar="JSON",
+                   help='an attribute filter, e.g. \'{"type": "eq", "key": "year", "value": 2024}\'')
     p.add_argument("--url", default=None, help="base URL of a running server, e.g. http://127.0.0.1:8000")
     p.add_argument("--api-key", default=None, help="Bearer key (server with keys / tenant in process)")
     p.add_argument("--stream", action="store_true", help="print the answer as it is generated")

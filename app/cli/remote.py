@@ -256,7 +256,9 @@ def ask_http(args: argparse.Namespace, print_answer: Callable[[dict[str, Any], b
 
     body = {
         "question": args.question,
-        "document_ids": args.doc,
+        "document_ids": args.doc or [],
+        "collection_ids": args.collection or [],
+        "filter": args.filter,
         "max_tokens": args.max_tokens,
         "mode": args.mode,
         "stream": args.stream,

@@ -19,6 +19,7 @@
     apiKey: '',
     docs: new Map(), // id -> normalized document (uploads in flight use a local "upload-N" id)
     selected: new Set(),
+    collection: null, // the collection questions go to (collections.js): {id, name, ready, pending}; null: the ticked documents
     autoSelect: new Set(), // ids uploaded here: ticked once they are ready
     sessionId: newSessionId(),
     turns: 0,
@@ -361,6 +362,11 @@
             state.selected.delete(li.dataset.id);
           }
           state.autoSelect.delete(li.dataset.id);
+          if (check.checked) {
+            // ticking a document means asking the ticked documents (collections.js takes the choice back)
+            document.dispatchEvent(new CustomEvent('ragspec:ticked'));
+          }
+          renderAskTarget();
         });
         li.querySelector('.doc-delete').addEventListener('click', (ev) => onDeleteClick(ev, li.dataset.id));
         list.append(li);
@@ -375,6 +381,32 @@
     const empty = $('doc-empty');
     if (empty.dataset.error !== '1') {
       empty.hidden = state.docs.size > 0;
+    }
+    renderAskTarget();
+  }
+
+  function readyTicked() {
+    return [...state.selected].filter((id) => state.docs.get(id)?.status === 'ready');
+  }
+
+  /** What the next question asks, said above the question box: one collection, or the ticked documents. */
+  function renderAskTarget() {
+    const line = $('ask-target');
+    const c = state.collection;
+    if (c) {
+      const pending = Number(c.pending) || 0;
+      line.textContent = `Asking: collection “${c.name}” (${plural(Number(c.ready) || 0, 'document')}` +
+        `${pending ? `, ${pending.toLocaleString()} still indexing` : ''})`;
+      line.dataset.target = 'collection';
+      $('question').placeholder = `Ask the collection “${c.name}” (Ctrl+Enter to send)`;
+      $('doc-list-help').textContent = 'Questions go to the collection chosen above; tick documents to ask them instead.';
+    } else {
+      const n = readyTicked().length;
+      line.textContent = n ? `Asking: the ticked documents (${plural(n, 'document')})`
+        : 'Asking: the ticked documents (none ticked yet)';
+      line.dataset.target = 'documents';
+      $('question').placeholder = 'Ask about the ticked documents (Ctrl+Enter to send)';
+      $('doc-list-help').textContent = 'Tick the documents to ask about.';
     }
   }
 
@@ -804,6 +836,11 @@
       if (isNum(s.score)) {
         bits.push(`score ${fmt(s.score, 3)}`);
       }
+      if (s.attributes && typeof s.attributes === 'object' && !Array.isArray(s.attributes)) {
+        for (const [key, value] of Object.entries(s.attributes)) {
+          bits.push(`${key}: ${value}`);
+        }
+      }
       if (isNum(s.start) && isNum(s.end)) {
         bits.push(`chars ${s.start}–${s.end}`);
       }
@@ -874,6 +911,14 @@
         rows.push(['Drafted by source', parts.join(', ')]);
       }
     }
+    if (isNum(s.documents)) {
+      const pending = Number(s.documents_pending) || 0;
+      rows.push(['Documents', `${Number(s.documents).toLocaleString('en-US')}` +
+        (pending ? ` (${pending.toLocaleString('en-US')} still indexing, not read)` : '')]);
+    }
+    if (s.context === 'documents' || s.context === 'chunks') {
+      rows.push(['Context', s.context === 'chunks' ? 'best chunks' : 'whole documents']);
+    }
     if (s.mode) {
       rows.push(['Mode', s.mode]);
     }
@@ -884,10 +929,19 @@
       dl.append(el('div', { class: 'stat' }, el('dt', { text: name }), el('dd', { text: value })));
     }
     turn.querySelector('.stats-box').hidden = false; // collapsed: opened by its summary
+    const warnings = [];
     if (s.context_truncated) {
+      warnings.push(
+        'The documents did not fit in the model\'s context: the answer was written from a truncated context.');
+    }
+    if (Number(s.documents_pending) > 0) {
+      const n = Number(s.documents_pending);
+      warnings.push(`${plural(n, 'document')} of the collection ${n === 1 ? 'was' : 'were'} still indexing and ` +
+        'not read.');
+    }
+    if (warnings.length) {
       const warning = turn.querySelector('.warning');
-      warning.textContent =
-        'The documents did not fit in the model\'s context: the answer was written from a truncated context.';
+      warning.textContent = warnings.join(' ');
       warning.hidden = false;
     }
     if (typeof s.session_id === 'string' && s.session_id) {
@@ -964,11 +1018,14 @@
       $('question').focus();
       return;
     }
-    const documentIds = [...state.selected].filter((id) => state.docs.get(id)?.status === 'ready');
-    if (documentIds.length === 0) {
-      errorLine.textContent = 'Tick at least one ready document to ask about.';
+    const collection = state.collection;
+    const documentIds = collection ? [] : readyTicked();
+    if (!collection && documentIds.length === 0) {
+      errorLine.textContent = 'Tick at least one ready document to ask about, or choose a collection.';
       return;
     }
+    // one collection, or the ticked documents: never both (the line above the question box says which)
+    const scope = collection ? { collection_ids: [collection.id] } : { document_ids: documentIds };
     const { maxTokens, temperature, mode } = readAskSettings();
     const { turn, answerText } = buildTurn(question);
     $('turns').append(turn);
@@ -1035,7 +1092,7 @@
         headers: authHeaders({ 'Content-Type': 'application/json', Accept: 'text/event-stream' }),
         body: JSON.stringify({
           question,
-          document_ids: documentIds,
+          ...scope,
           max_tokens: maxTokens,
           temperature,
           stream: true,
@@ -1134,7 +1191,8 @@
     // what history.js (conversations) and capabilities.js (modes, limits) build on
     globalThis.RagspecPage = {
       state, api, el, armDelete, buildTurn, renderSources, renderCitations, finishTurn, renderSessionLine,
-      newConversation,
+      newConversation, refreshDocuments, renderAskTarget, url, authHeaders, errorFromBody, plural, formatBytes,
+      clamp01, isNum,
       documentsLoaded: refreshDocuments(),
     };
     document.documentElement.dataset.ready = '1';

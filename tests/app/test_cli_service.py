@@ -87,6 +87,26 @@ def test_ingest_reindex_and_ask(
     body = json.loads(capsys.readouterr().out)
     assert body["answer"] and body["sources"][0]["document_id"] == doc and "cited_answer" in body
 
+    # a collection: asked in process and over HTTP, with a filter, and refused with a bad one
+    assert main(["collections", "create", "guides"]) == 0
+    col = capsys.readouterr().out.split("\t")[0]
+    assert main(["collections", "add", col, doc]) == 0
+    capsys.readouterr()
+    assert main(["ask", "Where is the Colosseum?", "--collection", col, "--max-tokens", "8", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["sources"][0]["document_id"] == doc and body["sources"][0]["title"] == "landmarks.txt"
+    assert body["stats"]["documents"] == 1
+    with thread_server(service_settings(data)) as server:
+        assert main(["ask", "Where is the Colosseum?", "--collection", col, "--url", server.url, "--max-tokens", "8",
+                     "--filter", '{"type": "ne", "key": "missing", "value": 1}']) == 1  # no document matches
+        assert "collection_not_ready" in capsys.readouterr().err
+        assert main(["ask", "Where is the Colosseum?", "--collection", col, "--url", server.url, "--max-tokens",
+                     "8"]) == 0
+        assert f"  [1] {doc}:" in capsys.readouterr().out
+    assert main(["ask", "Where?", "--collection", col, "--filter", '{"type": "near"}', "--max-tokens", "8"]) == 1
+    assert "invalid_filter" in capsys.readouterr().err
+    assert main(["ask", "Where?"]) == 2  # neither --doc nor --collection
+
 
 # ---- local ingest / reindex: the same progress lines as ingest --url -------------------------------
 

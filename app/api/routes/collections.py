@@ -3,13 +3,13 @@ delete (its documents kept unless asked); add existing documents, remove one, li
 and attributes. Uploading into a collection is ``POST /v1/documents`` with ``collection_id``.
 
 Another tenant's collection is not found (404), never shown. The work is ``app.serving.catalogue``'s; a delete or a
-removal also drops what the service holds for the collection (``services.forget_collection``, where the service has
-it) and, for documents deleted with it, for each document (``services.forget_document``)."""
+removal also drops what the service holds for the collection (``services.forget_collection``) and, for documents
+deleted with it, for each document (``services.forget_document``); a change of its members brings its search index
+in step in the background (``services.collection_changed_soon``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -26,21 +26,12 @@ from app.schemas import (
     CollectionPage,
     CollectionPatch,
 )
-from app.services import Services
 from app.serving import catalogue
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
 
 Limit = Annotated[int, Query(ge=1, le=PAGE_SIZE_MAX, description="Page size")]
 After = Annotated[str | None, Query(max_length=128, description="The last_id of the previous page")]
-
-
-def _forget_collection(services: Services, collection_id: str) -> None:
-    """Drop what the service holds for the collection (its search index, cached prompts), where it holds any (run in
-    a thread: it may sync the collection's index)."""
-    forget: Callable[[str], None] | None = getattr(services, "forget_collection", None)
-    if forget is not None:
-        forget(collection_id)
 
 
 @router.post("", status_code=201, response_model=CollectionOut, responses=ERRORS, summary="Create a collection")
@@ -80,7 +71,7 @@ async def delete_collection(
                                       delete_documents=delete_documents)
     for doc_id in deleted:
         services.forget_document(doc_id)
-    await asyncio.to_thread(_forget_collection, services, collection_id)
+    await asyncio.to_thread(services.forget_collection, collection_id)
     return Response(status_code=204)
 
 
@@ -88,8 +79,9 @@ async def delete_collection(
              summary="Add existing documents (an unknown one: 404, none added)")
 async def add_documents(collection_id: str, body: CollectionDocumentsIn, services: ServicesDep,
                         tenant: TenantDep) -> CollectionOut:
-    return await asyncio.to_thread(catalogue.add_documents, services.store, tenant, collection_id,
-                                   body.document_ids)
+    out = await asyncio.to_thread(catalogue.add_documents, services.store, tenant, collection_id, body.document_ids)
+    services.collection_changed_soon(collection_id)
+    return out
 
 
 @router.get("/{collection_id}/documents", response_model=CollectionDocumentPage, responses=ERRORS,
@@ -104,5 +96,5 @@ async def list_documents(collection_id: str, services: ServicesDep, tenant: Tena
 async def remove_document(collection_id: str, document_id: str, services: ServicesDep,
                           tenant: TenantDep) -> Response:
     await asyncio.to_thread(catalogue.remove_document, services.store, tenant, collection_id, document_id)
-    await asyncio.to_thread(_forget_collection, services, collection_id)
+    services.collection_changed_soon(collection_id)
     return Response(status_code=204)
