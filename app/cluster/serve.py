@@ -188,7 +188,8 @@ class Ingress:
 
         self.engine = engine.options(stream=True)
         self.keys = KeyRing(config.access.api_keys)
-        # a body past what any route takes is refused here, before it is held in memory and sent on
+        # a body past what any route takes is refused here, before it is held in memory and sent on (a multipart
+        # upload of several files included: here one request carries at most one file's limit in all)
         self.max_body = max(config.limits.max_upload_bytes, config.limits.max_json_bytes) + 64 * 1024
         self.redis = RedisLink(redis_url)
         self.sessions = SessionStore(self.redis, config.sessions.session_ttl_s, config.sessions.max_turns)
@@ -212,7 +213,8 @@ class Ingress:
         wire = wire_request(request.method, request.url.path, request.url.query, list(request.headers.items()),
                             bytes(raw), client)
         route = await route_key(wire, self.keys, self.sessions)
-        retry = not (wire["method"] == "POST" and wire["path"].rstrip("/") == "/v1/documents")
+        # a request that creates something is never sent twice: its first replica may have made it before dying
+        retry = not (wire["method"] == "POST" and wire["path"].rstrip("/") in ("/v1/documents", "/v1/collections"))
         for attempt in range(1, ATTEMPTS + 1):  # a replica that died before answering: the next one answers
             stream = self.engine.forward.remote(wire, route=route, pin=request.headers.get(REPLICA_HEADER))
             try:

@@ -71,7 +71,7 @@ def test_a_fresh_database_gets_the_schema_at_the_newest_revision(postgres_server
     Catalogue(url).close()  # opening again migrates nothing and loses nothing
     engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0003"
         columns = {c["name"] for c in sa.inspect(conn).get_columns("documents")}
         indexes = {i["name"] for i in sa.inspect(conn).get_indexes("documents")}
     engine.dispose()
@@ -97,7 +97,7 @@ def test_a_store_made_before_the_migrations_is_adopted_with_its_rows(tmp_path: P
     assert cat.ids() == ["doc07", "doc08"]
     cat.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0002",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
         assert conn.execute("SELECT count(*) FROM ingest_jobs").fetchone() == (0,)
 
 
@@ -224,3 +224,167 @@ def test_a_shared_store_starts_without_failing_others_ingests(tmp_path: Path) ->
     with store._lock:
         assert sorted(j[0] for j in store._db.jobs()) == sorted([busy.id, "doc07"])  # each will be taken
     store.close()
+
+
+# ---- collections, attributes and filters -----------------------------------------------------------
+
+
+def collection(cid: str, tenant: str = "t1", at: float = 2000.0) -> Any:
+    from retrieval.catalogue import CollectionRecord
+
+    return CollectionRecord(id=cid, tenant=tenant, name=f"name {cid}", description=None, metadata={"team": "a"},
+                            version=0, created_at=at, updated_at=at)
+
+
+def test_collections_membership_and_versions_on_both_backends(catalogue: Catalogue) -> None:
+    for i in range(1, 5):
+        catalogue.insert(record(i))
+    catalogue.insert_collection(collection("c1"))
+    catalogue.insert_collection(collection("c2", at=2001.0))
+    catalogue.insert_collection(collection("c3", tenant="t2", at=2002.0))
+    assert [c.id for c in catalogue.collections("t1")] == ["c1", "c2"]
+    assert [c.id for c in catalogue.collections(None, limit=2, after="c1")] == ["c2", "c3"]
+    assert catalogue.collections("t1", after="nope") == []
+    assert catalogue.add_members("c1", ["doc01", "doc02", "doc01"]) == 2
+    assert catalogue.add_members("c1", ["doc02", "doc03"]) == 1  # doc02 already in it
+    assert catalogue.add_members("c2", ["doc02"]) == 1
+    versions = catalogue.versions(["c1", "c2", "c3"])
+    assert versions == {"c1": 2, "c2": 1, "c3": 0}
+    assert catalogue.collections_of(["doc02", "doc04"]) == {"doc02": ["c1", "c2"], "doc04": []}
+    catalogue.update("doc02", progress=0.5)  # progress alone: no new version
+    assert catalogue.versions(["c1"]) == {"c1": 2}
+    catalogue.update("doc02", status="ready", n_chunks=3, n_tokens=40)  # a status: every collection of it moves on
+    assert catalogue.versions(["c1", "c2"]) == {"c1": 3, "c2": 2}
+    counts = catalogue.member_counts(["c1"])
+    assert counts.by_status == {"queued": 2, "ready": 1} and counts.total == 3
+    assert (counts.chunks, counts.tokens, counts.ready_tokens, counts.bytes) == (3, 40, 40, 101 + 102 + 103)
+    assert [r.id for r in catalogue.members(["c1", "c2"])] == ["doc01", "doc02", "doc03"]  # once each, oldest first
+    assert [r.id for r in catalogue.members(["c1"], statuses=["ready"])] == ["doc02"]
+    assert [r.id for r in catalogue.members(["c1"], limit=1, after="doc01")] == ["doc02"]
+    assert list(catalogue.member_stamps(["c1"])) == ["doc02"]
+    assert catalogue.remove_member("c1", "doc01") and not catalogue.remove_member("c1", "doc01")
+    assert catalogue.versions(["c1"]) == {"c1": 4}
+    catalogue.delete("doc02")  # a deleted document leaves its collections, which move on
+    assert catalogue.versions(["c1", "c2"]) == {"c1": 5, "c2": 3}
+    assert catalogue.member_counts(["c2"]).total == 0
+    catalogue.update_collection("c1", name="renamed", metadata={"k": "v"})
+    got = catalogue.collection("c1")
+    assert got is not None and (got.name, got.metadata) == ("renamed", {"k": "v"})
+    assert catalogue.delete_collection("c1") == ["doc03"]  # its members' ids; the documents stay
+    assert catalogue.collection("c1") is None and catalogue.row("doc03") is not None
+    assert catalogue.collections_of(["doc03"]) == {"doc03": []}
+
+
+ATTRIBUTES: dict[str, dict[str, Any]] = {
+    "doc01": {"year": 2024, "kind": "report", "final": True, "score": 0.5, "title": "Alpha"},
+    "doc02": {"year": 2023, "kind": "contract", "final": False, "title": "beta"},
+    "doc03": {"year": 2024.5, "kind": "Report", "title": "Été", "code": "1"},
+    "doc04": {"kind": "memo", "code": 1},
+    "doc05": {},
+}
+FILTERS: list[dict[str, Any]] = [
+    {"type": "eq", "key": "year", "value": 2024},
+    {"type": "ne", "key": "year", "value": 2024},
+    {"type": "gt", "key": "year", "value": 2023},
+    {"type": "gte", "key": "year", "value": 2023},
+    {"type": "lt", "key": "year", "value": 2024.5},
+    {"type": "lte", "key": "score", "value": 0.5},
+    {"type": "eq", "key": "kind", "value": "report"},  # case matters
+    {"type": "gt", "key": "title", "value": "Zeta"},  # code points: lower case and accents after upper case
+    {"type": "lt", "key": "title", "value": "beta"},
+    {"type": "eq", "key": "final", "value": True},
+    {"type": "ne", "key": "final", "value": True},
+    {"type": "eq", "key": "code", "value": 1},  # the number 1, not the string "1"
+    {"type": "eq", "key": "code", "value": "1"},
+    {"type": "in", "key": "kind", "value": ["memo", "contract", 7]},
+    {"type": "nin", "key": "kind", "value": ["memo", "contract"]},
+    {"type": "in", "key": "code", "value": [1, "1"]},
+    {"type": "eq", "key": "nobody", "value": 1},
+    {"type": "ne", "key": "nobody", "value": 1},
+    {"type": "and", "filters": [{"type": "eq", "key": "year", "value": 2024},
+                                {"type": "eq", "key": "final", "value": True}]},
+    {"type": "or", "filters": [{"type": "eq", "key": "kind", "value": "memo"},
+                               {"type": "and", "filters": [{"type": "gte", "key": "year", "value": 2024},
+                                                           {"type": "nin", "key": "kind", "value": ["report"]}]}]},
+]
+
+
+def reference(f: dict[str, Any], attrs: dict[str, Any]) -> bool:
+    """The filters' meaning, written plainly (retrieval/filters.py's docstring)."""
+    if f["type"] in ("and", "or"):
+        parts = [reference(g, attrs) for g in f["filters"]]
+        return all(parts) if f["type"] == "and" else any(parts)
+    if f["key"] not in attrs:
+        return False
+    have, want = attrs[f["key"]], f["value"]
+
+    def kind(v: Any) -> str:
+        return "b" if isinstance(v, bool) else "s" if isinstance(v, str) else "n"
+
+    same = lambda v: kind(v) == kind(have) and v == have  # noqa: E731
+    op = f["type"]
+    if op == "in":
+        return any(same(v) for v in want)
+    if op == "nin":
+        return not any(same(v) for v in want)
+    if op == "eq":
+        return same(want)
+    if op == "ne":
+        return not same(want)
+    if kind(want) != kind(have):
+        return False
+    return {"gt": have > want, "gte": have >= want, "lt": have < want, "lte": have <= want}[op]
+
+
+def test_filters_mean_the_same_on_both_backends(catalogue: Catalogue) -> None:
+    from retrieval.filters import check_attributes, parse_filter
+
+    for i in range(1, 6):
+        catalogue.insert(record(i), attributes=check_attributes(ATTRIBUTES[f"doc0{i}"]))
+    catalogue.insert_collection(collection("c1"))
+    catalogue.add_members("c1", [f"doc0{i}" for i in range(1, 6)])
+    assert catalogue.attributes(["doc01", "doc03", "doc05"]) == {
+        "doc01": {"final": True, "kind": "report", "score": 0.5, "title": "Alpha", "year": 2024},
+        "doc03": {"code": "1", "kind": "Report", "title": "Été", "year": 2024.5}, "doc05": {}}
+    for raw in FILTERS:
+        want = [d for d in sorted(ATTRIBUTES) if reference(raw, ATTRIBUTES[d])]
+        got = [r.id for r in catalogue.members(["c1"], where=parse_filter(raw))]
+        assert got == want, raw
+    before = catalogue.versions(["c1"])["c1"]
+    catalogue.set_attributes("doc05", {"kind": "memo"})
+    assert catalogue.versions(["c1"])["c1"] == before + 1
+    assert [r.id for r in catalogue.members(["c1"], where=parse_filter({"type": "eq", "key": "kind",
+                                                                            "value": "memo"}))] == ["doc04", "doc05"]
+    catalogue.set_attributes("doc05", {})
+    assert catalogue.attributes(["doc05"]) == {"doc05": {}}
+    with pytest.raises(DocumentNotFound):
+        catalogue.set_attributes("nope", {})
+
+
+def test_a_store_at_the_previous_revision_upgrades_in_place_and_loses_nothing(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from retrieval.catalogue import MIGRATIONS
+
+    path = tmp_path / "store.sqlite3"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        conn.execute(sa.text("INSERT INTO documents (id, tenant, title, kind, size, status, progress, n_chunks, "
+                             "n_tokens, created_at, updated_at) VALUES ('doc07', 't1', 'Title 7', 'txt', 107, "
+                             "'ready', 1, 3, 30, 1007.0, 1007.0)"))
+        conn.execute(sa.text("INSERT INTO ingest_jobs (doc_id, attempts, created_at) VALUES ('doc08', 0, 1.0)"))
+    engine.dispose()
+    cat = Catalogue(path)  # 0002 -> 0003
+    row = cat.row("doc07")
+    assert row is not None and (row.title, row.status, row.n_tokens) == ("Title 7", "ready", 30)
+    assert cat.jobs() == [("doc08", None, 0)]
+    cat.insert_collection(collection("c1"))
+    assert cat.add_members("c1", ["doc07"]) == 1 and cat.attributes(["doc07"]) == {"doc07": {}}
+    cat.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
