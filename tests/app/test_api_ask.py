@@ -45,8 +45,10 @@ def test_ask_json(client: httpx.Client, doc: str) -> None:
     assert body["session_id"]
     source = body["sources"][0]
     assert set(source) == {
-        "document_id", "chunk_id", "text", "score", "similarity", "start", "end", "page", "page_end", "highlights"
+        "document_id", "title", "attributes", "chunk_id", "text", "score", "similarity", "start", "end", "page",
+        "page_end", "highlights",
     }
+    assert source["title"] == "Landmarks" and source["attributes"] == {}
     assert {"cited_answer", "citations"} <= set(body)  # tests/app/test_citations.py
     assert source["document_id"] == doc and LANDMARKS[source["start"] : source["end"]] == source["text"]
     assert 0 < body["usage"]["completion_tokens"] <= 12 and body["usage"]["prompt_tokens"] > 20
