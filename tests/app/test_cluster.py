@@ -213,6 +213,32 @@ def test_auth_tenancy_and_the_openai_api_behave_as_in_one_process(cluster: Clust
     assert streamed and streamed == whole.choices[0].message.content
 
 
+def test_every_replica_answers_a_collection_and_follows_its_changes(cluster: Cluster, documents: list[str]) -> None:
+    with cluster.client() as client:
+        made = client.post("/v1/collections", json={"name": "ledgers"})
+        assert made.status_code == 201, made.text
+        col = made.json()["id"]
+        added = client.post(f"/v1/collections/{col}/documents", json={"document_ids": documents})
+        assert added.status_code == 200 and added.json()["document_counts"]["ready"] == 2
+        body = {"question": QUESTION, "collection_ids": [col], "max_tokens": 16}
+        first = _ask_stream(client, **body)
+        again = _ask_stream(client, **body)
+        assert again["replica"] == first["replica"] and again["text"] == first["text"] and first["text"]
+        other = _other_replica(cluster, first["replica"])  # its index is its own, built from the catalogue
+        forced = _ask_stream(client, headers={REPLICA: other}, **body)
+        assert forced["replica"] == other and forced["text"].encode() == first["text"].encode()
+        for replica in (first["replica"], other):
+            answer = client.post("/v1/ask", json=body, headers={REPLICA: replica}).json()
+            assert answer["stats"]["context"] == "chunks" and answer["stats"]["documents"] == 2
+        assert client.delete(f"/v1/collections/{col}/documents/{documents[0]}").status_code == 204
+        for replica in (first["replica"], other):  # gone from the next answer, wherever it is served
+            answer = client.post("/v1/ask", json=body, headers={REPLICA: replica}).json()
+            assert {s["document_id"] for s in answer["sources"]} <= {documents[1]}
+            assert answer["stats"]["documents"] == 1
+    with cluster.client(key=OTHER_KEY) as stranger:
+        assert stranger.post("/v1/ask", json=body).status_code == 404
+
+
 def _kill_replica(cluster: Cluster, name: str) -> None:
     """Kill an engine replica's process with SIGKILL, as a crash would (Serve then starts a new one). Its pid is
     the end of the name of the Ray worker log that says the replica is ready."""
