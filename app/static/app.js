@@ -1173,6 +1173,7 @@
     loadApiKey();
     restoreAskSettings();
     renderSessionLine();
+    renderAskTarget();
     $('key-form').addEventListener('submit', saveApiKey);
     $('paste-form').addEventListener('submit', onPasteSubmit);
     $('refresh-docs').addEventListener('click', refreshDocuments);

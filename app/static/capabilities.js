@@ -3,7 +3,7 @@
  * serve here are hidden (asking for one would be refused as "not available"), and the max-tokens input is
  * bounded by the server's max_new_tokens. Also ends the page's loading state once its data is in.
  *
- * Builds on app.js (globalThis.RagspecPage) and history.js.
+ * Builds on app.js (globalThis.RagspecPage), collections.js and history.js.
  */
 (function () {
   'use strict';
@@ -48,7 +48,7 @@
       return;
     }
     $('key-form').addEventListener('submit', () => load(page));
-    await Promise.allSettled([load(page), page.documentsLoaded, page.historyLoaded]);
+    await Promise.allSettled([load(page), page.documentsLoaded, page.collectionsLoaded, page.historyLoaded]);
     const root = document.documentElement;
     delete root.dataset.loading;
     $('page-loading').hidden = true;

@@ -1,7 +1,8 @@
 /*
  * ragspec web page: past conversations (GET/DELETE /v1/sessions). The current conversation's id is kept in
  * this browser, so a reload shows it again (its turns as the server kept them) and a follow-up continues it;
- * the list resumes or deletes any other of this API key's conversations.
+ * the list resumes or deletes any other of this API key's conversations. A resumed conversation asks again what it
+ * last asked: its documents ticked, or its collection chosen (collections.js).
  *
  * Builds on app.js (globalThis.RagspecPage); text from the server only goes in through textContent.
  */
@@ -127,7 +128,15 @@
     }
     state.sessionId = String(body.id);
     state.turns = Number(body.asked) || kept.length;
-    await tickDocuments(kept.length ? kept[kept.length - 1].documents : []);
+    // what the conversation last asked about, as a follow-up would (the server's rule): a turn that named neither
+    // documents nor collections asked the ones before it
+    const asked = [...kept].reverse().find((t) => (Array.isArray(t.documents) && t.documents.length) ||
+      (Array.isArray(t.collection_ids) && t.collection_ids.length));
+    await tickDocuments(asked ? asked.documents : []);
+    if (asked && page.chooseCollection) {
+      const ids = Array.isArray(asked.collection_ids) ? asked.collection_ids : [];
+      await page.chooseCollection(ids.length ? String(ids[0]) : ''); // the page asks one collection at a time
+    }
     remember(state.sessionId);
     renderSessionLine();
     $('ask-error').textContent = '';

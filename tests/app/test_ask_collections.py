@@ -16,6 +16,7 @@ from openai import OpenAI
 
 from decoding.drafters.registry import MODES
 from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, ask, wait_for, wait_indexed
+from tests.app.slow_indexing import slow_indexing
 
 pytestmark = pytest.mark.real_model
 
@@ -176,21 +177,36 @@ def test_removal_and_deletion_are_immediate(client: httpx.Client) -> None:
     assert b not in {s["document_id"] for s in body["sources"]} and body["stats"]["documents"] == 1
 
 
-def test_a_collection_still_indexing(client: httpx.Client) -> None:
+def test_a_collection_still_indexing(server: ThreadServer, client: httpx.Client) -> None:
     col = create(client, "empty")
     response = ask(client, question="Anything?", collection_ids=[col])
     assert response.status_code == 409 and response.json()["error"]["code"] == "collection_not_ready"
-    assert "0 still queued or indexing" not in response.json()["error"]["message"]
-    doc = upload(client, LIGHTHOUSE, "Lighthouse", col)
-    response = ask(client, question="Anything?", collection_ids=[col])
-    if response.status_code == 409:  # still indexing: says how many
+    assert "none is queued or indexing" in response.json()["error"]["message"]
+    with slow_indexing(server, pause_s=6.0):  # the first embedding batch, then a pause: held while we ask
+        doc = upload(client, notes(1), "Notes 1", col)
+        wait_for(lambda: client.get(f"/v1/documents/{doc}").json()["status"] == "indexing", "indexing to start")
+        response = ask(client, question="Anything?", collection_ids=[col], stream=True)  # refused before any token
+        assert response.status_code == 409
         assert "1 still queued or indexing" in response.json()["error"]["message"]
-    wait_indexed(client, doc)
-    second = upload(client, notes(1), "Notes 1", col)
-    body = wait_for(lambda: (r := ask(client, question="Who built it?", collection_ids=[col])).status_code == 200
-                    and r.json(), "an answer")
-    assert body["stats"]["documents"] >= 1
-    wait_indexed(client, second)
+        ready = upload(client, LIGHTHOUSE, "Lighthouse", col)  # waits behind the slow one: queued
+        body = {"question": "Who built the lighthouse?", "collection_ids": [col], "document_ids": []}
+        assert ask(client, **body).status_code == 409
+    assert wait_indexed(client, doc)["status"] == "ready" and wait_indexed(client, ready)["status"] == "ready"
+    assert ask(client, **body).json()["stats"]["documents"] == 2
+
+
+def test_a_question_answers_from_the_ready_documents_and_counts_the_pending(server: ThreadServer,
+                                                                            client: httpx.Client) -> None:
+    col = create(client, "half-ready")
+    ready = upload(client, LIGHTHOUSE, "Lighthouse", col)
+    assert wait_indexed(client, ready)["status"] == "ready"
+    with slow_indexing(server, pause_s=6.0):
+        pending = upload(client, notes(2), "Notes 2", col)
+        wait_for(lambda: client.get(f"/v1/documents/{pending}").json()["status"] == "indexing", "indexing to start")
+        body = ask(client, question="Who built the lighthouse of Varnholm?", collection_ids=[col]).json()
+        assert body["stats"]["documents"] == 1 and body["stats"]["documents_pending"] == 1
+        assert {s["document_id"] for s in body["sources"]} == {ready}
+    wait_indexed(client, pending)
 
 
 @pytest.mark.parametrize(("body", "status", "code"), [

@@ -4,7 +4,8 @@ copes with chunk boundaries that split lines, CRLF pairs and multi-byte text, an
 API's modes. In headless Chromium against the real service (the module's ``server``, tests/app/conftest.py):
 the page offers the modes and token limit the server has, and fits a 400 px wide window.
 
-The walk-through of the page (upload, ask, stream, stop, history) is in tests/app/test_web_page.py.
+The walk-through of the page (upload, ask, stream, stop, history) is in tests/app/test_web_page.py, its collection
+picker in tests/app/test_web_collections.py.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def browser() -> Iterator[Browser]:
 def test_static_files_are_self_contained() -> None:
     """No CDN or remote asset: the page works offline; scripts parse."""
     html = (STATIC / "index.html").read_text(encoding="utf-8")
-    refs = ("static/style.css", "static/sse.js", "static/app.js", "static/history.js", "static/capabilities.js",
-            "static/favicon.svg")
+    refs = ("static/style.css", "static/sse.js", "static/app.js", "static/collections.js", "static/history.js",
+            "static/capabilities.js", "static/favicon.svg")
     for ref in refs:
         assert ref in html
         assert (STATIC / ref.removeprefix("static/")).is_file()
@@ -50,7 +51,7 @@ def test_static_files_are_self_contained() -> None:
     docs = (STATIC / "docs.html").read_text(encoding="utf-8")
     for ref in ("static/docs.js", "static/docs.css", "static/swagger/swagger-ui-bundle.js", "static/favicon.svg"):
         assert ref in docs
-    scripts = ("app.js", "sse.js", "history.js", "capabilities.js", "docs.js")
+    scripts = ("app.js", "sse.js", "collections.js", "history.js", "capabilities.js", "docs.js")
     for name in ("index.html", "style.css", "docs.html", "docs.css", *scripts):
         text = (STATIC / name).read_text(encoding="utf-8")
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
@@ -61,6 +62,65 @@ def test_static_files_are_self_contained() -> None:
         for name in scripts:
             run = subprocess.run([NODE, "--check", str(STATIC / name)], capture_output=True, text=True)
             assert run.returncode == 0, run.stderr
+
+
+def test_page_controls_are_labelled_and_collections_load_before_history() -> None:
+    """Every control of the page's markup has a label (a ``<label for>``, a wrapping label or an aria-label), so it is
+    named to a screen reader and reached by keyboard; the collection picker is a radio group under a legend, its file
+    input takes several files; collections.js builds on app.js and is loaded before history.js (which resumes a
+    conversation's collection through it) and capabilities.js (which waits for it before ending the loading state)."""
+    from html.parser import HTMLParser
+
+    html = (STATIC / "index.html").read_text(encoding="utf-8")
+
+    class Controls(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.labels: set[str] = set()
+            self.controls: list[dict[str, str | None]] = []
+            self.open_labels = 0
+            self.templates = 0
+            self.scripts: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            a = dict(attrs)
+            if tag == "template":
+                self.templates += 1
+            elif tag == "label":
+                self.open_labels += 1
+                if a.get("for"):
+                    self.labels.add(str(a["for"]))
+            elif tag == "script" and a.get("src"):
+                self.scripts.append(str(a["src"]))
+            elif tag in {"input", "select", "textarea"} and a.get("type") != "hidden" and not self.templates:
+                self.controls.append({**a, "wrapped": "1" if self.open_labels else None})
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag == "template":
+                self.templates -= 1
+            elif tag == "label":
+                self.open_labels -= 1
+
+    parsed = Controls()
+    parsed.feed(html)
+    unlabelled = [c for c in parsed.controls
+                  if not (c.get("id") in parsed.labels or c.get("wrapped") or c.get("aria-label"))]
+    assert unlabelled == []
+    ids = {c.get("id") for c in parsed.controls}
+    assert {"collection-name", "collection-file-input", "target-documents", "question"} <= ids
+    files = next(c for c in parsed.controls if c.get("id") == "collection-file-input")
+    assert files["type"] == "file" and "multiple" in files
+    picker = html[html.index('<fieldset class="ask-about">') : html.index("</fieldset>")]
+    assert "<legend>" in picker and 'type="radio" name="ask-target"' in picker
+    assert 'aria-describedby="ask-target"' in html and 'id="ask-target"' in html
+    order = [s.removeprefix("static/") for s in parsed.scripts]
+    assert order.index("app.js") < order.index("collections.js") < order.index("history.js") < order.index(
+        "capabilities.js")
+    # the collection's documents and the choice go through the API's routes, relative to the page
+    script = (STATIC / "collections.js").read_text(encoding="utf-8")
+    for route in ("'v1/collections'", "'documents'", "'collection_id'", "'v1/documents'"):
+        assert route in script, route
+    assert "collection_ids: [collection.id]" in (STATIC / "app.js").read_text(encoding="utf-8")
 
 
 SSE_CHECK = r"""

@@ -41,6 +41,7 @@ class SessionTurn(BaseModel):
     question: str
     answer: str
     documents: list[str] = Field(description="The documents asked about")
+    collection_ids: list[str] = Field(default_factory=list, description="The collections asked about")
     sources: list[dict[str, Any]] = Field(
         description="The sources shown with the answer, as /v1/ask sent them (empty when the server keeps none: "
         "RAGSPEC_SESSION_SOURCES=false)"
@@ -83,6 +84,7 @@ async def get_session(session_id: SessionId, services: ServicesDep, tenant: Tena
         raise SessionNotFound(f"no session {session_id!r}")
     turns = [
         SessionTurn(question=t.question, answer=t.answer, documents=list(t.documents),
+                    collection_ids=list(t.collections),
                     sources=[dict(s) for s in t.sources],
                     citations=dict(t.citations) if t.citations is not None else None)
         for t in conversation.turns
