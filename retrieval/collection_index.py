@@ -76,8 +76,8 @@ class CollectionIndexConfig:
 
 @dataclass(frozen=True)
 class Slot:
-    """A document in the index: its slot number, stamp (its record's ``updated_at`` when added), chunks, terms
-    (for BM25's mean length) and its vectors' rows ``[lo, hi)`` (None: not in the vector index yet)."""
+    """A document in the index: its slot number, stamp (its record's ``updated_at`` when added), chunks and terms
+    (for BM25's mean length)."""
 
     slot: int
     doc_id: str
@@ -477,12 +477,4 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
     return part[np.argsort(-scores[part], kind="stable")]
 
 
-def describe(index: CollectionIndex) -> dict[str, Any]:
-    """What an index holds, for logs and stats."""
-    return {"kind": index.kind, "vectors": index.n_vectors, "live_vectors": index.n_live,
-            "documents": len(index.documents()), "dead_share": round(index.dead_share(), 4),
-            "synced_version": index.synced_version}
-
-
-__all__ = ["CollectionIndex", "CollectionIndexConfig", "DocumentEntry", "Slot", "TermStats", "chunk_vectors",
-           "describe"]
+__all__ = ["CollectionIndex", "CollectionIndexConfig", "DocumentEntry", "Slot", "TermStats", "chunk_vectors"]

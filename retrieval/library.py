@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.collection_index import CollectionIndex, CollectionIndexConfig, DocumentEntry, chunk_vectors, describe
+from retrieval.collection_index import CollectionIndex, CollectionIndexConfig, DocumentEntry, chunk_vectors
 from retrieval.doc_files import remove
 from retrieval.embedding import Embedder
 from retrieval.errors import CollectionNotFound, DocumentNotFound, DocumentNotReady, RetrievalError
@@ -93,10 +93,6 @@ class CollectionIndexes:
             with held.lock:
                 held.index.close()
         remove(self._dir(collection_id))
-
-    def describe(self, collection_id: str) -> dict[str, object]:
-        with self.synced(collection_id) as index:
-            return describe(index)
 
     def close(self) -> None:
         with self._lock:

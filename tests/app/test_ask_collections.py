@@ -239,3 +239,28 @@ def test_another_tenants_collection_is_not_found(server: ThreadServer, small: di
         assert response.status_code == 404 and response.json()["error"]["code"] == "collection_not_found"
         assert "Eiffel" not in response.text and small["landmarks"] not in response.text
         assert other.get(f"/v1/collections/{small['col']}").status_code == 404
+
+
+def test_a_batch_of_uploads_warms_the_collection_once(server: ThreadServer, client: httpx.Client,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.answering.prompts import SYSTEM_PROMPT, prefix_key
+
+    services = server.services
+    keys: list[str | None] = []
+    submit = services.scheduler.submit_background
+    monkeypatch.setattr(services.scheduler, "submit_background",
+                        lambda run, key=None: (keys.append(key), submit(run, key=key))[1])
+    col = create(client, "batch")
+    files = [("file", (f"part{i}.txt", f"Part {i} of the batch: the harbour crane {i} lifts {i * 7} tonnes.",
+                       "text/plain")) for i in range(6)]
+    response = client.post("/v1/documents", files=files, data={"collection_id": col})
+    assert response.status_code == 202, response.text
+    ids = [d["id"] for d in response.json()["documents"]]
+    for doc in ids:
+        assert wait_indexed(client, doc)["status"] == "ready"
+    whole = prefix_key(services.target.name, SYSTEM_PROMPT, ids)  # the collection read whole, upload order
+    wait_for(lambda: whole in keys, "the collection's warm-up")
+    services.background.submit(lambda: None).result()  # every change handled
+    assert keys.count(whole) == 1, keys
+    body = ask(client, question="How much does crane 3 lift?", collection_ids=[col]).json()
+    assert body["stats"]["context"] == "documents" and body["stats"]["documents"] == 6
