@@ -49,7 +49,7 @@ from decoding.runtime.models import (
     with_context_window,
 )
 from decoding.speculative.engine import Engine, EngineConfig
-from decoding.speculative.generation import GenerationConfig
+from decoding.speculative.generation import GenerationConfig, Prompt
 from retrieval.embedding import Embedder, load_embedder
 from retrieval.errors import CollectionNotFound
 from retrieval.library import CollectionIndexes
@@ -101,9 +101,13 @@ class Services:
         docs = document_texts(self.store, [record])
         prompt = self.prompts.warm_prompt(docs, self.config.limits.default_max_tokens, self.retriever,
                                           record.tenant)
+        self._warm(prompt, [doc_id])
+
+    def _warm(self, prompt: Prompt | None, doc_ids: list[str]) -> None:
+        """Queue the KV computation of ``prompt``'s prefix (over ``doc_ids``), run only while no question waits."""
         if prompt is None or prompt.prefix_key is None:
             return
-        self.prefix_registry.add(prompt.prefix_key, [doc_id])
+        self.prefix_registry.add(prompt.prefix_key, doc_ids)
         engine = self.engine
 
         def run(cancel: threading.Event) -> Iterator[Any]:
@@ -132,17 +136,7 @@ class Services:
         if pending or not counts.by_status.get("ready") or counts.ready_tokens + max_tokens > self.prompts.max_context:
             return
         records = self.store.members([collection_id], statuses=["ready"])
-        prompt = self.prompts.warm_prompt(document_texts(self.store, records), max_tokens)
-        if prompt is None or prompt.prefix_key is None:
-            return
-        self.prefix_registry.add(prompt.prefix_key, [r.id for r in records])
-        engine = self.engine
-
-        def run(cancel: threading.Event) -> Iterator[Any]:
-            engine.warm_prefix(prompt, cancel)
-            yield from ()
-
-        self.scheduler.submit_background(run, key=prompt.prefix_key)
+        self._warm(self.prompts.warm_prompt(document_texts(self.store, records), max_tokens), [r.id for r in records])
 
     def collection_changed_soon(self, collection_id: str) -> None:
         """``collection_changed`` on the background worker (a request that changed the members does not wait for

@@ -226,12 +226,7 @@ class PromptBuilder:
         ``ContextTooLong`` when the question alone does not fit.
         """
         room = self.max_context - max_tokens
-        history, bare = self._trim_history(system, question, list(history), room)
-        if len(bare.ids) > room:
-            raise ContextTooLong(
-                f"the question needs {len(bare.ids)} prompt tokens and {max_tokens} new tokens, more than "
-                f"the target's {self.max_context}-token window; shorten the question or lower max_tokens"
-            )
+        history, bare = self._question_part(system, question, history, max_tokens)
         if not docs:
             return bare
         budget = room - len(bare.ids)
@@ -260,14 +255,23 @@ class PromptBuilder:
         document order, each document's first chunk after its title (so that an answer can say where a fact comes
         from); ``key_parts`` name the prefix (the collections at their versions). Marked ``context_truncated``."""
         room = self.max_context - max_tokens
-        history, bare = self._trim_history(system, question, list(history), room)
+        history, bare = self._question_part(system, question, history, max_tokens)
+        key = prefix_key(self.model_name, system, key_parts)
+        return self._fit_chunks(ranking, key, system, question, history, room, room - len(bare.ids), 0, titles)
+
+    def _question_part(
+        self, system: str, question: str, history: Sequence[tuple[str, str]], max_tokens: int
+    ) -> tuple[list[tuple[str, str]], Prompt]:
+        """The history that fits with the question (older turns dropped first) and the prompt without documents;
+        ``ContextTooLong`` when the question alone does not fit."""
+        room = self.max_context - max_tokens
+        kept, bare = self._trim_history(system, question, list(history), room)
         if len(bare.ids) > room:
             raise ContextTooLong(
                 f"the question needs {len(bare.ids)} prompt tokens and {max_tokens} new tokens, more than "
                 f"the target's {self.max_context}-token window; shorten the question or lower max_tokens"
             )
-        key = prefix_key(self.model_name, system, key_parts)
-        return self._fit_chunks(ranking, key, system, question, history, room, room - len(bare.ids), 0, titles)
+        return kept, bare
 
     def _fit_chunks(
         self, ranking: Ranking, key: str, system: str, question: str, history: Sequence[tuple[str, str]],

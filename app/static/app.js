@@ -637,12 +637,11 @@
     }
   }
 
-  function setupDropZone() {
-    const zone = $('drop-zone');
-    const input = $('file-input');
+  // A drop zone with its file input: chosen or dropped files go to onFiles (an array, never empty).
+  function wireDropZone(zone, input, onFiles) {
     input.addEventListener('change', () => {
       if (input.files && input.files.length) {
-        uploadFiles([...input.files]);
+        onFiles([...input.files]);
       }
       input.value = '';
     });
@@ -665,9 +664,14 @@
       zone.classList.remove('dragging');
       const files = ev.dataTransfer ? [...ev.dataTransfer.files] : [];
       if (files.length) {
-        uploadFiles(files);
+        onFiles(files);
       }
     });
+  }
+
+  function setupDropZone() {
+    const zone = $('drop-zone');
+    wireDropZone(zone, $('file-input'), uploadFiles);
     // A file dropped next to the zone must not make the browser navigate away from the page.
     for (const type of ['dragover', 'drop']) {
       window.addEventListener(type, (ev) => {
@@ -1193,7 +1197,7 @@
     globalThis.RagspecPage = {
       state, api, el, armDelete, buildTurn, renderSources, renderCitations, finishTurn, renderSessionLine,
       newConversation, refreshDocuments, renderAskTarget, url, authHeaders, errorFromBody, plural, formatBytes,
-      clamp01, isNum,
+      clamp01, isNum, wireDropZone,
       documentsLoaded: refreshDocuments(),
     };
     document.documentElement.dataset.ready = '1';

@@ -574,36 +574,7 @@
   // start
 
   function setupDrop() {
-    const zone = $('collection-drop');
-    const input = $('collection-file-input');
-    input.addEventListener('change', () => {
-      if (input.files && input.files.length) {
-        upload([...input.files]);
-      }
-      input.value = '';
-    });
-    for (const type of ['dragenter', 'dragover']) {
-      zone.addEventListener(type, (ev) => {
-        ev.preventDefault();
-        if (ev.dataTransfer) {
-          ev.dataTransfer.dropEffect = 'copy';
-        }
-        zone.classList.add('dragging');
-      });
-    }
-    zone.addEventListener('dragleave', (ev) => {
-      if (!zone.contains(ev.relatedTarget)) {
-        zone.classList.remove('dragging');
-      }
-    });
-    zone.addEventListener('drop', (ev) => {
-      ev.preventDefault();
-      zone.classList.remove('dragging');
-      const files = ev.dataTransfer ? [...ev.dataTransfer.files] : [];
-      if (files.length) {
-        upload(files);
-      }
-    });
+    page.wireDropZone($('collection-drop'), $('collection-file-input'), upload);
   }
 
   function init() {
