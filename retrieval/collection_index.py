@@ -63,7 +63,8 @@ CREATE VIRTUAL TABLE IF NOT EXISTS chunk_vocab USING fts5vocab(chunks, row);
 class CollectionIndexConfig:
     """How a collection index searches. ``exact_max``: vectors searched exactly (flat index below it, allowed rows
     below it); ``exact_share``: a filter allowing less than this share of the rows is searched exactly too;
-    ``ef_search`` HNSW's breadth with nothing filtered, ``ef_max`` its most under a filter."""
+    ``ef_search`` HNSW's breadth with nothing filtered, ``ef_max`` its most under a filter; ``lexical_postings``:
+    the most postings a BM25 candidate search reads (``CollectionIndex.lexical``)."""
 
     exact_max: int = 20_000
     exact_share: float = 0.02
@@ -72,6 +73,7 @@ class CollectionIndexConfig:
     ef_search: int = 64
     ef_max: int = 1024
     compact_share: float = 0.25
+    lexical_postings: int = 200_000
 
 
 @dataclass(frozen=True)
@@ -410,9 +412,20 @@ class CollectionIndex:
     def lexical(self, query_terms: Iterable[str], k: int, allowed: Collection[str] | None = None,
                 ) -> list[tuple[str, int]]:
         """Up to ``k`` chunks of ``allowed`` documents (all live ones when None) holding any of the terms, best
-        BM25 first (FTS5's own ranking: these are candidates, scored again by the retriever)."""
+        BM25 first (FTS5's own ranking: these are candidates, scored again by the retriever).
+
+        FTS5 ranks every chunk that holds a term, so its cost follows the terms' postings: the most common terms
+        (the least weight in BM25) are left out of this search until their postings fit ``lexical_postings``; the
+        rarest term always stays. The retriever's scoring still counts every term."""
         unique = list(dict.fromkeys(t for t in query_terms if t))
         if not unique or k <= 0:
+            return []
+        df = self.term_stats(unique).df
+        unique = [t for t in unique if df.get(t, 0) > 0]
+        unique.sort(key=lambda t: df[t])
+        while len(unique) > 1 and sum(df[t] for t in unique) > self.config.lexical_postings:
+            unique.pop()
+        if not unique:
             return []
         match = " OR ".join('"' + t.replace('"', '""') + '"' for t in unique)  # terms are words: quoted, no syntax
         slots = set(self.live_slots(allowed))

@@ -165,3 +165,12 @@ def test_lexical_candidates_and_stats_follow_the_allowed_documents(tmp_path: Pat
     stats = index.term_stats(["renewal", "nowhere"])
     assert stats.n_chunks == 120 and stats.df["nowhere"] == 0
     assert stats.df["renewal"] == sum(1 for e in docs.values() for t in e.terms if "renewal" in t)
+
+
+def test_the_most_common_terms_leave_a_candidate_search_past_its_postings_budget(tmp_path: Path) -> None:
+    index, _ = build(tmp_path, 30, 4, CollectionIndexConfig(lexical_postings=10))
+    stats = index.term_stats(["renewal", "doc7"])
+    assert stats.df["renewal"] > 10 >= stats.df["doc7"]
+    got = index.lexical(["renewal", "doc7"], 50)  # "renewal" is in too many chunks: only doc7's are searched
+    assert got and {d for d, _ in got} == {"d7"}
+    assert index.lexical(["renewal"], 50)  # the rarest term always stays
