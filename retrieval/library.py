@@ -72,16 +72,20 @@ class CollectionIndexes:
             index = held.index
             if index.synced_version != version:
                 self._sync(collection_id, index, version)
-            if index.dirty and time.monotonic() - held.saved_at >= self.save_after_s:
-                index.save()
-                held.saved_at = time.monotonic()
             yield index
 
     def sync(self, collection_id: str) -> None:
-        """Bring the index in step now (after an ingest or a change of members: questions then find it ready)."""
+        """Bring the index in step now (after an ingest or a change of members: questions then find it ready), and
+        do its upkeep, which a question never waits for: compaction once removed documents' vectors pass
+        ``compact_share``, and a snapshot of changed vectors at most every ``save_after_s``."""
         try:
-            with self.synced(collection_id):
-                pass
+            with self.synced(collection_id) as index:
+                held = self._get(collection_id)
+                if index.needs_compaction():
+                    index.compact()
+                if index.dirty and time.monotonic() - held.saved_at >= self.save_after_s:
+                    index.save()
+                    held.saved_at = time.monotonic()
         except CollectionNotFound:
             self.forget(collection_id)
 
