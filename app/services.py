@@ -83,6 +83,8 @@ class Services:
     # collections' syncs and warm-ups after a change of their members, one at a time, off the request
     background: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ragspec-collections"))
+    _soon: set[str] = field(default_factory=set)  # collections whose change is queued on ``background``
+    _soon_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def vocab_size(self) -> int:
@@ -117,12 +119,15 @@ class Services:
         self.scheduler.submit_background(run, key=prompt.prefix_key)
 
     def document_ready(self, doc_id: str) -> None:
-        """After an ingest: warm the document's prefix, bring its collections' indexes in step, and warm the prefix
-        of each collection that the target reads whole once none of its documents is still waiting (so a batch of
-        uploads warms it once, after its last document)."""
-        self.warm_document(doc_id)
-        for cid in self.store.collections_of([doc_id])[doc_id]:
-            self.collection_changed(cid)
+        """After an ingest: a document in no collection gets its prefix warmed, as a document asked by name; one in
+        collections brings their indexes in step and warms the prefix of each collection that the target reads
+        whole, once none of its documents is still waiting (so a batch of uploads warms it once, after its last
+        document; warming each of a library's documents alone would double its ingestion, docs/benchmarks.md)."""
+        collections = self.store.collections_of([doc_id])[doc_id]
+        if not collections:
+            self.warm_document(doc_id)
+        for cid in collections:
+            self.collection_changed_soon(cid)
 
     def collection_changed(self, collection_id: str) -> None:
         """Its members changed: sync its index now (questions then find it ready) and warm its whole-collection
@@ -139,9 +144,18 @@ class Services:
         self._warm(self.prompts.warm_prompt(document_texts(self.store, records), max_tokens), [r.id for r in records])
 
     def collection_changed_soon(self, collection_id: str) -> None:
-        """``collection_changed`` on the background worker (a request that changed the members does not wait for
-        the sync: a question syncs what it needs itself)."""
-        self.background.submit(self._quietly, self.collection_changed, collection_id)
+        """``collection_changed`` on the background worker, once for any number of changes made before it starts
+        (a request that changed the members does not wait for the sync: a question syncs what it needs itself)."""
+        with self._soon_lock:
+            if collection_id in self._soon:
+                return
+            self._soon.add(collection_id)
+        self.background.submit(self._changed, collection_id)
+
+    def _changed(self, collection_id: str) -> None:
+        with self._soon_lock:
+            self._soon.discard(collection_id)
+        self._quietly(self.collection_changed, collection_id)
 
     def forget_collection(self, collection_id: str) -> None:
         """After a collection is deleted: its index dropped, in memory and on disk."""

@@ -262,5 +262,6 @@ def test_a_batch_of_uploads_warms_the_collection_once(server: ThreadServer, clie
     wait_for(lambda: whole in keys, "the collection's warm-up")
     services.background.submit(lambda: None).result()  # every change handled
     assert keys.count(whole) == 1, keys
+    assert not {prefix_key(services.target.name, SYSTEM_PROMPT, [doc]) for doc in ids} & set(keys)  # none alone
     body = ask(client, question="How much does crane 3 lift?", collection_ids=[col]).json()
     assert body["stats"]["context"] == "documents" and body["stats"]["documents"] == 6
