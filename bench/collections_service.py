@@ -10,12 +10,13 @@ dir in a temp dir), over its HTTP API.
   Reported: documents per minute and embedded tokens per second (the embedder's tokenizer over exactly the windows
   ingestion embeds: ``retrieval.chunking.passage_spans`` of each 512-token chunk, read back from the store after the
   run), beside the embedder alone on the same window texts in this process with the same batch size, one ``encode``
-  per document as ingestion calls it (run before and after the server: the two give the noise band), and in one call
-  over every window (batches across documents). ``overhead`` = ingest wall time / embedder-alone time - 1 (goal
-  <= 15 %). The server runs as shipped (``--ingest-variants kv_warm``: every ready document's KV prefix is warmed in the
-  background, as ``Services.document_ready`` does) and with the KV cache off (``no_kv_cache``:
-  ``RAGSPEC_KV_CACHE_BYTES=0``, no warm-up), to show what the warm-ups cost an upload; the upload request time per
-  file and the PATCH time per document apart.
+  per document as ingestion calls it (run before, between and after the servers: they give the noise band), and in
+  one call over every window (batches across documents). ``overhead`` = ingest wall time / embedder-alone time - 1
+  (goal <= 15 %). The server runs as shipped (``--ingest-variants kv_cache``: its KV cache on, so whatever
+  ``Services.document_ready`` warms in the background shares the CPU with the embedding; since 8f5b65c a document
+  uploaded into a collection is no longer warmed alone) and with the KV cache off (``no_kv_cache``:
+  ``RAGSPEC_KV_CACHE_BYTES=0``, nothing warmed); ``server_prefill_rows`` counts the target tokens warmed during the
+  upload. The upload request time per file and the PATCH time per document apart.
 * ``quality``: bench/data's QA set (``bench.datasets.load_qa``) asked over one collection of all its documents plus
   ``--quality-distractors`` (200) library documents, without naming the document, against each question asked with
   its document named. A server in this process (``ThreadServer``-like: uvicorn in a thread, its ``Services`` at hand)
@@ -74,7 +75,7 @@ MODELS_DIR = REPO / "data" / "models"
 DEADLINE_S = 3 * 3600.0  # "it never happened" bounds, not speed assertions
 POLL_S = 1.0
 GROUP_KEYS = ("kind", "tier", "deprecated")  # attributes a request's files share; the rest PATCHed per document
-INGEST_VARIANTS = {"kv_warm": {}, "no_kv_cache": {"RAGSPEC_KV_CACHE_BYTES": "0"}}
+INGEST_VARIANTS = {"kv_cache": {}, "no_kv_cache": {"RAGSPEC_KV_CACHE_BYTES": "0"}}
 SERVER_ENV = {"RAGSPEC_CALIBRATE": "false", "RAGSPEC_LOG_LEVEL": "WARNING"}
 GOAL_INGEST_OVERHEAD = 0.15
 GOAL_RETRIEVAL_SHARE = 0.10
@@ -550,9 +551,10 @@ def run_ingest(args: argparse.Namespace, save: Callable[[dict[str, Any]], None])
             "after the last (per_document_s, in that order); a variant's overhead is its wall time over the mean of "
             "the runs just before and after it, less 1; one_call_s: one encode over every window (batches across "
             "documents, the embedder at its best).",
-            "kv_warm is the server as shipped: each ready document's KV prefix is warmed on the scheduler's "
-            "background (Services.document_ready -> warm_document), which shares the CPU with the embedding; "
-            "server_prefill_rows counts the target tokens those warm-ups prefilled during the upload.",
+            "kv_cache is the server as shipped (its KV cache on): what Services.document_ready warms on the "
+            "scheduler's background shares the CPU with the embedding; server_prefill_rows counts the target tokens "
+            "prefilled during the upload (0 since 8f5b65c: a document uploaded into a collection is no longer "
+            "warmed alone, and a 1,200-document collection is past the window, so nothing is warmed).",
             "a shared 2-core machine: two torch threads slow down several-fold whenever another process takes a "
             "core, so compare figures within this run, and see the load averages.",
         ],
