@@ -52,7 +52,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,6 +69,8 @@ import numpy as np
 from bench.common import REPO, median, out
 from bench.datasets import load_qa, locate, passage_pattern
 from bench.library import LICENCE, LibraryDoc, fingerprint, library_documents, python_version
+from tests.app.live import wait_for
+from tests.conftest import free_port
 
 MODELS_DIR = REPO / "data" / "models"
 DEADLINE_S = 3 * 3600.0  # "it never happened" bounds, not speed assertions
@@ -98,23 +99,6 @@ LIBRARY_QUESTIONS = (
 
 
 # ---- servers ------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S, every_s: float = 0.1) -> Any:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise RuntimeError(f"gave up waiting for {what}")
-        time.sleep(every_s)
 
 
 @dataclass
@@ -828,11 +812,11 @@ def wait_idle(services: Any) -> None:
 
     background = getattr(services, "background", None)
     for _ in range(2):
-        wait_for(idle, "the server's background work", every_s=0.2)
+        wait_for(idle, "the server's background work", deadline_s=DEADLINE_S, every_s=0.2)
         if background is not None:
             background.submit(lambda: None).result(timeout=DEADLINE_S)
         time.sleep(0.3)
-    wait_for(idle, "the server's background work", every_s=0.2)
+    wait_for(idle, "the server's background work", deadline_s=DEADLINE_S, every_s=0.2)
 
 
 def forget(services: Any, doc_ids: Sequence[str]) -> None:

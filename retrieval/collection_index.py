@@ -17,9 +17,8 @@ until dead vectors pass ``compact_share`` of the index, which is then rebuilt fr
 
 Search: exact (faiss's flat scan of the stored vectors, the allowed rows as a bitmap selector) while the index is
 flat (up to ``exact_max`` vectors) or a filter allows few rows (``exact_max``, or less than ``exact_share`` of the
-index: graph search starves when few nodes pass, exact stays recall 1.0 at p99 <= 20 ms up to a fifth of a million
-vectors here); otherwise HNSW (inner product) with the bitmap as selector and a search breadth that grows as the share
-allowed shrinks. Figures and the sweep that chose the defaults: bench/results/collections.json, docs/benchmarks.md.
+index: graph search starves when few nodes pass, where the exact scan keeps recall 1.0); otherwise HNSW (inner
+product) with the bitmap as selector and a search breadth that grows as the share allowed shrinks. Figures and the sweep that chose the defaults: bench/results/collections.json, docs/benchmarks.md.
 
 Not thread-safe alone: ``CollectionIndexes`` (``retrieval.library``) holds one lock per index; compaction and
 snapshots run off the question path (``CollectionIndexes.sync``).
@@ -301,7 +300,7 @@ class CollectionIndex:
             return
         if len(vectors):
             threads = faiss.omp_get_max_threads()
-            faiss.omp_set_num_threads(1)  # a document's few vectors: one thread is 3-4x faster than two here
+            faiss.omp_set_num_threads(1)  # a document's few vectors: one thread beats two (docs/benchmarks.md)
             try:
                 self._index.add(vectors)
             finally:
@@ -393,7 +392,7 @@ class CollectionIndex:
     def _exact(self, q: np.ndarray, ranges: list[tuple[int, int]], n_allowed: int,
                k: int) -> tuple[np.ndarray, np.ndarray]:
         """Every allowed row scored: faiss's flat search over the stored vectors with the rows' bitmap as selector
-        (no copy of the rows; 3.5x a gather and a product at 1M, bench/results/collections.json)."""
+        (no copy of the rows)."""
         flat: Any = self._index if self.kind == "flat" else faiss.downcast_index(self._index.storage)
         params = None
         if n_allowed < self.n_vectors:
@@ -431,17 +430,19 @@ class CollectionIndex:
         return selector
 
     def lexical(self, query_terms: Iterable[str], k: int, allowed: Collection[str] | None = None,
-                ) -> list[tuple[str, int]]:
+                df: dict[str, int] | None = None) -> list[tuple[str, int]]:
         """Up to ``k`` chunks of ``allowed`` documents (all live ones when None) holding any of the terms, best
         BM25 first (FTS5's own ranking: these are candidates, scored again by the retriever).
 
         FTS5 ranks every chunk that holds a term, so its cost follows the terms' postings: the most common terms
         (the least weight in BM25) are left out of this search until their postings fit ``lexical_postings``; the
-        rarest term always stays. The retriever's scoring still counts every term."""
+        rarest term always stays. The retriever's scoring still counts every term. ``df``: the terms' chunk counts
+        when the caller has them (``term_stats``)."""
         unique = list(dict.fromkeys(t for t in query_terms if t))
         if not unique or k <= 0:
             return []
-        df = self.term_stats(unique).df
+        if df is None or any(t not in df for t in unique):
+            df = self.term_stats(unique).df
         unique = [t for t in unique if df.get(t, 0) > 0]
         unique.sort(key=lambda t: df[t])
         while len(unique) > 1 and sum(df[t] for t in unique) > self.config.lexical_postings:

@@ -300,10 +300,10 @@ class Retriever:
                     for doc_id, chunk_id, _ in index.search(v, candidates, allowed):
                         found.setdefault(doc_id, set()).add(chunk_id)
                 if self.lexical_weight > 0:
-                    for ts in query_terms:
-                        for doc_id, chunk_id in index.lexical(ts, candidates, allowed):
-                            found.setdefault(doc_id, set()).add(chunk_id)
                     stats = index.term_stats(df)
+                    for ts in query_terms:
+                        for doc_id, chunk_id in index.lexical(ts, candidates, allowed, stats.df):
+                            found.setdefault(doc_id, set()).add(chunk_id)
                     n_chunks, n_terms = n_chunks + stats.n_chunks, n_terms + stats.avgdl * stats.n_chunks
                     for t, d in stats.df.items():
                         df[t] += d

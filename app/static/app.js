@@ -418,27 +418,7 @@
     check.checked = ready && state.selected.has(doc.id);
     check.setAttribute('aria-label', `Ask about ${doc.title}`);
 
-    const title = li.querySelector('.doc-title');
-    title.textContent = doc.title;
-    title.title = doc.title;
-
-    const badge = li.querySelector('.doc-status');
-    badge.textContent = doc.status;
-    badge.dataset.status = doc.status;
-
-    const progress = li.querySelector('.doc-progress');
-    const percent = li.querySelector('.doc-percent');
-    const pending = PENDING.has(doc.status);
-    progress.hidden = !pending;
-    percent.hidden = !pending;
-    progress.setAttribute('aria-label', `${doc.status} ${doc.title}`);
-    if (doc.status === 'queued' || (doc.status === 'uploading' && doc.progress === 0)) {
-      progress.removeAttribute('value'); // indeterminate
-      percent.textContent = '';
-    } else {
-      progress.value = doc.progress;
-      percent.textContent = `${Math.round(doc.progress * 100)}%`;
-    }
+    fillDocStatus(li, doc);
 
     const details = [];
     if (ready) {
@@ -634,6 +614,31 @@
       renderDocs();
     } finally {
       button.disabled = false;
+    }
+  }
+
+  // A document row's title, status badge and indexing progress (the library's rows and a collection's alike).
+  function fillDocStatus(li, doc) {
+    const title = li.querySelector('.doc-title');
+    title.textContent = doc.title;
+    title.title = doc.title;
+
+    const badge = li.querySelector('.doc-status');
+    badge.textContent = doc.status;
+    badge.dataset.status = doc.status;
+
+    const progress = li.querySelector('.doc-progress');
+    const percent = li.querySelector('.doc-percent');
+    const pending = PENDING.has(doc.status);
+    progress.hidden = !pending;
+    percent.hidden = !pending;
+    progress.setAttribute('aria-label', `${doc.status} ${doc.title}`);
+    if (doc.status === 'queued' || (doc.status === 'uploading' && doc.progress === 0)) {
+      progress.removeAttribute('value'); // indeterminate
+      percent.textContent = '';
+    } else {
+      progress.value = doc.progress;
+      percent.textContent = `${Math.round(doc.progress * 100)}%`;
     }
   }
 
@@ -1197,7 +1202,7 @@
     globalThis.RagspecPage = {
       state, api, el, armDelete, buildTurn, renderSources, renderCitations, finishTurn, renderSessionLine,
       newConversation, refreshDocuments, renderAskTarget, url, authHeaders, errorFromBody, plural, formatBytes,
-      clamp01, isNum, wireDropZone,
+      clamp01, isNum, wireDropZone, fillDocStatus,
       documentsLoaded: refreshDocuments(),
     };
     document.documentElement.dataset.ready = '1';

@@ -13,7 +13,6 @@
   const POLL_MS = 700;
   const PAGE_SIZE = 100;
   const MAX_PAGES = 50;
-  const PENDING = new Set(['queued', 'indexing', 'uploading']);
   const INDEXING = new Set(['queued', 'indexing']);
 
   let page = null;
@@ -324,26 +323,7 @@
 
   function fillDoc(li, d) {
     li.dataset.status = d.status;
-    const title = li.querySelector('.doc-title');
-    title.textContent = d.title;
-    title.title = d.title;
-    const badge = li.querySelector('.doc-status');
-    badge.textContent = d.status;
-    badge.dataset.status = d.status;
-
-    const progress = li.querySelector('.doc-progress');
-    const percent = li.querySelector('.doc-percent');
-    const pending = PENDING.has(d.status);
-    progress.hidden = !pending;
-    percent.hidden = !pending;
-    progress.setAttribute('aria-label', `${d.status} ${d.title}`);
-    if (d.status === 'queued' || (d.status === 'uploading' && d.progress === 0)) {
-      progress.removeAttribute('value'); // indeterminate
-      percent.textContent = '';
-    } else {
-      progress.value = d.progress;
-      percent.textContent = `${Math.round(d.progress * 100)}%`;
-    }
+    page.fillDocStatus(li, d);
 
     const details = [];
     if (d.status === 'ready') {
