@@ -18,7 +18,8 @@ until dead vectors pass ``compact_share`` of the index, which is then rebuilt fr
 Search: exact (faiss's flat scan of the stored vectors, the allowed rows as a bitmap selector) while the index is
 flat (up to ``exact_max`` vectors) or a filter allows few rows (``exact_max``, or less than ``exact_share`` of the
 index: graph search starves when few nodes pass, where the exact scan keeps recall 1.0); otherwise HNSW (inner
-product) with the bitmap as selector and a search breadth that grows as the share allowed shrinks. Figures and the sweep that chose the defaults: bench/results/collections.json, docs/benchmarks.md.
+product) with the bitmap as selector and a search breadth that grows as the share allowed shrinks. Figures and the
+sweep that chose the defaults: bench/results/collections.json, docs/benchmarks.md.
 
 Not thread-safe alone: ``CollectionIndexes`` (``retrieval.library``) holds one lock per index; compaction and
 snapshots run off the question path (``CollectionIndexes.sync``).
