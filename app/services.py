@@ -327,6 +327,7 @@ def open_retriever(settings: RetrievalSettings, store: DocumentStore, embedder: 
         top_k=settings.retrieval_top_k,
         scoring=settings.retrieval_scoring,
         lexical_weight=settings.retrieval_lexical_weight,
+        cache_bytes=settings.retrieval_cache_bytes,
     )
 
 

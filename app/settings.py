@@ -262,6 +262,10 @@ class RetrievalSettings(BaseModel):
     )
     retrieval_budget_cap: int = Field(8192, ge=256, description="Cap on the RAG context budget max(L/24, 4096)")
     retrieval_top_k: int = Field(16, ge=1, le=256, description="Hits considered per question")
+    retrieval_cache_bytes: int = Field(
+        256 << 20, ge=0, description="Memory for documents' indexes and chunks kept loaded between questions (least "
+        "recently asked dropped first); a collection question loads every candidate's document"
+    )
     long_document_budget: int = Field(
         4096, ge=0, description="Tokens of documents longer than the target's window that it reads (the best "
         "chunks for the question); 0: as many as the window holds"

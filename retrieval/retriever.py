@@ -18,6 +18,7 @@ packing step both use.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -192,6 +193,18 @@ class _Loaded:
     lexical: LexicalIndex | None  # None: indexed before the lexical index existed (`ragspec reindex`)
     n_tokens: int  # target tokens of the document (its record's, as indexed)
 
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """About what the document holds in memory: its window vectors (plus an HNSW graph's links), chunk texts
+        and postings; what the retriever's cache is bounded by."""
+        vectors = len(self.index) * (self.index.dim * 4 + (8 * 2 * self.index.config.hnsw_m
+                                                            if self.index.kind == "hnsw" else 0))
+        texts = sum(len(c.text) for c in self.chunks) + 200 * len(self.chunks)  # + a Chunk object's own bytes
+        lexical = 0 if self.lexical is None else sum(
+            a.nbytes for a in (self.lexical.vocab, self.lexical.ptr, self.lexical.chunk_ids, self.lexical.counts,
+                               self.lexical.lengths))
+        return vectors + texts + lexical + self.owners.nbytes
+
 
 def _dense_scores(doc: _Loaded, query_vec: np.ndarray, top_k: int) -> np.ndarray:
     """Each chunk's best window similarity [n_chunks]; -inf where an approximate search found no window."""
@@ -221,7 +234,7 @@ class Retriever:
         top_k: int = DEFAULT_TOP_K,
         scoring: Scoring = "hybrid",
         lexical_weight: float | None = None,
-        cache_size: int = 32,
+        cache_bytes: int = 256 << 20,
     ) -> None:
         lexical_weight = DEFAULT_LEXICAL_WEIGHT if lexical_weight is None else lexical_weight
         if scoring not in SCORINGS:
@@ -236,7 +249,8 @@ class Retriever:
         self.scoring: Scoring = scoring
         self.lexical_weight = lexical_weight if scoring == "hybrid" else 0.0
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
-        self._cache_size = cache_size
+        self.cache_bytes = cache_bytes  # a collection question loads each candidate's document: tens at once
+        self._cached_bytes = 0
         self._lock = threading.Lock()
 
     def rank(
@@ -365,8 +379,10 @@ class Retriever:
         with self._lock:
             if doc_id is None:
                 self._cache.clear()
+                self._cached_bytes = 0
             else:
-                self._cache.pop(doc_id, None)
+                dropped = self._cache.pop(doc_id, None)
+                self._cached_bytes -= 0 if dropped is None else dropped.nbytes
 
     def _load_all(self, doc_ids: Sequence[str], tenant: str | None) -> list[_Loaded]:
         if len(set(doc_ids)) != len(doc_ids):
@@ -392,10 +408,11 @@ class Retriever:
         if len(loaded.owners) != len(loaded.index):
             raise RetrievalError(f"document {doc_id}: {len(loaded.index)} vectors for {len(loaded.owners)} windows")
         with self._lock:
+            replaced = self._cache.pop(doc_id, None)
+            self._cached_bytes += loaded.nbytes - (0 if replaced is None else replaced.nbytes)
             self._cache[doc_id] = loaded
-            self._cache.move_to_end(doc_id)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+                self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
         return loaded
 
 

@@ -251,3 +251,26 @@ def test_empty_result_for_unrelated_query_with_calibrated_threshold(indexed: Any
     assert len(off_topic.hits) < len(on_topic.hits)
     assert any("Jupiter" in h.text for h in on_topic.hits)
 
+
+
+def test_document_cache_is_bounded_by_bytes_least_recently_asked_dropped_first(
+    indexed: Any, minilm: Embedder
+) -> None:
+    store, animals, space = indexed
+    retriever = Retriever(store, minilm)
+    retriever.rank(["cats"], [animals, space])
+    sizes = {d: retriever._cache[d].nbytes for d in (animals, space)}
+    windows = len(retriever._cache[animals].index)
+    assert sizes[animals] >= windows * minilm.dim * 4  # at least its window vectors
+    assert retriever._cached_bytes == sum(sizes.values())
+    small = Retriever(store, minilm, cache_bytes=max(sizes.values()))  # room for one of the two
+    small.rank(["cats"], [animals, space])
+    assert list(small._cache) == [space] and small._cached_bytes == sizes[space]
+    first = small.rank(["moon"], [animals])  # the one asked is cached, the other dropped
+    assert list(small._cache) == [animals]
+    assert small.rank(["moon"], [animals]).hits == first.hits
+    small.invalidate(animals)
+    assert not small._cache and small._cached_bytes == 0
+    nothing = Retriever(store, minilm, cache_bytes=0)  # still keeps the last one (asked twice in a row is common)
+    nothing.rank(["cats"], [animals, space])
+    assert list(nothing._cache) == [space]
