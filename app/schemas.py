@@ -51,7 +51,7 @@ class DocumentUploadFields(DocumentTitleIn):
     collection_id: str | None = Field(None, max_length=128, description="Put the document in this collection "
                                       "(one of yours: another's or an unknown one is a 404, and nothing is stored)")
     attributes: dict[str, Any] | None = Field(None, description=ATTRIBUTES_DOC + " (in a multipart upload: the "
-                                              "object as a JSON string)")
+                                              "object as a JSON string, or a list of one object per file)")
 
 
 class DocumentTextIn(DocumentUploadFields):

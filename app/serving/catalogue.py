@@ -23,7 +23,7 @@ from app.schemas import (
     DocumentCounts,
     DocumentOut,
 )
-from retrieval.errors import CollectionNotFound, DocumentNotFound
+from retrieval.errors import CollectionNotFound, DocumentNotFound, InvalidAttributes
 from retrieval.filters import Attributes, check_attributes
 from retrieval.store import CollectionRecord, DocumentRecord, DocumentStore
 
@@ -70,6 +70,22 @@ def set_attributes(store: DocumentStore, tenant: str, doc_id: str, attributes: A
     return document(store, tenant, doc_id)
 
 
+def per_file_attributes(attributes: list[Any], files: int) -> list[Attributes]:
+    """A multipart upload's list of one attributes object per file, each checked (naming its file)."""
+    if len(attributes) != files:
+        raise InvalidRequest(f"attributes: {len(attributes)} objects for {files} files (give one object for every "
+                             "file, or a list of one object per file)")
+    checked = []
+    for n, each in enumerate(attributes, start=1):
+        if not isinstance(each, dict):
+            raise InvalidRequest(f"attributes of file {n}: must be a JSON object, got {type(each).__name__}")
+        try:
+            checked.append(check_attributes(each))
+        except InvalidAttributes as exc:
+            raise InvalidAttributes(f"attributes of file {n}: {exc}") from None
+    return checked
+
+
 class UploadBatch:
     """Uploads stored one by one (each parsed and written as it comes, so only one file's bytes are held at a
     time) and kept all or none: ``discard`` deletes those stored so far. Nothing is submitted for indexing here:
@@ -91,8 +107,11 @@ class UploadBatch:
         self._lock = threading.Lock()
         self._discarded = False
 
-    def add(self, data: bytes, filename: str | None, content_type: str | None, title: str | None) -> DocumentRecord:
-        record = self.store.create(self.tenant, title, filename, content_type, data, attributes=self.attributes,
+    def add(self, data: bytes, filename: str | None, content_type: str | None, title: str | None,
+            attributes: Attributes | None = None) -> DocumentRecord:
+        """Store one file, with its own ``attributes`` (checked: ``per_file_attributes``) or the batch's."""
+        record = self.store.create(self.tenant, title, filename, content_type, data,
+                                   attributes=self.attributes if attributes is None else attributes,
                                    collection_ids=self.collection_ids)
         with self._lock:
             if not self._discarded:
@@ -119,16 +138,12 @@ class UploadBatch:
                 logger.exception("could not delete document %s of a refused upload", record.id)
 
     def accepted(self) -> list[DocumentAccepted]:
+        """Each stored document as accepted, its attributes as stored and read back (integral numbers as
+        integers)."""
+        stored = self.store.attributes([r.id for r in self.records])
         return [DocumentAccepted(id=r.id, title=r.title, status=r.status, progress=r.progress,
-                                 collection_ids=self.collection_ids, attributes=self.attributes_out)
+                                 collection_ids=self.collection_ids, attributes=stored.get(r.id, {}))
                 for r in self.records]
-
-    @property
-    def attributes_out(self) -> Attributes:
-        """The attributes as stored and read back (integral numbers as integers)."""
-        if not self.records:
-            return dict(self.attributes)
-        return self.store.attributes([self.records[0].id])[self.records[0].id]
 
 
 # ---- collections ----------------------------------------------------------------------------------

@@ -200,6 +200,13 @@ def test_several_files_in_one_request(a: httpx.Client) -> None:
     assert [d["id"] for d in rest["data"]] == [docs[2]["id"]] and rest["has_more"] is False
     assert a.get(f"/v1/collections/{cid}").json()["document_counts"]["ready"] == 3
 
+    own = [{"quarter": 1, "final": False}, {}, {"quarter": 3, "region": "north"}]  # one object per file, in order
+    each = a.post("/v1/documents", files=[txt(f"q{i}.txt", f"Quarter {i} report.") for i in range(3)],
+                  data={"collection_id": cid, "attributes": json.dumps(own)})
+    assert each.status_code == 202, each.text
+    assert [d["attributes"] for d in each.json()["documents"]] == own
+    assert [a.get(f"/v1/documents/{d['id']}").json()["attributes"] for d in each.json()["documents"]] == own
+
     titled = a.post("/v1/documents", files=[txt("x.txt", "One text."), txt("y.txt", "Another text.")],
                     data={"title": "shared"})
     assert titled.status_code == 202, titled.text
@@ -232,6 +239,16 @@ def test_a_bad_file_among_several_stores_nothing(a: httpx.Client) -> None:
     for data, status, code in refused:
         assert error(a.post("/v1/documents", files=[good, good], data=data), status)["code"] == code, data
         assert error(a.post("/v1/documents", files=[good], data=data), status)["code"] == code, data
+    per_file = [  # a list of one object per file: as many as the files, each checked, naming its file
+        ('[{"a": 1}, {"a": 2}, {"a": 3}]', 422, "invalid_request", "attributes: 3 objects for 2 files"),
+        ('[{"a": 1}]', 422, "invalid_request", "attributes: 1 objects for 2 files"),
+        ('[{"a": 1}, {"a": null}]', 422, "invalid_attributes", "attributes of file 2: attributes.a"),
+        ('[{"a": 1}, "b"]', 422, "invalid_request", "attributes of file 2: must be a JSON object"),
+    ]
+    for raw, status, code, message in per_file:
+        body = error(a.post("/v1/documents", files=[good, good], data={"collection_id": cid, "attributes": raw}),
+                     status)
+        assert body["code"] == code and body["message"].startswith(message), body
     json_bad = a.post("/v1/documents", json={"text": "Some text.", "attributes": {"k" * 65: 1}})
     assert error(json_bad, 422)["code"] == "invalid_attributes"
     assert error(a.post("/v1/documents", json={"text": "Some text.", "attributes": [1]}), 422)["code"] == \

@@ -36,6 +36,7 @@ from app.schemas import (
 from app.services import Services
 from app.serving import catalogue
 from retrieval.errors import UnsupportedDocumentType
+from retrieval.filters import Attributes
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 M = TypeVar("M", bound=BaseModel)
@@ -62,7 +63,8 @@ UPLOAD_BODY: dict[str, Any] = {
                         "title": {"type": "string", "maxLength": MAX_TITLE_CHARS,
                                   "description": "The title of every file (default: from each file)"},
                         "collection_id": {"type": "string", "description": "Put the documents in this collection"},
-                        "attributes": {"type": "string", "description": ATTRIBUTES_DOC + ", as a JSON string"},
+                        "attributes": {"type": "string", "description": ATTRIBUTES_DOC + ", as a JSON string: one "
+                                       "object for every file, or a list of one object per file in their order"},
                     },
                 }
             },
@@ -81,6 +83,7 @@ class Upload:
     file: UploadFile | None = None
     data: bytes | None = None
     title: str | None = None
+    attributes: Attributes | None = None  # its own (a multipart list of one object per file), else the upload's
 
 
 async def read_limited(request: Request, limit: int) -> Request:
@@ -156,14 +159,15 @@ def _one_field(form: FormData, name: str) -> str | None:
 
 
 def _attributes_field(raw: str | None) -> Any:
-    """The multipart ``attributes`` field: a JSON object as a string."""
+    """The multipart ``attributes`` field: a JSON object as a string (every file's), or a JSON list of one object
+    per file."""
     if raw is None:
         return None
     try:
         return json.loads(raw)
     except ValueError:
         raise InvalidRequest("attributes: must be a JSON object as a string, e.g. "
-                             '{"year": 2024, "team": "search"}') from None
+                             '{"year": 2024, "team": "search"}, or a list of one object per file') from None
 
 
 async def _from_multipart(request: Request, limit: int) -> tuple[list[Upload], DocumentUploadFields, FormData]:
@@ -179,13 +183,16 @@ async def _from_multipart(request: Request, limit: int) -> tuple[list[Upload], D
         if not files or not all(isinstance(f, UploadFile) for f in files):
             raise InvalidRequest("multipart upload needs a 'file' field holding the document (repeat it for "
                                  "several documents)")
+        attributes = _attributes_field(_one_field(form, "attributes"))
+        per_file = attributes if isinstance(attributes, list) else None
         fields = _validated(DocumentUploadFields, {
             "title": _one_field(form, "title"),
             "collection_id": _one_field(form, "collection_id"),
-            "attributes": _attributes_field(_one_field(form, "attributes")),
+            "attributes": None if per_file is not None else attributes,
         })
-        uploads = [Upload(f.filename, f.content_type, file=f, title=fields.title) for f in files
-                   if isinstance(f, UploadFile)]
+        own = catalogue.per_file_attributes(per_file, len(files)) if per_file is not None else [None] * len(files)
+        uploads = [Upload(f.filename, f.content_type, file=f, title=fields.title, attributes=a)
+                   for f, a in zip(files, own, strict=True) if isinstance(f, UploadFile)]
     except BaseException:
         await form.close()
         raise
@@ -225,7 +232,8 @@ async def _store(services: Services, tenant: str, uploads: list[Upload], fields:
                     if len(data) > limit:
                         raise PayloadTooLarge(f"the file exceeds the limit of {limit} bytes")
                 assert data is not None
-                await asyncio.to_thread(batch.add, data, upload.filename, upload.content_type, upload.title)
+                await asyncio.to_thread(batch.add, data, upload.filename, upload.content_type, upload.title,
+                                        upload.attributes)
             except Exception as exc:
                 named = _naming(exc, n, upload.filename) if len(uploads) > 1 else None
                 if named is None:
