@@ -25,7 +25,8 @@ dir in a temp dir), over its HTTP API.
   ``/v1/ask`` would show: for how many questions the best source holds the evidence (its span overlaps the answer
   passage in the right document), the share in any source, and the rank of the best evidence chunk in the ranking (the
   one ``plan`` cuts the sources from: every chunk of a named document; the collection's candidates). Held-out questions
-  apart. The KV cache is off there (no generation runs, so no warm-up competes with the questions).
+  apart; the same over a collection of the QA documents alone, to tell what they cost each other from what the
+  distractors add. The KV cache is off there (no generation runs, so no warm-up competes with the questions).
 * ``ttft``: time to first token through ``/v1/ask`` streams (the wall time to the first ``token`` event, and
   ``stats.ttft_ms``) for a collection that fits the target's window (``--ttft-docs`` documents read whole: the
   smallest QA documents, then library documents, within the window) against the same documents asked one at a time
@@ -663,15 +664,19 @@ def run_quality(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]
         cid = create_collection(http, "qa + distractors")
         uploads = [Upload(d.filename, d.text) for d in qa]
         ids, _ = upload_files(http, uploads, cid)
-        checked(http.post(f"/v1/collections/{cid}/documents", json={"document_ids": distractors}), 200)
+        if distractors:
+            checked(http.post(f"/v1/collections/{cid}/documents", json={"document_ids": distractors}), 200)
         record, _ = wait_collection(http, cid, poll_s=0.5)
         counts = record["document_counts"]
         if counts["ready"] != len(qa) + n_distractors:
             raise RuntimeError(f"the collection is not ready: {counts}")
+        qa_only = create_collection(http, "qa")  # the same documents without distractors: what they alone cost
+        checked(http.post(f"/v1/collections/{qa_only}/documents", json={"document_ids": ids}), 200)
+        wait_collection(http, qa_only, poll_s=0.5)
         qa_ids = set(ids)
         decode = services.target.tokenizer.decode
         named: list[Judged] = []
-        over: list[Judged] = []
+        over: dict[str, list[Judged]] = {cid: [], qa_only: []}
         context: set[str] = set()
         consistent = True
         for doc, doc_id in zip(qa, ids, strict=True):
@@ -686,20 +691,24 @@ def run_quality(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]
                 ranking = services.retriever.rank(queries, [doc_id], tenant=DEFAULT_TENANT)
                 named.append(judge(p.sources, ranking.hits, doc_id, span, q.held_out, qa_ids))
                 named[-1].in_prompt = pattern.search(decode(list(p.prompt.ids))) is not None
-                ask = Question(question=q.question, document_ids=[], max_tokens=ASK_TOKENS,
-                               sampling=SamplingParams(), collection_ids=[cid])
-                admission = admit(services, DEFAULT_TENANT, ask)
-                p = plan(services, admission)
-                scope = admission.scope
-                context.add("documents" if scope is not None and scope.whole else "chunks")
-                ranking = services.retriever.rank(queries, [r.id for r in admission.records], tenant=DEFAULT_TENANT) \
-                    if scope is not None and scope.whole else _rank_library(services, admission, queries, None)
-                over.append(judge(p.sources, ranking.hits, doc_id, span, q.held_out, qa_ids))
-                over[-1].in_prompt = pattern.search(decode(list(p.prompt.ids))) is not None
-                best = ranking.relevant().hits
-                if p.sources and best:
-                    top = max(best, key=lambda h: h.score)
-                    consistent &= (p.sources[0].document_id, p.sources[0].start) == (top.document_id, top.start)
+                for collection_id, judged in over.items():
+                    ask = Question(question=q.question, document_ids=[], max_tokens=ASK_TOKENS,
+                                   sampling=SamplingParams(), collection_ids=[collection_id])
+                    admission = admit(services, DEFAULT_TENANT, ask)
+                    p = plan(services, admission)
+                    scope = admission.scope
+                    whole = scope is not None and scope.whole
+                    if collection_id == cid:
+                        context.add("documents" if whole else "chunks")
+                    ranking = services.retriever.rank(queries, [r.id for r in admission.records],
+                                                      tenant=DEFAULT_TENANT) \
+                        if whole else _rank_library(services, admission, queries, None)
+                    judged.append(judge(p.sources, ranking.hits, doc_id, span, q.held_out, qa_ids))
+                    judged[-1].in_prompt = pattern.search(decode(list(p.prompt.ids))) is not None
+                    best = ranking.relevant().hits
+                    if p.sources and best:
+                        top = max(best, key=lambda h: h.score)
+                        consistent &= (p.sources[0].document_id, p.sources[0].start) == (top.document_id, top.start)
         window = services.prompts.max_context
     result = {
         "qa_documents": [d.doc_id for d in qa], "questions": len(named),
@@ -708,7 +717,10 @@ def run_quality(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]
         "collection": {k: record[k] for k in ("document_counts", "chunks", "tokens")}, "window": window,
         "collection_context": sorted(context),
         "named": summarise(named), "named_held_out": summarise([j for j in named if j.held_out]),
-        "collection_asked": summarise(over), "collection_held_out": summarise([j for j in over if j.held_out]),
+        "collection_asked": summarise(over[cid]),
+        "collection_held_out": summarise([j for j in over[cid] if j.held_out]),
+        "qa_collection_asked": summarise(over[qa_only]),
+        "qa_collection_held_out": summarise([j for j in over[qa_only] if j.held_out]),
         "sources_match_ranking": consistent,
         "notes": [
             "sources: app.answering.pipeline.plan's (what /v1/ask shows), best first; the evidence: a source whose "
@@ -718,11 +730,15 @@ def run_quality(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]
             "evidence_rank: the best evidence chunk's rank by score in the ranking plan cuts the sources from: every "
             "chunk of the named document (Retriever.rank), or the collection's candidates (Retriever.rank_library, "
             "as pipeline._rank_library calls it); evidence_not_ranked: not among the candidates.",
+            "qa_collection_asked: the same questions over a second collection of the QA documents alone (no "
+            "distractor): what the QA documents cost each other (five licences answer many of the same questions) "
+            "beside what the distractors add.",
             "a server in this process with the KV cache off (RAGSPEC_KV_CACHE_BYTES=0: no generation runs here, so "
             "no warm-up competes); retrieval settings as shipped.",
         ],
     }
-    for name, held in (("named", "named_held_out"), ("collection_asked", "collection_held_out")):
+    for name, held in (("named", "named_held_out"), ("collection_asked", "collection_held_out"),
+                       ("qa_collection_asked", "qa_collection_held_out")):
         s, h = result[name], result[held]
         out(f"  {name:17s}: best source holds the evidence {s['best_source_holds_evidence']}/{s['questions']}, in "
             f"sources {s['evidence_in_sources']}, evidence rank mean {s['evidence_rank_mean']}, not ranked "

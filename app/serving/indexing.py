@@ -1,4 +1,5 @@
-"""Background indexing: one worker thread ingests stored documents, claiming each through its ingestion job.
+"""Background indexing: one worker thread ingests stored documents, claiming each through its ingestion job;
+documents queued together (many small files uploaded at once) are embedded together, in full batches.
 
 Status and progress live in the document store's rows (queued -> indexing -> ready | failed, with a
 message on failure), so they survive restarts. Each queued document also has a job row in the catalogue
@@ -37,6 +38,8 @@ class IndexingConfig:
     lease_s: float = 30.0  # a claimed job is another worker's to take once its lease runs out
     poll_s: float = 5.0  # how often an idle worker looks for such jobs
     max_attempts: int = 3  # a document whose ingestion was cut this often fails
+    group_docs: int = 32  # documents queued together are embedded together (full batches from small files) ...
+    group_bytes: int = 256 * 1024  # ... while their files add up to this; a larger file is indexed alone
 
 
 def worker_name() -> str:
@@ -85,70 +88,106 @@ class IndexingJobs:
     def _work(self) -> None:
         while True:
             try:
-                doc_id = self._queue.get(timeout=self.config.poll_s)
+                first = self._queue.get(timeout=self.config.poll_s)
             except queue.Empty:
-                doc_id = _POLL
+                first = _POLL
+            if first is None:
+                return
+            doc_ids, stopping = self._more([first] if first else [])
+            try:
+                self._run_claimed(doc_ids)
+            except Exception:  # the catalogue unreachable for a while: the jobs stay, their leases run out
+                logger.warning("ingestion jobs for %s could not be claimed", doc_ids or "any document", exc_info=True)
+            finally:
+                with self._lock:
+                    self._unfinished -= len(doc_ids)
+            if stopping:
+                return
+
+    def _more(self, doc_ids: list[str]) -> tuple[list[str], bool]:
+        """``doc_ids`` and the documents queued behind them, up to ``group_docs``; True when ``stop`` was asked."""
+        while doc_ids and len(doc_ids) < self.config.group_docs:
+            try:
+                doc_id = self._queue.get_nowait()
+            except queue.Empty:
+                break
             if doc_id is None:
-                return
-            try:
-                self._run_claimed(doc_id or None)
-            except Exception:  # the catalogue unreachable for a while: the job stays, its lease runs out
-                logger.warning("ingestion job for %s could not be claimed", doc_id or "any document", exc_info=True)
-            finally:
-                if doc_id:
-                    with self._lock:
-                        self._unfinished -= 1
+                return doc_ids, True
+            doc_ids.append(doc_id)
+        return doc_ids, False
 
-    def _run_claimed(self, doc_id: str | None) -> None:
-        """Claim ``doc_id``'s job (or, None, any job up for grabs) and ingest it; one held elsewhere is left."""
-        while True:
-            claim = self.store.claim_ingest(self.name, self.config.lease_s, self.config.max_attempts, doc_id)
+    def _run_claimed(self, doc_ids: list[str]) -> None:
+        """Claim the jobs of ``doc_ids`` (or, none given, any job up for grabs, one by one) and ingest them, small
+        files together; one held elsewhere is left."""
+        if not doc_ids:
+            while (claim := self._claim(None)) is not None:
+                self._ingest_group([claim])
+            return
+        group: list[Claim] = []
+        size = 0
+        for doc_id in doc_ids:
+            claim = self._claim(doc_id)
             if claim is None:
-                return
-            if claim.attempt > 1:
-                logger.warning("taking over the ingestion of %s (attempt %d)", claim.doc_id, claim.attempt)
-            stop = threading.Event()
-            beat = threading.Thread(target=self._heartbeat, args=(claim, stop), name="ragspec-lease", daemon=True)
-            beat.start()
+                continue
             try:
-                self._ingest(claim)
-            finally:
-                stop.set()
-                beat.join()
-                self.store.finish_ingest(claim)
-            if doc_id is not None:
-                return
+                n = self.store.get(doc_id).size
+            except DocumentNotFound:
+                n = 0
+            if group and size + n > self.config.group_bytes:
+                self._ingest_group(group)
+                group, size = [], 0
+            group.append(claim)
+            size += n
+        if group:
+            self._ingest_group(group)
 
-    def _heartbeat(self, claim: Claim, stop: threading.Event) -> None:
-        while not stop.wait(self.config.lease_s / 3):
-            try:
-                if not self.store.renew_ingest(claim, self.config.lease_s):
-                    logger.warning("lost the lease on %s's ingestion (another worker took it over)", claim.doc_id)
-                    return
-            except Exception:
-                logger.warning("could not renew the lease on %s's ingestion", claim.doc_id, exc_info=True)
+    def _claim(self, doc_id: str | None) -> Claim | None:
+        claim = self.store.claim_ingest(self.name, self.config.lease_s, self.config.max_attempts, doc_id)
+        if claim is not None and claim.attempt > 1:
+            logger.warning("taking over the ingestion of %s (attempt %d)", claim.doc_id, claim.attempt)
+        return claim
 
-    def _ingest(self, claim: Claim) -> None:
-        doc_id = claim.doc_id
+    def _ingest_group(self, claims: list[Claim]) -> None:
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(claims, stop), name="ragspec-lease", daemon=True)
+        beat.start()
         try:
-            self.store.ingest(
-                doc_id, self.tokenizer, self.embedder, self.config.chunk_tokens, self.config.chunk_overlap,
-                holds=lambda: self.store.renew_ingest(claim, self.config.lease_s),
-            )
-        except IngestAbandoned:
-            logger.warning("dropped the ingestion of %s: another worker took it over", doc_id)
-            return
-        except DocumentNotFound:
-            logger.info("document %s was deleted before it was indexed", doc_id)
-            return
-        except Exception:  # the store has marked the document failed with the reason
-            logger.warning("indexing %s failed", doc_id, exc_info=True)
-            return
-        if self.on_ready is not None:
-            try:
-                self.on_ready(doc_id)
-            except Exception:
-                logger.warning("after-indexing hook failed for %s", doc_id, exc_info=True)
+            self._ingest(claims)
+        finally:
+            stop.set()
+            beat.join()
+            for claim in claims:
+                self.store.finish_ingest(claim)
+
+    def _heartbeat(self, claims: list[Claim], stop: threading.Event) -> None:
+        held = list(claims)
+        while held and not stop.wait(self.config.lease_s / 3):
+            for claim in list(held):
+                try:
+                    if not self.store.renew_ingest(claim, self.config.lease_s):
+                        logger.warning("lost the lease on %s's ingestion (another worker took it over)", claim.doc_id)
+                        held.remove(claim)
+                except Exception:
+                    logger.warning("could not renew the lease on %s's ingestion", claim.doc_id, exc_info=True)
+
+    def _ingest(self, claims: list[Claim]) -> None:
+        by_doc = {c.doc_id: c for c in claims}
+        results = self.store.ingest_many(
+            list(by_doc), self.tokenizer, self.embedder, self.config.chunk_tokens, self.config.chunk_overlap,
+            holds=lambda doc_id: self.store.renew_ingest(by_doc[doc_id], self.config.lease_s),
+        )
+        for doc_id, result in zip(by_doc, results, strict=True):
+            if isinstance(result, IngestAbandoned):
+                logger.warning("dropped the ingestion of %s: another worker took it over", doc_id)
+            elif isinstance(result, DocumentNotFound):
+                logger.info("document %s was deleted before it was indexed", doc_id)
+            elif isinstance(result, BaseException):  # the store has marked the document failed with the reason
+                logger.warning("indexing %s failed", doc_id, exc_info=result)
+            elif self.on_ready is not None:
+                try:
+                    self.on_ready(doc_id)
+                except Exception:
+                    logger.warning("after-indexing hook failed for %s", doc_id, exc_info=True)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._queue.put(None)

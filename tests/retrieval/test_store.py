@@ -26,7 +26,7 @@ from retrieval.errors import (
 )
 from retrieval.index import VectorIndex
 from retrieval.store import INTERRUPTED, DocumentStore
-from tests.conftest import REPO, make_pdf
+from tests.conftest import REPO, CountingEmbedder, make_pdf
 
 TEXT = "\n\n".join(
     f"Section {i}. " + " ".join(f"Sentence {j} of section {i} is about topic {i * 7 + j}." for j in range(6))
@@ -295,3 +295,47 @@ def test_a_corrupt_lexical_index_is_a_clear_error(
     with pytest.raises(RetrievalError, match=r"lexical index lexical\.npz is unreadable") as err:
         Retriever(store, minilm).retrieve("topic", [record.id])
     assert str(store.root) not in str(err.value)  # no server path in what a client may see
+
+
+def test_ingest_many_embeds_the_documents_together_each_failing_alone(
+    store: DocumentStore, target_tokenizer: Any, minilm: Embedder
+) -> None:
+    texts = [f"Document {i} is about {topic}. " * 9 for i, topic in enumerate(["tea", "coffee", "cocoa"])]
+    alone = store.create("acme", "alone", "alone.txt", "text/plain", texts[0].encode())
+    store.ingest(alone.id, target_tokenizer, minilm, chunk_tokens=32)
+    records = [store.create("acme", f"d{i}", f"d{i}.txt", "text/plain", t.encode()) for i, t in enumerate(texts)]
+    empty = store.create("acme", "blank", "blank.txt", "text/plain", b"Soon blank.")
+    (store._doc_dir(empty.id) / "source" / "text.txt").write_text("")  # its text has no token to index
+    gone = store.create("acme", "gone", "gone.txt", "text/plain", b"Deleted before it was indexed.")
+    store.delete(gone.id)
+    counting = CountingEmbedder(minilm)
+    order = [records[0].id, empty.id, records[1].id, gone.id, records[2].id]
+    results = store.ingest_many(order, target_tokenizer, counting, chunk_tokens=32)  # type: ignore[arg-type]
+    assert len(counting.calls) == 1  # one embedder call for every document's passages
+    assert [type(r).__name__ for r in results] == [
+        "DocumentRecord", "EmptyDocument", "DocumentRecord", "DocumentNotFound", "DocumentRecord"]
+    assert [store.get(r.id).status for r in records] == ["ready"] * 3
+    failed = store.get(empty.id)
+    assert failed.status == "failed" and failed.message is not None and "no tokens" in failed.message
+    # each document indexed as alone: the same chunks and windows, vectors equal up to the batch's padding
+    assert store.load_chunks(records[0].id) == store.load_chunks(alone.id)
+    passages = store.load_passages(records[0].id)
+    assert passages is not None and np.array_equal(passages, store.load_passages(alone.id))
+    together, single = store.load_index(records[0].id, minilm), store.load_index(alone.id, minilm)
+    assert np.allclose(together.vectors(), single.vectors(), atol=1e-5)
+    assert leftovers(store.root) == []
+
+
+def test_ingest_many_an_embedder_error_fails_every_document(store: DocumentStore, target_tokenizer: Any) -> None:
+    class Broken:
+        name, dim = "broken", 8
+
+        def encode(self, texts: Sequence[str], batch_size: int = 32, progress: Progress | None = None) -> np.ndarray:
+            raise RuntimeError("the embedder fell over")
+
+    records = [store.create("acme", f"d{i}", f"d{i}.txt", "text/plain", b"Some text to index.") for i in range(2)]
+    results = store.ingest_many([r.id for r in records], target_tokenizer, Broken(), chunk_tokens=32)  # type: ignore[arg-type]
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert [(store.get(r.id).status, store.get(r.id).message) for r in records] == \
+        [("failed", "RuntimeError: the embedder fell over")] * 2
+    assert leftovers(store.root) == []
