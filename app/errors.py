@@ -1,8 +1,11 @@
-"""Domain errors -> HTTP: the one place deciding status codes. Body: ``{"error": {"code", "message"}}``."""
+"""Domain errors -> HTTP: the one place deciding status codes. Body: ``{"error": {"code", "message"}}``; on OpenAI's
+file search surface (``OPENAI_PATHS``) OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with its
+statuses (a bad request is a 400 there, not a 422)."""
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -67,6 +70,8 @@ LIBRARY_ERRORS: dict[type[Exception], tuple[int, str]] = {
     retrieval_errors.DocumentNotReady: (409, "document_not_ready"),
     retrieval_errors.CollectionNotFound: (404, "collection_not_found"),
     retrieval_errors.CollectionNotReady: (409, "collection_not_ready"),
+    retrieval_errors.BatchNotFound: (404, "file_batch_not_found"),
+    retrieval_errors.ResponseNotFound: (404, "response_not_found"),
     retrieval_errors.InvalidFilter: (422, "invalid_filter"),
     retrieval_errors.InvalidAttributes: (422, "invalid_attributes"),
     retrieval_errors.UnsupportedDocumentType: (415, "unsupported_document_type"),
@@ -102,8 +107,28 @@ def error_body(code: str, message: str, param: str | None = None) -> dict[str, A
     return {"error": {"code": code, "message": message, "type": "invalid_request_error", "param": param}}
 
 
-def _json(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+OPENAI_PATHS = ("/v1/files", "/v1/vector_stores", "/v1/responses")
+_PARAM = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")  # a message naming its field first: "filters.type: ..."
+
+
+def _json(status: int, code: str, message: str, headers: dict[str, str] | None = None,
+          request: Request | None = None, param: str | None = None) -> JSONResponse:
+    if request is not None and request.url.path.startswith(OPENAI_PATHS):
+        return _openai_json(status, code, message, headers, param)
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+def _openai_json(status: int, code: str, message: str, headers: dict[str, str] | None,
+                 param: str | None) -> JSONResponse:
+    """OpenAI's error: a request ragspec refuses is a 400 (422 is not one of OpenAI's), ``param`` the field the
+    message names first, ``type`` by who is at fault."""
+    status = 400 if status == 422 else status
+    if param is None and (named := _PARAM.match(message)):
+        param = named.group(1)
+    kind = ("server_error" if status >= 500 else "authentication_error" if status == 401
+            else "rate_limit_error" if status == 429 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -120,26 +145,30 @@ def _unknown_fields(exc: RequestValidationError) -> list[str]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def service_error(_: Request, exc: Exception) -> JSONResponse:
+    async def service_error(request: Request, exc: Exception) -> JSONResponse:
         err = translate(exc)
         if err is None:  # not a domain error: a bug, reported as such
             logger.exception("unhandled error", exc_info=exc)
-            return _json(500, "internal_error", "internal error")
-        return _json(err.status, err.code, err.message, err.headers)
+            return _json(500, "internal_error", "internal error", request=request)
+        return _json(err.status, err.code, err.message, err.headers, request=request)
 
-    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         unknown = _unknown_fields(exc)
         if unknown:  # a parameter we do not implement: refused by name, never ignored (as OpenAI does)
             message = (f"unsupported parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
                        "(docs/api.md lists what ragspec supports)")
+            if request.url.path.startswith(OPENAI_PATHS):
+                return _openai_json(400, "unsupported_parameter", message, None, unknown[0])
             return JSONResponse(error_body("unsupported_parameter", message, unknown[0]), status_code=400)
-        return _json(422, "invalid_request", _validation_message(exc))
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")) or None
+        return _json(422, "invalid_request", _validation_message(exc), request=request, param=param)
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _json(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+        return _json(exc.status_code, code, str(exc.detail), dict(exc.headers or {}), request=request)
 
     app.add_exception_handler(ServiceError, service_error)
     for library_error in LIBRARY_ERRORS:

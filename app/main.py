@@ -26,7 +26,18 @@ from fastapi.staticfiles import StaticFiles
 
 from app.api.deps import TenantDep
 from app.api.middleware import GatePolicy, RequestGate, RequestMetricsMiddleware
-from app.api.routes import ask, capabilities, collections, documents, health, openai, sessions
+from app.api.routes import (
+    ask,
+    capabilities,
+    collections,
+    documents,
+    files,
+    health,
+    openai,
+    responses,
+    sessions,
+    vector_stores,
+)
 from app.config import ServiceConfig
 from app.errors import install_error_handlers
 from app.services import Services, load_services
@@ -114,7 +125,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     install_error_handlers(app)
 
-    for module in (health, documents, collections, ask, capabilities, sessions, openai):
+    for module in (health, documents, collections, ask, capabilities, sessions, openai, files, vector_stores,
+                   responses):
         app.include_router(module.router)
 
     @app.get("/openapi.json", include_in_schema=False)

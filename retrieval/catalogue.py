@@ -48,6 +48,7 @@ documents = sa.Table(
     sa.Column("embedder", sa.Text),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("purpose", sa.Text),  # OpenAI's file purpose, as uploaded through /v1/files (None: ragspec's API)
     sa.Index("documents_tenant", "tenant", "created_at"),
 )
 # A document waiting for ingestion or being ingested: the worker that claimed it and until when (None: unclaimed)
@@ -74,6 +75,8 @@ collections = sa.Table(
     sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("expires_after_days", sa.Integer),  # a vector store's expiry: days after last_active_at (None: never)
+    sa.Column("last_active_at", sa.Double),  # last asked or searched (None: never)
     sa.Index("collections_tenant", "tenant", "created_at", "id"),
 )
 collection_documents = sa.Table(
@@ -95,9 +98,49 @@ document_attributes = sa.Table(
     sa.Column("num_value", sa.Double),
     sa.Index("document_attributes_key", "key", "doc_id"),
 )
+# Documents added to a collection together (OpenAI's vector store file batches); a cancel takes the documents not
+# yet indexed out of the collection and marks them
+file_batches = sa.Table(
+    "file_batches",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("collection_id", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("cancelled_at", sa.Double),
+    sa.Index("file_batches_collection", "collection_id"),
+)
+file_batch_documents = sa.Table(
+    "file_batch_documents",
+    metadata,
+    sa.Column("batch_id", sa.Text, primary_key=True),
+    sa.Column("doc_id", sa.Text, primary_key=True),
+    sa.Column("cancelled", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+# The Responses API's stored answers (the response object as JSON), each naming the response it follows
+responses = sa.Table(
+    "responses",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("previous_id", sa.Text),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+)
 _COLUMNS = tuple(c.name for c in documents.columns)
 _ORDER = (documents.c.created_at, documents.c.id)
 _COLLECTION_ORDER = (collections.c.created_at, collections.c.id)
+
+
+@dataclass(frozen=True)
+class FileBatchRecord:
+    """Documents added to a collection together; ``cancelled_ids`` those a cancel took out of it."""
+
+    id: str
+    collection_id: str
+    created_at: float
+    cancelled_at: float | None
+    doc_ids: tuple[str, ...]
+    cancelled_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -128,6 +171,7 @@ class DocumentRecord:
     embedder: str | None
     created_at: float
     updated_at: float
+    purpose: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +186,8 @@ class CollectionRecord:
     version: int
     created_at: float
     updated_at: float
+    expires_after_days: int | None = None
+    last_active_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +303,18 @@ class Catalogue:
         with self._engine.connect() as conn:
             return [_record(r) for r in conn.execute(query)]
 
+    def page(self, tenant: str, limit: int, after: str | None = None, *, newest_first: bool = False,
+             purpose: str | None = None) -> builtins.list[DocumentRecord]:
+        """Up to ``limit`` rows of ``tenant`` (with ``purpose`` when given), oldest (or newest) first, from the one
+        after ``after`` (an id)."""
+        query = documents.select().where(documents.c.tenant == tenant).order_by(*_ordered(_ORDER, newest_first))
+        if purpose is not None:
+            query = query.where(documents.c.purpose == purpose)
+        with self._engine.connect() as conn:
+            if after is not None:
+                query = query.where(_after(conn, documents, after, newest_first))
+            return [_record(r) for r in conn.execute(query.limit(limit))]
+
     def update(self, doc_id: str, **fields: Any) -> None:
         """Set ``fields`` (and ``updated_at``); DocumentNotFound when there is no such row."""
         fields["updated_at"] = time.time()
@@ -275,6 +333,7 @@ class Catalogue:
             conn.execute(ingest_jobs.delete().where(ingest_jobs.c.doc_id == doc_id))
             conn.execute(document_attributes.delete().where(document_attributes.c.doc_id == doc_id))
             conn.execute(collection_documents.delete().where(collection_documents.c.doc_id == doc_id))
+            conn.execute(file_batch_documents.delete().where(file_batch_documents.c.doc_id == doc_id))
 
     # --- attributes -----------------------------------------------------------------------------
 
@@ -313,15 +372,16 @@ class Catalogue:
             row = conn.execute(collections.select().where(collections.c.id == collection_id)).first()
         return _collection(row) if row else None
 
-    def collections(self, tenant: str | None, limit: int | None = None,
-                    after: str | None = None) -> builtins.list[CollectionRecord]:
-        """Collections of ``tenant`` (all when None), oldest first, from the one after ``after`` (an id)."""
-        query = collections.select().order_by(*_COLLECTION_ORDER)
+    def collections(self, tenant: str | None, limit: int | None = None, after: str | None = None, *,
+                    newest_first: bool = False) -> builtins.list[CollectionRecord]:
+        """Collections of ``tenant`` (all when None), oldest (or newest) first, from the one after ``after`` (an
+        id)."""
+        query = collections.select().order_by(*_ordered(_COLLECTION_ORDER, newest_first))
         if tenant is not None:
             query = query.where(collections.c.tenant == tenant)
         with self._engine.connect() as conn:
             if after is not None:
-                query = query.where(_after(conn, collections, after))
+                query = query.where(_after(conn, collections, after, newest_first))
             if limit is not None:
                 query = query.limit(limit)
             return [_collection(r) for r in conn.execute(query)]
@@ -344,6 +404,9 @@ class Catalogue:
                 .join(documents, documents.c.id == collection_documents.c.doc_id)
                 .where(collection_documents.c.collection_id == collection_id).order_by(*_ORDER))]
             conn.execute(collection_documents.delete().where(collection_documents.c.collection_id == collection_id))
+            batches = sa.select(file_batches.c.id).where(file_batches.c.collection_id == collection_id)
+            conn.execute(file_batch_documents.delete().where(file_batch_documents.c.batch_id.in_(batches)))
+            conn.execute(file_batches.delete().where(file_batches.c.collection_id == collection_id))
             result = conn.execute(collections.delete().where(collections.c.id == collection_id))
         if result.rowcount == 0:
             raise CollectionNotFound(collection_id)
@@ -386,6 +449,87 @@ class Catalogue:
                     out[doc_id].append(cid)
         return out
 
+    def added_at(self, collection_id: str, doc_ids: Iterable[str]) -> dict[str, float]:
+        """When each of ``doc_ids`` that is in the collection was put in it."""
+        m = collection_documents.c
+        out: dict[str, float] = {}
+        with self._engine.connect() as conn:
+            for part in _batches(list(dict.fromkeys(doc_ids))):
+                rows = conn.execute(sa.select(m.doc_id, m.added_at)
+                                    .where(m.collection_id == collection_id, m.doc_id.in_(part)))
+                out.update({str(d): float(t) for d, t in rows})
+        return out
+
+    def touch_collections(self, collection_ids: Iterable[str], at: float) -> None:
+        """Set ``last_active_at`` (not the version: nothing the indexes or prompts read changed)."""
+        with self._engine.begin() as conn:
+            conn.execute(collections.update().where(collections.c.id.in_(list(collection_ids)))
+                         .values(last_active_at=at))
+
+    # --- stored responses -----------------------------------------------------------------------
+
+    def insert_response(self, response_id: str, tenant: str, previous_id: str | None, created_at: float,
+                        body: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(responses.insert().values(id=response_id, tenant=tenant, previous_id=previous_id,
+                                                   created_at=created_at, body=body))
+
+    def response(self, response_id: str) -> tuple[str, str | None, str] | None:
+        """(tenant, previous id, body) of a stored response, or None."""
+        r = responses.c
+        with self._engine.connect() as conn:
+            row = conn.execute(sa.select(r.tenant, r.previous_id, r.body).where(r.id == response_id)).first()
+        return None if row is None else (str(row[0]), row[1], str(row[2]))
+
+    def delete_response(self, response_id: str) -> bool:
+        with self._engine.begin() as conn:
+            return bool(conn.execute(responses.delete().where(responses.c.id == response_id)).rowcount)
+
+    # --- file batches ---------------------------------------------------------------------------
+
+    def insert_batch(self, batch_id: str, collection_id: str, doc_ids: Iterable[str], created_at: float) -> None:
+        """A batch of documents (already in the collection, or added in the same call by the caller)."""
+        with self._engine.begin() as conn:
+            conn.execute(file_batches.insert().values(id=batch_id, collection_id=collection_id,
+                                                      created_at=created_at))
+            conn.execute(file_batch_documents.insert(), [{"batch_id": batch_id, "doc_id": d}
+                                                         for d in dict.fromkeys(doc_ids)])
+
+    def batch(self, batch_id: str) -> FileBatchRecord | None:
+        """The batch and its documents (those a cancel took out apart), or None."""
+        b, d = file_batches.c, file_batch_documents.c
+        with self._engine.connect() as conn:
+            row = conn.execute(file_batches.select().where(b.id == batch_id)).first()
+            if row is None:
+                return None
+            docs = conn.execute(sa.select(d.doc_id, d.cancelled).where(d.batch_id == batch_id).order_by(d.doc_id)).all()
+        return FileBatchRecord(row.id, row.collection_id, row.created_at, row.cancelled_at,
+                               tuple(str(r[0]) for r in docs if not r[1]), tuple(str(r[0]) for r in docs if r[1]))
+
+    def cancelled(self, collection_id: str) -> builtins.list[str]:
+        """Documents a cancel of one of the collection's batches took out of it (and not put back since)."""
+        b, d, m = file_batches.c, file_batch_documents.c, collection_documents.c
+        member = sa.exists().where(m.collection_id == collection_id, m.doc_id == d.doc_id)
+        query = (sa.select(d.doc_id).join(file_batches, b.id == d.batch_id)
+                 .where(b.collection_id == collection_id, d.cancelled, ~member).distinct())
+        with self._engine.connect() as conn:
+            return sorted(str(r[0]) for r in conn.execute(query))
+
+    def cancel_batch(self, batch_id: str, doc_ids: Iterable[str], at: float) -> None:
+        """Mark the batch cancelled and ``doc_ids`` (its documents not indexed yet) taken out of its collection,
+        in one transaction."""
+        ids = list(dict.fromkeys(doc_ids))
+        b, d = file_batches.c, file_batch_documents.c
+        with self._engine.begin() as conn:
+            collection_id = conn.execute(sa.select(b.collection_id).where(b.id == batch_id)).scalar()
+            conn.execute(file_batches.update().where(b.id == batch_id).values(cancelled_at=at))
+            if ids and collection_id is not None:
+                conn.execute(file_batch_documents.update().where(d.batch_id == batch_id, d.doc_id.in_(ids))
+                             .values(cancelled=True))
+                conn.execute(collection_documents.delete().where(
+                    collection_documents.c.collection_id == collection_id, collection_documents.c.doc_id.in_(ids)))
+                _bump(conn, [collection_id])
+
     def versions(self, collection_ids: Iterable[str]) -> dict[str, int]:
         """Each existing collection's version."""
         with self._engine.connect() as conn:
@@ -396,13 +540,16 @@ class Catalogue:
     def members(
         self, collection_ids: Iterable[str], *, where: Filter | None = None,
         statuses: Iterable[DocumentStatus] | None = None, limit: int | None = None, after: str | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[DocumentRecord]:
         """Documents in any of ``collection_ids`` matching ``where`` (with one of ``statuses``), once each, oldest
-        first (the canonical order of a collection's documents), from the one after ``after`` (an id)."""
-        query = documents.select().where(_membership(collection_ids, where, statuses)).order_by(*_ORDER)
+        first (the canonical order of a collection's documents; or newest first), from the one after ``after`` (an
+        id)."""
+        query = documents.select().where(_membership(collection_ids, where, statuses)) \
+            .order_by(*_ordered(_ORDER, newest_first))
         with self._engine.connect() as conn:
             if after is not None:
-                query = query.where(_after(conn, documents, after))
+                query = query.where(_after(conn, documents, after, newest_first))
             if limit is not None:
                 query = query.limit(limit)
             return [_record(r) for r in conn.execute(query)]
@@ -541,11 +688,18 @@ def _membership(collection_ids: Iterable[str], where: Filter | None,
     return sa.and_(*parts)
 
 
-def _after(conn: sa.Connection, table: sa.Table, after: str) -> sa.ColumnElement[bool]:
-    """Rows past ``after`` in (created_at, id) order; an unknown cursor id starts nowhere (no rows)."""
+def _ordered(order: tuple[sa.ColumnElement[Any], ...], newest_first: bool) -> builtins.list[Any]:
+    return [c.desc() for c in order] if newest_first else builtins.list(order)
+
+
+def _after(conn: sa.Connection, table: sa.Table, after: str, newest_first: bool = False) -> sa.ColumnElement[bool]:
+    """Rows past ``after`` in (created_at, id) order (or its reverse); an unknown cursor id starts nowhere (no
+    rows)."""
     at = conn.execute(sa.select(table.c.created_at).where(table.c.id == after)).scalar()
     if at is None:
         return sa.false()
+    if newest_first:
+        return sa.or_(table.c.created_at < at, sa.and_(table.c.created_at == at, table.c.id < after))
     return sa.or_(table.c.created_at > at, sa.and_(table.c.created_at == at, table.c.id > after))
 
 

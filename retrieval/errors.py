@@ -122,6 +122,22 @@ class CollectionNotFound(RetrievalError):  # noqa: N818 (domain names)
         super().__init__(f"collection {collection_id!r} not found")
 
 
+class ResponseNotFound(RetrievalError):  # noqa: N818 (domain names)
+    """No stored response with this id (for this tenant)."""
+
+    def __init__(self, response_id: str) -> None:
+        self.response_id = response_id
+        super().__init__(f"response {response_id!r} not found")
+
+
+class BatchNotFound(RetrievalError):  # noqa: N818 (domain names)
+    """No file batch with this id in this collection."""
+
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
+        super().__init__(f"file batch {batch_id!r} not found")
+
+
 class CollectionNotReady(RetrievalError):  # noqa: N818 (domain names)
     """A question over collections none of whose (matching) documents is ready yet."""
 

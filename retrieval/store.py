@@ -37,16 +37,26 @@ from typing import Any
 import numpy as np
 
 from retrieval import doc_files
-from retrieval.catalogue import Catalogue, Claim, CollectionRecord, DocumentRecord, DocumentStatus, MemberCounts
+from retrieval.catalogue import (
+    Catalogue,
+    Claim,
+    CollectionRecord,
+    DocumentRecord,
+    DocumentStatus,
+    FileBatchRecord,
+    MemberCounts,
+)
 from retrieval.chunking import Chunk, Tokenizer, chunk_text, passage_spans, tokenize
 from retrieval.doc_files import PASSAGES_FILE, fsync_tree, remove
 from retrieval.embedding import DEFAULT_BATCH_SIZE, Embedder
 from retrieval.errors import (
+    BatchNotFound,
     CollectionNotFound,
     DocumentNotFound,
     DocumentNotReady,
     EmptyDocument,
     IngestAbandoned,
+    ResponseNotFound,
     RetrievalError,
 )
 from retrieval.filters import Attributes, Filter, check_attributes
@@ -183,9 +193,11 @@ class DocumentStore:
         *,
         attributes: Attributes | None = None,
         collection_ids: Sequence[str] = (),
+        purpose: str | None = None,
     ) -> DocumentRecord:
         """Parse and store an upload (status ``queued``), with its ``attributes``, in ``collection_ids`` (the
-        tenant's). Bad input raises before anything is stored."""
+        tenant's); ``purpose``: OpenAI's, for a file uploaded through ``/v1/files``. Bad input raises before
+        anything is stored."""
         attributes = check_attributes(attributes or {})
         for cid in collection_ids:
             self.get_collection(cid, tenant or DEFAULT_TENANT)
@@ -203,7 +215,7 @@ class DocumentStore:
                     title=(title or parsed.title or filename or "untitled").strip()[:MAX_TITLE_CHARS] or "untitled",
                     filename=filename, content_type=content_type, kind=parsed.kind, size=len(data),
                     status="queued", progress=0.0, message=None, n_chunks=0, n_tokens=0, embedder=None,
-                    created_at=now, updated_at=now,
+                    created_at=now, updated_at=now, purpose=purpose,
                 )
                 try:
                     self._db.insert(record, job=True, attributes=attributes, collection_ids=collection_ids)
@@ -274,9 +286,10 @@ class DocumentStore:
             for _, p in prepared:
                 p.reporter(0.05, embedding_stage(0, len(texts)))
 
-            def embedded(done: int, total: int) -> None:  # one row update per batch and document
-                for _, p in prepared:
-                    p.reporter(0.05 + 0.9 * done / max(total, 1), embedding_stage(done, total))
+            def embedded(done: int, total: int) -> None:  # one row update per batch (a group's: at its end)
+                if len(prepared) == 1 or done == total:
+                    for _, p in prepared:
+                        p.reporter(0.05 + 0.9 * done / max(total, 1), embedding_stage(done, total))
 
             try:
                 vectors = embedder.encode(texts, batch_size=batch_size, progress=embedded) if texts else \
@@ -394,11 +407,13 @@ class DocumentStore:
             return self._db.collections_of(doc_ids)
 
     def create_collection(self, tenant: str | None, name: str, description: str | None = None,
-                          metadata: dict[str, str] | None = None) -> CollectionRecord:
+                          metadata: dict[str, str] | None = None, *,
+                          expires_after_days: int | None = None) -> CollectionRecord:
         now = time.time()
         record = CollectionRecord(id="col" + uuid.uuid4().hex, tenant=tenant or DEFAULT_TENANT, name=name,
                                   description=description, metadata=dict(metadata or {}), version=0,
-                                  created_at=now, updated_at=now)
+                                  created_at=now, updated_at=now, expires_after_days=expires_after_days,
+                                  last_active_at=now if expires_after_days is not None else None)
         with self._lock:
             self._db.insert_collection(record)
         logger.info("created collection %s", record.id)
@@ -413,9 +428,79 @@ class DocumentStore:
         return record
 
     def list_collections(self, tenant: str | None, limit: int | None = None,
-                         after: str | None = None) -> builtins.list[CollectionRecord]:
+                         after: str | None = None, *, newest_first: bool = False) -> builtins.list[CollectionRecord]:
         with self._lock:
-            return self._db.collections(tenant, limit, after)
+            return self._db.collections(tenant, limit, after, newest_first=newest_first)
+
+    def page(self, tenant: str, limit: int, after: str | None = None, *, newest_first: bool = False,
+             purpose: str | None = None) -> builtins.list[DocumentRecord]:
+        """A page of the tenant's documents (``Catalogue.page``)."""
+        with self._lock:
+            return self._db.page(tenant, limit, after, newest_first=newest_first, purpose=purpose)
+
+    def touch_collections(self, collection_ids: Iterable[str], at: float | None = None) -> None:
+        """Note that the collections were asked or searched now (a vector store's ``last_active_at``)."""
+        with self._lock:
+            self._db.touch_collections(collection_ids, time.time() if at is None else at)
+
+    def added_at(self, collection_id: str, doc_ids: Iterable[str]) -> dict[str, float]:
+        with self._lock:
+            return self._db.added_at(collection_id, doc_ids)
+
+    def create_batch(self, collection_id: str, doc_ids: Sequence[str], tenant: str | None = None) -> FileBatchRecord:
+        """Add the tenant's documents to the collection as one batch (an unknown one: DocumentNotFound, nothing
+        added)."""
+        batch_id = "vsfb_" + uuid.uuid4().hex
+        with self._lock:
+            self.get_collection(collection_id, tenant)
+            for doc_id in doc_ids:
+                self.get(doc_id, tenant)
+            self._db.add_members(collection_id, doc_ids)
+            self._db.insert_batch(batch_id, collection_id, doc_ids, time.time())
+        return self.get_batch(batch_id, collection_id, tenant)
+
+    def save_response(self, response_id: str, tenant: str, previous_id: str | None, body: str) -> None:
+        """Keep a Responses API answer (its object as JSON) for ``GET /v1/responses/{id}`` and follow-ups."""
+        with self._lock:
+            self._db.insert_response(response_id, tenant, previous_id, time.time(), body)
+
+    def get_response(self, response_id: str, tenant: str) -> tuple[str | None, str]:
+        """(the response it follows, its JSON) of the tenant's stored response; else ResponseNotFound."""
+        with self._lock:
+            found = self._db.response(response_id)
+        if found is None or found[0] != tenant:
+            raise ResponseNotFound(response_id)
+        return found[1], found[2]
+
+    def delete_response(self, response_id: str, tenant: str) -> None:
+        with self._lock:
+            self.get_response(response_id, tenant)
+            self._db.delete_response(response_id)
+
+    def cancelled_documents(self, collection_id: str) -> builtins.list[str]:
+        with self._lock:
+            return self._db.cancelled(collection_id)
+
+    def get_batch(self, batch_id: str, collection_id: str, tenant: str | None = None) -> FileBatchRecord:
+        """The batch of that collection (the tenant's); otherwise BatchNotFound."""
+        with self._lock:
+            self.get_collection(collection_id, tenant)
+            batch = self._db.batch(batch_id)
+        if batch is None or batch.collection_id != collection_id:
+            raise BatchNotFound(batch_id)
+        return batch
+
+    def cancel_batch(self, batch_id: str, collection_id: str, tenant: str | None = None) -> FileBatchRecord:
+        """Take the batch's documents that are not indexed yet out of its collection (they stay in the store) and
+        mark it cancelled; a batch already finished or cancelled is left as it is."""
+        with self._lock:
+            batch = self.get_batch(batch_id, collection_id, tenant)
+            if batch.cancelled_at is None:
+                rows = {r.id: r for r in self._db.members([collection_id]) if r.id in set(batch.doc_ids)}
+                pending = [d for d in batch.doc_ids if d in rows and rows[d].status in ("queued", "indexing")]
+                if pending:
+                    self._db.cancel_batch(batch_id, pending, time.time())
+        return self.get_batch(batch_id, collection_id, tenant)
 
     def update_collection(self, collection_id: str, tenant: str | None = None, **fields: Any) -> CollectionRecord:
         with self._lock:
@@ -460,10 +545,11 @@ class DocumentStore:
 
     def members(self, collection_ids: Sequence[str], *, where: Filter | None = None,
                 statuses: Iterable[DocumentStatus] | None = None, limit: int | None = None,
-                after: str | None = None) -> builtins.list[DocumentRecord]:
-        """Documents of the collections (checked by the caller) matching ``where``, oldest first."""
+                after: str | None = None, newest_first: bool = False) -> builtins.list[DocumentRecord]:
+        """Documents of the collections (checked by the caller) matching ``where``, oldest (or newest) first."""
         with self._lock:
-            return self._db.members(collection_ids, where=where, statuses=statuses, limit=limit, after=after)
+            return self._db.members(collection_ids, where=where, statuses=statuses, limit=limit, after=after,
+                                    newest_first=newest_first)
 
     def member_counts(self, collection_ids: Sequence[str], *, where: Filter | None = None) -> MemberCounts:
         with self._lock:
@@ -490,6 +576,14 @@ class DocumentStore:
             (self._derived_dir(r.id) / name).exists() for name in (PASSAGES_FILE, LEXICAL_FILE)))]
 
     # --- loading --------------------------------------------------------------------------------
+
+    def load_original(self, doc_id: str) -> bytes:
+        """The upload's bytes, as sent."""
+        source = self._doc_dir(doc_id) / "source"
+        found = sorted(source.glob("original.*"))
+        if not found:
+            raise DocumentNotFound(doc_id)
+        return found[0].read_bytes()
 
     def load_text(self, doc_id: str) -> str:
         """The extracted text (any status)."""

@@ -33,7 +33,7 @@ ARRIVED = "ragspec.arrived"  # scope key: time.perf_counter() when the request r
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/", "/docs"})  # no key needed (no tenant data)
 PUBLIC_PREFIXES = ("/static/",)
-STREAMED_UPLOADS = frozenset({("POST", "/v1/documents")})  # the route bounds its own body (upload limit)
+STREAMED_UPLOADS = frozenset({("POST", "/v1/documents"), ("POST", "/v1/files")})  # routes bounding their bodies
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,10 @@ class UploadBatch:
     after ``discard`` is deleted at once, so none outlives a refused or abandoned upload."""
 
     def __init__(self, store: DocumentStore, tenant: str, *, attributes: Any = None,
-                 collection_ids: Sequence[str] = ()) -> None:
+                 collection_ids: Sequence[str] = (), purpose: str | None = None) -> None:
         self.store = store
         self.tenant = tenant
+        self.purpose = purpose  # OpenAI's, for a file uploaded through /v1/files
         self.attributes = check_attributes(attributes if attributes is not None else {})
         self.collection_ids = list(dict.fromkeys(collection_ids))
         for cid in self.collection_ids:
@@ -112,7 +113,7 @@ class UploadBatch:
         """Store one file, with its own ``attributes`` (checked: ``per_file_attributes``) or the batch's."""
         record = self.store.create(self.tenant, title, filename, content_type, data,
                                    attributes=self.attributes if attributes is None else attributes,
-                                   collection_ids=self.collection_ids)
+                                   collection_ids=self.collection_ids, purpose=self.purpose)
         with self._lock:
             if not self._discarded:
                 self.records.append(record)

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +72,11 @@ def test_a_fresh_database_gets_the_schema_at_the_newest_revision(postgres_server
     Catalogue(url).close()  # opening again migrates nothing and loses nothing
     engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0003"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0004"
         columns = {c["name"] for c in sa.inspect(conn).get_columns("documents")}
         indexes = {i["name"] for i in sa.inspect(conn).get_indexes("documents")}
     engine.dispose()
-    assert {"id", "tenant", "status", "n_tokens", "created_at"} <= columns and "documents_tenant" in indexes
+    assert {"id", "tenant", "status", "n_tokens", "created_at", "purpose"} <= columns and "documents_tenant" in indexes
 
 
 def test_a_store_made_before_the_migrations_is_adopted_with_its_rows(tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ def test_a_store_made_before_the_migrations_is_adopted_with_its_rows(tmp_path: P
     assert cat.ids() == ["doc07", "doc08"]
     cat.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
         assert conn.execute("SELECT count(*) FROM ingest_jobs").fetchone() == (0,)
 
 
@@ -379,12 +380,57 @@ def test_a_store_at_the_previous_revision_upgrades_in_place_and_loses_nothing(tm
                              "'ready', 1, 3, 30, 1007.0, 1007.0)"))
         conn.execute(sa.text("INSERT INTO ingest_jobs (doc_id, attempts, created_at) VALUES ('doc08', 0, 1.0)"))
     engine.dispose()
-    cat = Catalogue(path)  # 0002 -> 0003
+    cat = Catalogue(path)  # 0002 -> 0003 -> 0004
     row = cat.row("doc07")
-    assert row is not None and (row.title, row.status, row.n_tokens) == ("Title 7", "ready", 30)
+    assert row is not None and (row.title, row.status, row.n_tokens, row.purpose) == ("Title 7", "ready", 30, None)
     assert cat.jobs() == [("doc08", None, 0)]
     cat.insert_collection(collection("c1"))
     assert cat.add_members("c1", ["doc07"]) == 1 and cat.attributes(["doc07"]) == {"doc07": {}}
     cat.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
+
+
+def test_pages_batches_and_stored_responses_on_both_backends(catalogue: Catalogue) -> None:
+    for i in (1, 2, 3, 4):
+        catalogue.insert(replace(record(i), purpose="user_data" if i % 2 else None))
+    assert [r.id for r in catalogue.page("t1", 10)] == ["doc01", "doc02", "doc03", "doc04"]
+    assert [r.id for r in catalogue.page("t1", 2, newest_first=True)] == ["doc04", "doc03"]
+    assert [r.id for r in catalogue.page("t1", 2, "doc03", newest_first=True)] == ["doc02", "doc01"]
+    assert [r.id for r in catalogue.page("t1", 10, "doc02")] == ["doc03", "doc04"]
+    assert [r.id for r in catalogue.page("t1", 10, purpose="user_data")] == ["doc01", "doc03"]
+    assert catalogue.page("t1", 10, "unknown") == []
+    for i, cid in enumerate(("c1", "c2", "c3")):
+        catalogue.insert_collection(collection(cid, at=2000.0 + i))
+    assert [c.id for c in catalogue.collections("t1", 2, newest_first=True)] == ["c3", "c2"]
+    assert [c.id for c in catalogue.collections("t1", None, "c2", newest_first=True)] == ["c1"]
+    catalogue.touch_collections(["c1"], 4242.0)
+    c1 = catalogue.collection("c1")
+    assert c1 is not None and c1.last_active_at == 4242.0 and c1.version == 0  # activity is not a change
+    catalogue.update_collection("c1", expires_after_days=3)
+    assert catalogue.collection("c1").expires_after_days == 3  # type: ignore[union-attr]
+
+    assert catalogue.add_members("c1", ["doc01", "doc02", "doc03"]) == 3
+    assert set(catalogue.added_at("c1", ["doc01", "doc04"])) == {"doc01"}
+    catalogue.insert_batch("b1", "c1", ["doc02", "doc03"], 3000.0)
+    batch = catalogue.batch("b1")
+    assert batch is not None and (batch.doc_ids, batch.cancelled_ids, batch.cancelled_at) == (
+        ("doc02", "doc03"), (), None)
+    version = catalogue.versions(["c1"])["c1"]
+    catalogue.cancel_batch("b1", ["doc03"], 3100.0)
+    batch = catalogue.batch("b1")
+    assert batch is not None and batch.doc_ids == ("doc02",) and batch.cancelled_ids == ("doc03",)
+    assert batch.cancelled_at == 3100.0 and catalogue.versions(["c1"])["c1"] == version + 1
+    assert [r.id for r in catalogue.members(["c1"])] == ["doc01", "doc02"]  # taken out of the collection
+    assert catalogue.cancelled("c1") == ["doc03"]
+    catalogue.add_members("c1", ["doc03"])  # put back: no longer counted as cancelled
+    assert catalogue.cancelled("c1") == [] and catalogue.batch("nope") is None
+    catalogue.delete("doc02")
+    assert catalogue.batch("b1").doc_ids == ()  # type: ignore[union-attr]
+    catalogue.delete_collection("c1")
+    assert catalogue.batch("b1") is None
+
+    catalogue.insert_response("resp_1", "t1", None, 5000.0, '{"a": 1}')
+    catalogue.insert_response("resp_2", "t1", "resp_1", 5001.0, '{"b": 2}')
+    assert catalogue.response("resp_2") == ("t1", "resp_1", '{"b": 2}') and catalogue.response("x") is None
+    assert catalogue.delete_response("resp_1") and not catalogue.delete_response("resp_1")
