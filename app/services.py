@@ -118,14 +118,17 @@ class Services:
 
         self.scheduler.submit_background(run, key=prompt.prefix_key)
 
-    def document_ready(self, doc_id: str) -> None:
-        """After an ingest: a document in no collection gets its prefix warmed, as a document asked by name; one in
-        collections brings their indexes in step and warms the prefix of each collection that the target reads
-        whole, once none of its documents is still waiting (so a batch of uploads warms it once, after its last
-        document; warming each of a library's documents alone would double its ingestion, docs/benchmarks.md)."""
-        collections = self.store.collections_of([doc_id])[doc_id]
-        if not collections:
-            self.warm_document(doc_id)
+    def documents_ready(self, doc_ids: list[str]) -> None:
+        """After an ingest (of one document, or of a group indexed together): a document in no collection gets its
+        prefix warmed, as a document asked by name; one in collections brings their indexes in step and warms the
+        prefix of each collection that the target reads whole, once none of its documents is still waiting (so a
+        batch of uploads warms it once, after its last documents; warming each of a library's documents alone
+        would double its ingestion, docs/benchmarks.md)."""
+        collections: dict[str, None] = {}
+        for doc_id, of_doc in self.store.collections_of(doc_ids).items():
+            if not of_doc:
+                self.warm_document(doc_id)
+            collections.update(dict.fromkeys(of_doc))
         for cid in collections:
             self.collection_changed_soon(cid)
 
@@ -415,7 +418,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None, *, config:
         started_at=time.time(),
     )
     if not settings.shared_store:  # a replica that ingests a document is not the one its questions are routed to
-        indexing.on_ready = services.document_ready
+        indexing.on_ready = services.documents_ready
     if config.calibration.enabled:
         start_calibration(engine, scheduler)  # 256 and 2048 tokens; on a GPU, longer caches up to the window
     logger.info("services ready in %.1f s (target %s, embedder %s)", time.perf_counter() - t0, target.name,

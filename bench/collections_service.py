@@ -13,7 +13,7 @@ dir in a temp dir), over its HTTP API.
   per document as ingestion calls it (run before, between and after the servers: they give the noise band), and in
   one call over every window (batches across documents). ``overhead`` = ingest wall time / embedder-alone time - 1
   (goal <= 15 %). The server runs as shipped (``--ingest-variants kv_cache``: its KV cache on, so whatever
-  ``Services.document_ready`` warms in the background shares the CPU with the embedding; since 8f5b65c a document
+  ``Services.documents_ready`` warms in the background shares the CPU with the embedding; since 8f5b65c a document
   uploaded into a collection is no longer warmed alone) and with the KV cache off (``no_kv_cache``:
   ``RAGSPEC_KV_CACHE_BYTES=0``, nothing warmed); ``server_prefill_rows`` counts the target tokens warmed during the
   upload. The upload request time per file and the PATCH time per document apart.
@@ -536,7 +536,7 @@ def run_ingest(args: argparse.Namespace, save: Callable[[dict[str, Any]], None])
             "after the last (per_document_s, in that order); a variant's overhead is its wall time over the mean of "
             "the runs just before and after it, less 1; one_call_s: one encode over every window (batches across "
             "documents, the embedder at its best).",
-            "kv_cache is the server as shipped (its KV cache on): what Services.document_ready warms on the "
+            "kv_cache is the server as shipped (its KV cache on): what Services.documents_ready warms on the "
             "scheduler's background shares the CPU with the embedding; server_prefill_rows counts the target tokens "
             "prefilled during the upload (0 since 8f5b65c: a document uploaded into a collection is no longer "
             "warmed alone, and a 1,200-document collection is past the window, so nothing is warmed).",

@@ -74,9 +74,12 @@ async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str |
     except ServiceError:
         return None
     method, path = request["method"], request["path"].rstrip("/")
-    if method == "DELETE" and path.startswith("/v1/documents/"):
+    if method == "DELETE" and path.startswith(("/v1/documents/", "/v1/files/")) and path.count("/") == 3:
         return routing_key([path.rsplit("/", 1)[1]], tenant)  # its KV is dropped where it most likely lives
-    if method != "POST" or path not in ("/v1/ask", "/v1/chat/completions"):
+    parts = path.split("/")
+    if method == "POST" and len(parts) == 5 and parts[2] == "vector_stores" and parts[4] == "search":
+        return routing_key([f"collection:{parts[3]}"], tenant)  # where the store's index is warm
+    if method != "POST" or path not in ("/v1/ask", "/v1/chat/completions", "/v1/responses"):
         return None
     try:
         body = json.loads(request["body"] or b"{}")
@@ -86,11 +89,25 @@ async def route_key(request: WireRequest, keys: KeyRing, sessions: Any) -> str |
         return None
     ids = _document_ids(body.get("document_ids"))
     collections = _document_ids(body.get("collection_ids"))
+    for tool in body.get("tools") or [] if path == "/v1/responses" else []:
+        if isinstance(tool, dict) and tool.get("type") == "file_search":
+            collections += _document_ids(tool.get("vector_store_ids"))
     session_id = body.get("session_id")
     if not ids and not collections and path == "/v1/ask" and isinstance(session_id, str) and sessions is not None:
         with contextlib.suppress(Exception):  # the replica answers a session it cannot find
             ids, collections, _ = last_scope(await sessions.history(tenant, session_id))
     return routing_key(ids + [f"collection:{c}" for c in collections], tenant)
+
+
+def creates(method: str, path: str) -> bool:
+    """A request that stores something (a document, a file, a collection or store, a membership, a batch)."""
+    path = path.rstrip("/")
+    if method != "POST":
+        return False
+    if path in ("/v1/documents", "/v1/collections", "/v1/files", "/v1/vector_stores"):
+        return True
+    parts = path.split("/")
+    return len(parts) == 5 and parts[2] == "vector_stores" and parts[4] in ("files", "file_batches")
 
 
 def _replica_logging(level: str) -> None:
@@ -214,7 +231,7 @@ class Ingress:
                             bytes(raw), client)
         route = await route_key(wire, self.keys, self.sessions)
         # a request that creates something is never sent twice: its first replica may have made it before dying
-        retry = not (wire["method"] == "POST" and wire["path"].rstrip("/") in ("/v1/documents", "/v1/collections"))
+        retry = not creates(wire["method"], wire["path"])
         for attempt in range(1, ATTEMPTS + 1):  # a replica that died before answering: the next one answers
             stream = self.engine.forward.remote(wire, route=route, pin=request.headers.get(REPLICA_HEADER))
             try:

@@ -313,7 +313,7 @@ def search(services: Services, tenant: str, collection_id: str, body: VectorStor
     queries = [body.query] if isinstance(body.query, str) else list(body.query)
     if not queries or any(not q.strip() for q in queries):
         raise InvalidRequest("query: a non-empty string or list of non-empty strings")
-    where = parse_filter(body.filters) if body.filters is not None else None
+    where = parse_filter(body.filters, "filters") if body.filters is not None else None
     store.touch_collections([collection_id])
     counts = store.member_counts([collection_id], where=where)
     if not counts.by_status.get("ready"):

@@ -7,7 +7,8 @@ message on failure), so they survive restarts. Each queued document also has a j
 while it works and deletes the row when done. Several processes sharing one catalogue (cluster replicas) therefore
 ingest each document once, and a job whose worker died (its lease ran out) is taken over by the next worker that
 polls. In one process the store's ``recover()`` at start-up turns an ingest cut by a crash into ``failed``
-instead. ``on_ready`` runs after a successful ingest (the app warms the document's KV prefix).
+instead. ``on_ready`` runs after a successful ingest, with the documents of the group that became ready (the app
+warms their KV prefixes and brings their collections' indexes in step).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class IndexingJobs:
         tokenizer: Any,
         embedder: Embedder,
         config: IndexingConfig,
-        on_ready: Callable[[str], None] | None = None,
+        on_ready: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.store = store
         self.tokenizer = tokenizer
@@ -176,6 +177,7 @@ class IndexingJobs:
             list(by_doc), self.tokenizer, self.embedder, self.config.chunk_tokens, self.config.chunk_overlap,
             holds=lambda doc_id: self.store.renew_ingest(by_doc[doc_id], self.config.lease_s),
         )
+        ready = []
         for doc_id, result in zip(by_doc, results, strict=True):
             if isinstance(result, IngestAbandoned):
                 logger.warning("dropped the ingestion of %s: another worker took it over", doc_id)
@@ -183,11 +185,13 @@ class IndexingJobs:
                 logger.info("document %s was deleted before it was indexed", doc_id)
             elif isinstance(result, BaseException):  # the store has marked the document failed with the reason
                 logger.warning("indexing %s failed", doc_id, exc_info=result)
-            elif self.on_ready is not None:
-                try:
-                    self.on_ready(doc_id)
-                except Exception:
-                    logger.warning("after-indexing hook failed for %s", doc_id, exc_info=True)
+            else:
+                ready.append(doc_id)
+        if ready and self.on_ready is not None:  # once for the group: its collections are changed once
+            try:
+                self.on_ready(ready)
+            except Exception:
+                logger.warning("after-indexing hook failed for %s", ", ".join(ready), exc_info=True)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._queue.put(None)

@@ -293,3 +293,22 @@ def test_a_replica_takes_its_rank_s_dir_unless_a_live_one_holds_it(tmp_path: Pat
     assert again == "0"
     second.close()
     third.close()
+
+
+def test_openai_file_search_requests_route_by_their_store_and_creations_are_never_sent_twice() -> None:
+    from app.cluster.serve import creates
+
+    tenant = tenant_of_key("key-a")
+    store = routing_key(["collection:vs1"], tenant)
+    tools = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs1"]}]
+    assert _key("POST", "/v1/responses", {"input": "q", "tools": tools}) == store
+    assert _key("POST", "/v1/responses", {"input": "q"}) == routing_key([], tenant)
+    assert _key("POST", "/v1/vector_stores/vs1/search", {"query": "q"}) == store
+    assert _key("DELETE", "/v1/files/f1") == routing_key(["f1"], tenant)
+    assert _key("DELETE", "/v1/vector_stores/vs1/files/f1") is None and _key("GET", "/v1/vector_stores/vs1") is None
+    made = [("POST", "/v1/files"), ("POST", "/v1/vector_stores"), ("POST", "/v1/vector_stores/vs1/files"),
+            ("POST", "/v1/vector_stores/vs1/file_batches/"), ("POST", "/v1/documents"), ("POST", "/v1/collections")]
+    assert all(creates(m, p) for m, p in made)
+    kept = [("POST", "/v1/responses"), ("POST", "/v1/vector_stores/vs1/search"), ("POST", "/v1/vector_stores/vs1"),
+            ("GET", "/v1/files"), ("POST", "/v1/ask"), ("POST", "/v1/vector_stores/vs1/file_batches/b1/cancel")]
+    assert not any(creates(m, p) for m, p in kept)

@@ -136,9 +136,9 @@ def test_a_vector_store_with_files_attributes_and_search(oa: OpenAI, other: Open
 
     refused(lambda: oa.vector_stores.search(store.id, query="x", rewrite_query=True), 400, "rewrite_query")
     refused(lambda: oa.vector_stores.search(store.id, query="x", filters={"type": "near", "key": "k", "value": 1}),
-            400)
+            400, "filters.type")
     refused(lambda: oa.vector_stores.search(store.id, query="x", filters={"type": "eq", "key": "k", "value": [1]}),
-            400)
+            400, "filters.value")
     refused(lambda: oa.vector_stores.search(store.id, query="x", max_num_results=51), 400, "max_num_results")
     refused(lambda: oa.vector_stores.files.create(vector_store_id=store.id, file_id=lighthouse,
                                                   chunking_strategy={"type": "static", "static": {

@@ -43,7 +43,7 @@ def run(tmp_path: Path, tokenizer: Any, embedder: GatedEmbedder, config: Indexin
         texts: list[bytes]) -> tuple[DocumentStore, list[str], list[str]]:
     store = DocumentStore(tmp_path / "store")
     ready: list[str] = []
-    jobs = IndexingJobs(store, tokenizer, embedder, config, on_ready=ready.append)  # type: ignore[arg-type]
+    jobs = IndexingJobs(store, tokenizer, embedder, config, on_ready=ready.extend)  # type: ignore[arg-type]
     try:
         ids = []
         for i, data in enumerate(texts):

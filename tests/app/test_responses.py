@@ -168,6 +168,9 @@ def test_refusals(oa: OpenAI, server: ThreadServer, library: dict[str, str]) -> 
     refused(lambda: oa.responses.create(**ask_, tools=tool("col" + "0" * 32)), 404)  # type: ignore[arg-type]
     refused(lambda: oa.responses.create(**ask_, tools=tool(library["store"], max_num_results=99)), 400,  # type: ignore[arg-type]
             "tools[0].max_num_results")
+    refused(lambda: oa.responses.create(**ask_, tools=tool(library["store"], filters={"type": "and",  # type: ignore[arg-type]
+                                                                              "filters": []})),
+            400, "tools[0].filters.filters")
     refused(lambda: oa.responses.create(**ask_, include=["reasoning.encrypted_content"]), 400, "include")  # type: ignore[arg-type, list-item]
     refused(lambda: oa.responses.create(**ask_, reasoning={"effort": "high"}), 400, "reasoning")  # type: ignore[arg-type]
     refused(lambda: oa.responses.create(**ask_, previous_response_id="resp_unknown"), 404)  # type: ignore[arg-type]

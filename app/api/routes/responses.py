@@ -43,6 +43,7 @@ from app.schemas import LogitControls, Source
 from app.services import Services
 from app.serving import file_search
 from retrieval.errors import CollectionNotReady
+from retrieval.filters import parse_filter
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ def _tool(body: ResponseCreate) -> FileSearchTool | None:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err.get("loc", ()))
             raise InvalidRequest(f"tools[{i}].{where}: {err.get('msg', 'invalid')}") from None
+        if tools[-1].filters is not None:  # checked here to name its place (the pipeline parses it again)
+            parse_filter(tools[-1].filters, f"tools[{i}].filters")
     if len(tools) > 1:
         raise InvalidRequest("tools: at most one file_search tool (name every vector store in it)")
     if body.tool_choice == "required" and not tools:
