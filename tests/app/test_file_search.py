@@ -224,3 +224,6 @@ def test_errors_keep_ragspec_shape_outside_the_openai_surface(server: ThreadServ
         assert set(body["error"]) == {"code", "message"}  # ragspec's API: 422 as before
         body = c.post("/v1/vector_stores", json={"name": "x", "unknown": 1})
         assert body.status_code == 400 and body.json()["error"]["param"] == "unknown"
+        offered = c.get("/v1/capabilities").json()["file_search"]
+        assert offered["tools"] == ["file_search"] and offered["purposes"] == ["assistants", "user_data"]
+        assert offered["max_chunk_size_tokens"] == server.services.indexing.config.chunk_tokens

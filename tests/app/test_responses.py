@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, ask, wait_for
+from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, ask, engine_held, wait_for
 
 pytestmark = pytest.mark.real_model
 
@@ -27,7 +27,7 @@ TOKENS = 24
 
 @pytest.fixture(scope="module")
 def server_settings() -> dict[str, Any]:
-    return {"api_keys": f"{KEY},{OTHER_KEY}", "default_max_tokens": TOKENS}
+    return {"api_keys": f"{KEY},{OTHER_KEY}", "default_max_tokens": TOKENS, "max_batch": 1}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,9 @@ def test_follow_ups_stored_responses_and_a_plain_question(oa: OpenAI, library: d
     plain = oa.responses.create(model="ragspec", input=[{"role": "user", "content": "Say hello."}],
                                 instructions="Answer briefly.", max_output_tokens=8)
     assert [item.type for item in plain.output] == ["message"] and plain.output_text
+    with OpenAI(base_url=oa.base_url, api_key=OTHER_KEY, max_retries=0) as other:
+        refused(lambda: other.responses.retrieve(first.id), 404)  # another tenant's response: not found
+        refused(lambda: other.responses.create(model="ragspec", input="More?", previous_response_id=first.id), 404)
     deleted = oa.responses.delete(first.id)
     assert deleted is None or getattr(deleted, "deleted", True)
     refused(lambda: oa.responses.retrieve(first.id), 404)
@@ -180,3 +183,21 @@ def test_refusals(oa: OpenAI, server: ThreadServer, library: dict[str, str]) -> 
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}) as c:
         bad = c.post("/v1/responses", json={"input": [{"role": "assistant", "content": "hi"}]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
+def test_a_stream_whose_client_leaves_while_queued_leaves_the_queue(server: ThreadServer,
+                                                                   library: dict[str, str]) -> None:
+    scheduler = server.services.scheduler
+    body = {"model": "ragspec", "input": QUESTION, "tools": tool(library["store"]), "stream": True,
+            "max_output_tokens": TOKENS}
+    seen = []
+    with engine_held(server.services):
+        with server.client(KEY) as client, client.stream("POST", "/v1/responses", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                seen.append(line)
+                if line.startswith(":") and '"queued"' in line:
+                    break  # the client stops reading and closes the connection
+        assert wait_for(lambda: scheduler.waiting == 0, "the abandoned response to leave the queue")
+        assert scheduler.running  # the holder still runs: the response left without ever running
+    assert any("response.file_search_call.completed" in line for line in seen)

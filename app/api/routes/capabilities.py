@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from app.api.deps import ServicesDep, TenantDep
 from app.errors import NotAvailableYet
+from app.openai_schemas import FILE_PURPOSES, INCLUDABLE, MAX_FILE_IDS, MAX_SEARCH_RESULTS
 from app.schemas import (
     MAX_COLLECTION_DESCRIPTION_CHARS,
     MAX_COLLECTION_NAME_CHARS,
@@ -43,6 +44,19 @@ class ModelInfo(BaseModel):
     context_window: int = Field(description="Tokens the target reads at once")
 
 
+class FileSearchInfo(BaseModel):
+    """OpenAI's file search as ragspec serves it (docs/api.md#openai-file-search)."""
+
+    endpoints: list[str] = ["/v1/files", "/v1/vector_stores", "/v1/responses"]
+    purposes: list[str] = Field(description="File purposes taken")
+    tools: list[str] = Field(description="Responses tools run (any other is a 400)")
+    include: list[str] = Field(description="Responses include values taken")
+    max_file_ids: int = Field(description="Files in one vector store creation or file batch")
+    max_search_results: int
+    max_chunk_size_tokens: int = Field(description="How every document is chunked: the one static strategy taken")
+    chunk_overlap_tokens: int
+
+
 class Capabilities(BaseModel):
     model: ModelInfo = Field(description="The target model this server answers with")
     modes: list[ModeInfo] = Field(description="Every mode /v1/ask takes, in its order")
@@ -52,6 +66,7 @@ class Capabilities(BaseModel):
     max_document_ids: int
     max_upload_bytes: int
     collections: CollectionLimits = Field(description="Collections, document attributes and their filters")
+    file_search: FileSearchInfo
 
 
 COLLECTION_LIMITS = CollectionLimits(
@@ -97,4 +112,8 @@ async def capabilities(services: ServicesDep, tenant: TenantDep) -> Capabilities
         max_document_ids=limits.max_document_ids,
         max_upload_bytes=limits.max_upload_bytes,
         collections=COLLECTION_LIMITS,
+        file_search=FileSearchInfo(
+            purposes=list(FILE_PURPOSES), tools=["file_search"], include=list(INCLUDABLE), max_file_ids=MAX_FILE_IDS,
+            max_search_results=MAX_SEARCH_RESULTS, max_chunk_size_tokens=services.indexing.config.chunk_tokens,
+            chunk_overlap_tokens=services.indexing.config.chunk_overlap),
     )
