@@ -48,6 +48,7 @@ LEXICAL_DB = "lexical.sqlite3"
 VECTORS_DIR = "vectors"
 CHUNK_BITS = 24  # a chunk's FTS rowid: slot << 24 | chunk id
 MAX_CHUNKS = 1 << CHUNK_BITS
+LEXICAL_FETCH = 100_000  # the most ranked rows a filtered BM25 candidate search reads back
 FTS_TOKENIZER = "unicode61 remove_diacritics 0 tokenchars '_'"  # the terms of retrieval.lexical, as stored
 
 _HNSW_PARAMS: Any = getattr(faiss, "SearchParametersHNSW")  # noqa: B009 (not in faiss's type stubs)
@@ -67,7 +68,8 @@ class CollectionIndexConfig:
     """How a collection index searches. ``exact_max``: vectors searched exactly (flat index below it, allowed rows
     below it); ``exact_share``: a filter allowing less than this share of the rows is searched exactly too;
     ``ef_search`` HNSW's breadth with nothing filtered, ``ef_max`` its most under a filter; ``lexical_postings``:
-    the most postings a BM25 candidate search reads (``CollectionIndex.lexical``)."""
+    the most postings a BM25 candidate search reads, ``lexical_ranges``: the most runs of allowed documents a
+    filtered one ranks run by run (``CollectionIndex.lexical``)."""
 
     exact_max: int = 20_000
     exact_share: float = 0.2
@@ -77,6 +79,7 @@ class CollectionIndexConfig:
     ef_max: int = 1024
     compact_share: float = 0.25
     lexical_postings: int = 200_000
+    lexical_ranges: int = 8
 
 
 @dataclass(frozen=True)
@@ -435,34 +438,48 @@ class CollectionIndex:
         """Up to ``k`` chunks of ``allowed`` documents (all live ones when None) holding any of the terms, best
         BM25 first (FTS5's own ranking: these are candidates, scored again by the retriever).
 
-        FTS5 ranks every chunk that holds a term, so its cost follows the terms' postings: the most common terms
-        (the least weight in BM25) are left out of this search until their postings fit ``lexical_postings``; the
-        rarest term always stays. The retriever's scoring still counts every term. ``df``: the terms' chunk counts
-        when the caller has them (``term_stats``)."""
+        FTS5 ranks every chunk that holds a term, so its cost follows the postings it reads: the most common terms
+        (the least weight in BM25) are left out of this search until those fit ``lexical_postings``; the rarest
+        term always stays. The retriever's scoring still counts every term. A filter allowing documents that lie
+        in at most ``lexical_ranges`` runs of consecutive slots is searched run by run (FTS5 reads only the
+        postings in each run's rowid range, ~3 ms a run); a wider one reads FTS5's whole ranking far enough down
+        to hold about twice the allowed share of ``k`` (up to ``LEXICAL_FETCH`` rows). Either way the allowed
+        chunks come in BM25 order, as many as asked while enough match. ``df``: the terms' chunk
+        counts when the caller has them (``term_stats``)."""
         unique = list(dict.fromkeys(t for t in query_terms if t))
         if not unique or k <= 0:
             return []
         if df is None or any(t not in df for t in unique):
             df = self.term_stats(unique).df
+        slots = set(self.live_slots(allowed))
+        if not slots:
+            return []
+        runs = _runs(sorted(slots)) if allowed is not None else []
+        by_runs = allowed is not None and len(runs) <= self.config.lexical_ranges
+        share = 1.0  # of the postings read
+        if by_runs:
+            share = sum(self._rows[s][1] - self._rows[s][0] for s in slots) / max(self.n_live, 1)
         unique = [t for t in unique if df.get(t, 0) > 0]
         unique.sort(key=lambda t: df[t])
-        while len(unique) > 1 and sum(df[t] for t in unique) > self.config.lexical_postings:
+        while len(unique) > 1 and share * sum(df[t] for t in unique) > self.config.lexical_postings:
             unique.pop()
         if not unique:
             return []
         match = " OR ".join('"' + t.replace('"', '""') + '"' for t in unique)  # terms are words: quoted, no syntax
-        slots = set(self.live_slots(allowed))
-        if not slots:
-            return []
-        fetch = k if allowed is None else min(k * max(1, len(self._rows) // max(len(slots), 1)), 20 * k)
-        out: list[tuple[str, int]] = []
-        if allowed is not None and len(slots) <= 64:  # a few documents: ask FTS5 for their rowid ranges only
-            bounds = " OR ".join(f"(rowid >= {s << CHUNK_BITS} AND rowid < {(s + 1) << CHUNK_BITS})" for s in slots)
-            query = f"SELECT rowid FROM chunks WHERE chunks MATCH ? AND ({bounds}) ORDER BY rank LIMIT ?"
-            rows = self._db.execute(query, (match, k)).fetchall()
+        if by_runs:
+            found: list[tuple[float, int]] = []
+            for lo, hi in runs:
+                found += [(float(rank), int(rowid)) for rowid, rank in self._db.execute(
+                    "SELECT rowid, rank FROM chunks WHERE chunks MATCH ? AND rowid >= ? AND rowid < ? "
+                    "ORDER BY rank LIMIT ?", (match, lo << CHUNK_BITS, (hi + 1) << CHUNK_BITS, k))]
+            rows = [(rowid,) for _, rowid in sorted(found)[:k]]  # FTS5's rank: lower is better
         else:
+            # FTS5 ranks every match whatever the limit: fetching about twice the share a filter needs costs only
+            # the rows read, and the allowed rows keep their global BM25 order (the best of them, as many as asked)
+            fetch = k if allowed is None else min(2 * k * max(1, len(self._rows) // max(len(slots), 1)), LEXICAL_FETCH)
             rows = self._db.execute("SELECT rowid FROM chunks WHERE chunks MATCH ? ORDER BY rank LIMIT ?",
                                     (match, fetch)).fetchall()
+        out: list[tuple[str, int]] = []
         for (rowid,) in rows:
             slot = int(rowid) >> CHUNK_BITS
             if slot in slots:
@@ -497,6 +514,17 @@ class _Transaction:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int]]:
+    """Sorted slots as runs of consecutive ones: [(first, last), ...]."""
+    runs: list[tuple[int, int]] = []
+    for slot in slots:
+        if runs and slot == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], slot)
+        else:
+            runs.append((slot, slot))
+    return runs
 
 
 def _slot_bounds(owner_slot: np.ndarray) -> dict[int, tuple[int, int]]:

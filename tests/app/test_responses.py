@@ -174,6 +174,8 @@ def test_refusals(oa: OpenAI, server: ThreadServer, library: dict[str, str]) -> 
     refused(lambda: oa.responses.create(**ask_, tools=tool(library["store"], filters={"type": "and",  # type: ignore[arg-type]
                                                                               "filters": []})),
             400, "tools[0].filters.filters")
+    refused(lambda: oa.responses.create(model="ragspec", input="Hi", max_output_tokens=10**6), 400,
+            "max_output_tokens")
     refused(lambda: oa.responses.create(**ask_, include=["reasoning.encrypted_content"]), 400, "include")  # type: ignore[arg-type, list-item]
     refused(lambda: oa.responses.create(**ask_, reasoning={"effort": "high"}), 400, "reasoning")  # type: ignore[arg-type]
     refused(lambda: oa.responses.create(**ask_, previous_response_id="resp_unknown"), 404)  # type: ignore[arg-type]

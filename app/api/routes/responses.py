@@ -55,6 +55,9 @@ MAX_CHAIN = 64  # responses followed back through previous_response_id for the h
 @router.post("", responses=ERRORS, summary="Answer with the model, over vector stores with the file_search tool")
 async def create_response(body: ResponseCreate, request: Request, services: ServicesDep, tenant: TenantDep) -> Any:
     arrived = arrival(request)
+    limit = services.config.limits.max_new_tokens
+    if body.max_output_tokens is not None and body.max_output_tokens > limit:
+        raise InvalidRequest(f"max_output_tokens: {body.max_output_tokens} is above the limit of {limit}")
     tool = _tool(body)
     history, question, system = await asyncio.to_thread(_conversation, services, tenant, body)
     if tool is not None:
