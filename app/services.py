@@ -21,6 +21,7 @@ from app.answering.logprobs import LogprobText
 from app.answering.prompts import PromptBuilder, document_texts
 from app.config import ServiceConfig
 from app.serving.auth import KeyRing
+from app.serving.file_search import FileSearch
 from app.serving.indexing import IndexingConfig, IndexingJobs
 from app.serving.kv_tuning import (
     RecalibrationBackoff,
@@ -172,6 +173,12 @@ class Services:
             pass
         except Exception:
             logger.exception("background work on collection %s failed", collection_id)
+
+    @property
+    def file_search(self) -> FileSearch:
+        """What OpenAI's file search objects read (``app.serving.file_search``)."""
+        config = self.indexing.config
+        return FileSearch(self.store, self.retriever, self.library, config.chunk_tokens, config.chunk_overlap)
 
     def forget_document(self, doc_id: str) -> None:
         """After a delete: drop cached chunks/index and every KV prefix the document is part of."""

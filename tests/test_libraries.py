@@ -168,7 +168,7 @@ def test_only_the_bench_tests_import_the_bench() -> None:
 
 
 APP_ROOMS = ("api", "answering", "serving")  # app's rooms, each importing only itself and those after it
-APP_SHARED = {"app.errors", "app.schemas", "app.config"}  # domain errors, bodies, frozen configs: any room's
+APP_SHARED = {"app.errors", "app.schemas", "app.openai_schemas", "app.config"}  # errors, bodies, configs: any room's
 RUNNING_STATE = "app.services"  # the loaded services: handed to the routes and to answer()
 
 

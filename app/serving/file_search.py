@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.errors import InvalidRequest
@@ -32,11 +33,11 @@ from app.openai_schemas import (
     VectorStoreObject,
     VectorStoreSearch,
 )
-from app.services import Services
 from retrieval.catalogue import CollectionRecord, DocumentRecord, DocumentStatus, FileBatchRecord
 from retrieval.errors import CollectionNotFound, DocumentNotFound
 from retrieval.filters import check_attributes, parse_filter
-from retrieval.retriever import DEFAULT_CANDIDATES
+from retrieval.library import CollectionIndexes
+from retrieval.retriever import DEFAULT_CANDIDATES, Retriever
 from retrieval.store import DocumentStore
 
 Order = Literal["asc", "desc"]
@@ -46,6 +47,18 @@ STATUS_FILTERS: dict[str, list[DocumentStatus]] = {"in_progress": list(IN_PROGRE
                                                   "failed": ["failed"]}
 # a document that failed because of what it holds, against one that failed on the server's side
 INVALID_FILE = ("no text", "no tokens", "unreadable", "empty", "unsupported", "too many pages")
+
+
+@dataclass(frozen=True)
+class FileSearch:
+    """What the file search objects read: the store, the retriever and the collections' indexes (a store's
+    search), and how every document is chunked (the indexing settings)."""
+
+    store: DocumentStore
+    retriever: Retriever
+    library: CollectionIndexes
+    chunk_tokens: int
+    chunk_overlap: int
 
 
 # ---- files ----------------------------------------------------------------------------------------------------
@@ -77,19 +90,18 @@ def file_page(store: DocumentStore, tenant: str, limit: int, order: Order, after
 # ---- vector stores --------------------------------------------------------------------------------------------
 
 
-def chunking(services: Services) -> ChunkingStrategy:
+def chunking(fs: FileSearch) -> ChunkingStrategy:
     """How ragspec chunks every document (its settings): what a vector store file reports."""
-    config = services.indexing.config
-    return ChunkingStrategy(static=StaticChunking(max_chunk_size_tokens=config.chunk_tokens,
-                                                  chunk_overlap_tokens=config.chunk_overlap))
+    return ChunkingStrategy(static=StaticChunking(max_chunk_size_tokens=fs.chunk_tokens,
+                                                  chunk_overlap_tokens=fs.chunk_overlap))
 
 
-def check_chunking(services: Services, strategy: dict[str, Any] | None) -> None:
+def check_chunking(fs: FileSearch, strategy: dict[str, Any] | None) -> None:
     """``auto`` or ragspec's own static chunking; any other is refused by name (documents are chunked once, with the
     service's settings, whatever store they are in)."""
     if strategy is None or strategy == {"type": "auto"}:
         return
-    ours = chunking(services)
+    ours = chunking(fs)
     if strategy == ours.model_dump():
         return
     raise InvalidRequest(
@@ -130,13 +142,13 @@ def vector_store_object(store: DocumentStore, record: CollectionRecord) -> Vecto
         metadata=dict(record.metadata))
 
 
-def create_vector_store(services: Services, tenant: str, name: str | None, description: str | None,
+def create_vector_store(fs: FileSearch, tenant: str, name: str | None, description: str | None,
                         file_ids: Sequence[str], metadata: dict[str, str] | None,
                         chunking_strategy: dict[str, Any] | None, expires_after: ExpiresAfter | None
                         ) -> VectorStoreObject:
     """A collection with the tenant's files in it (an unknown file: 404 naming it, nothing created)."""
-    check_chunking(services, chunking_strategy)
-    store = services.store
+    check_chunking(fs, chunking_strategy)
+    store = fs.store
     ids = list(dict.fromkeys(file_ids))
     for doc_id in ids:
         store.get(doc_id, tenant)
@@ -184,57 +196,57 @@ def _last_error(record: DocumentRecord) -> LastError | None:
     return LastError(code="invalid_file" if invalid else "server_error", message=message)
 
 
-def vector_store_files(services: Services, collection_id: str, records: Sequence[DocumentRecord],
+def vector_store_files(fs: FileSearch, collection_id: str, records: Sequence[DocumentRecord],
                        cancelled: Sequence[str] = ()) -> list[VectorStoreFileObject]:
-    store = services.store
+    store = fs.store
     ids = [r.id for r in records]
     added = store.added_at(collection_id, ids)
     attributes = store.attributes(ids)
-    strategy = chunking(services)
+    strategy = chunking(fs)
     return [VectorStoreFileObject(
         id=r.id, created_at=int(added.get(r.id, r.created_at)), vector_store_id=collection_id, usage_bytes=r.size,
         status="cancelled" if r.id in cancelled else _status(r), last_error=_last_error(r),
         attributes=attributes.get(r.id, {}), chunking_strategy=strategy) for r in records]
 
 
-def add_file(services: Services, tenant: str, collection_id: str, file_id: str, attributes: dict[str, Any] | None,
+def add_file(fs: FileSearch, tenant: str, collection_id: str, file_id: str, attributes: dict[str, Any] | None,
              chunking_strategy: dict[str, Any] | None) -> VectorStoreFileObject:
     """Put the file in the store; ``attributes`` given replace the document's (checked before anything changes)."""
-    check_chunking(services, chunking_strategy)
-    store = services.store
+    check_chunking(fs, chunking_strategy)
+    store = fs.store
     checked = None if attributes is None else check_attributes(attributes)
     store.get_collection(collection_id, tenant)
     store.get(file_id, tenant)
     if checked is not None:
         store.set_attributes(file_id, checked, tenant)
     store.add_to_collection(collection_id, [file_id], tenant)
-    return vector_store_file(services, tenant, collection_id, file_id)
+    return vector_store_file(fs, tenant, collection_id, file_id)
 
 
-def vector_store_file(services: Services, tenant: str, collection_id: str, file_id: str) -> VectorStoreFileObject:
+def vector_store_file(fs: FileSearch, tenant: str, collection_id: str, file_id: str) -> VectorStoreFileObject:
     """The file as a member of the store (one not in it: 404)."""
-    store = services.store
+    store = fs.store
     store.get_collection(collection_id, tenant)
     record = store.get(file_id, tenant)
     cancelled = store.cancelled_documents(collection_id)
     if file_id not in store.added_at(collection_id, [file_id]) and file_id not in cancelled:
         raise DocumentNotFound(file_id)
-    return vector_store_files(services, collection_id, [record], cancelled)[0]
+    return vector_store_files(fs, collection_id, [record], cancelled)[0]
 
 
-def update_file_attributes(services: Services, tenant: str, collection_id: str, file_id: str,
+def update_file_attributes(fs: FileSearch, tenant: str, collection_id: str, file_id: str,
                            attributes: dict[str, Any] | None) -> VectorStoreFileObject:
-    vector_store_file(services, tenant, collection_id, file_id)  # a member: else 404
-    services.store.set_attributes(file_id, attributes or {}, tenant)
-    return vector_store_file(services, tenant, collection_id, file_id)
+    vector_store_file(fs, tenant, collection_id, file_id)  # a member: else 404
+    fs.store.set_attributes(file_id, attributes or {}, tenant)
+    return vector_store_file(fs, tenant, collection_id, file_id)
 
 
-def vector_store_file_page(services: Services, tenant: str, collection_id: str, limit: int, order: Order,
+def vector_store_file_page(fs: FileSearch, tenant: str, collection_id: str, limit: int, order: Order,
                            after: str | None, status: str | None, batch: FileBatchRecord | None = None
                            ) -> ListPage:
     """The store's files (or a batch's), with ``status`` when given; ``cancelled`` lists those its batches' cancels
     took out."""
-    store = services.store
+    store = fs.store
     store.get_collection(collection_id, tenant)
     if after is not None:
         _cursor(lambda: store.get(after, tenant), after)
@@ -255,13 +267,13 @@ def vector_store_file_page(services: Services, tenant: str, collection_id: str, 
             if status is None:
                 found += _existing(store, batch.cancelled_ids)
             records = _paged(found, limit + 1, after, newest_first)
-    return _list(vector_store_files(services, collection_id, records[:limit], cancelled), len(records) > limit)
+    return _list(vector_store_files(fs, collection_id, records[:limit], cancelled), len(records) > limit)
 
 
-def file_content(services: Services, tenant: str, collection_id: str, file_id: str) -> list[TextContent]:
+def file_content(fs: FileSearch, tenant: str, collection_id: str, file_id: str) -> list[TextContent]:
     """The file's text as parsed (what its chunks were cut from)."""
-    vector_store_file(services, tenant, collection_id, file_id)
-    return [TextContent(text=services.store.load_text(file_id))]
+    vector_store_file(fs, tenant, collection_id, file_id)
+    return [TextContent(text=fs.store.load_text(file_id))]
 
 
 # ---- file batches ---------------------------------------------------------------------------------------------
@@ -282,11 +294,11 @@ def batch_object(store: DocumentStore, batch: FileBatchRecord) -> FileBatchObjec
                            status=status, file_counts=counts)
 
 
-def create_batch(services: Services, tenant: str, collection_id: str, file_ids: Sequence[str],
+def create_batch(fs: FileSearch, tenant: str, collection_id: str, file_ids: Sequence[str],
                  attributes: dict[str, Any] | None, chunking_strategy: dict[str, Any] | None) -> FileBatchObject:
     """The files added together (an unknown one: 404, none added); ``attributes`` given set on each."""
-    check_chunking(services, chunking_strategy)
-    store = services.store
+    check_chunking(fs, chunking_strategy)
+    store = fs.store
     checked = None if attributes is None else check_attributes(attributes)
     store.get_collection(collection_id, tenant)
     ids = list(dict.fromkeys(file_ids))
@@ -301,11 +313,11 @@ def create_batch(services: Services, tenant: str, collection_id: str, file_ids: 
 # ---- search ---------------------------------------------------------------------------------------------------
 
 
-def search(services: Services, tenant: str, collection_id: str, body: VectorStoreSearch) -> SearchResultsPage:
+def search(fs: FileSearch, tenant: str, collection_id: str, body: VectorStoreSearch) -> SearchResultsPage:
     """The store's chunks best matching the query, as ragspec ranks a collection question's candidates (dense and
     BM25 candidates from its index, the filter applied inside the search, the hybrid score); ``score`` is that score
     (cosine similarity and normalised BM25, weighted; below 0 shown as 0)."""
-    store = services.store
+    store = fs.store
     record = store.get_collection(collection_id, tenant)
     check_active(record)
     if body.rewrite_query:
@@ -319,8 +331,8 @@ def search(services: Services, tenant: str, collection_id: str, body: VectorStor
     if not counts.by_status.get("ready"):
         return SearchResultsPage(search_query=queries, data=[])
     allowed = set(store.member_stamps([collection_id], where=where)) if where is not None else None
-    ranking = services.retriever.rank_library(
-        queries, services.library, [collection_id], total_tokens=counts.ready_tokens, allowed=allowed,
+    ranking = fs.retriever.rank_library(
+        queries, fs.library, [collection_id], total_tokens=counts.ready_tokens, allowed=allowed,
         candidates=max(DEFAULT_CANDIDATES, 4 * body.max_num_results), top_k=body.max_num_results, tenant=tenant)
     floor = body.ranking_options.score_threshold if body.ranking_options is not None else None
     hits = sorted(ranking.hits, key=lambda h: -h.score)

@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 
 from app.api.deps import ServicesDep, TenantDep
 from app.api.openapi import ERRORS
-from app.api.routes.documents import MULTIPART_FIELDS, MULTIPART_SLACK, read_limited_parts
+from app.api.uploads import MULTIPART_FIELDS, MULTIPART_SLACK, read_limited_parts
 from app.errors import InvalidRequest, PayloadTooLarge
 from app.openai_schemas import FILES_LIMIT_MAX, FileDeleted, FileObject, ListPage
 from app.serving import catalogue, file_search

@@ -43,8 +43,9 @@ Status = Annotated[Literal["in_progress", "completed", "failed", "cancelled"] | 
 
 @router.post("", response_model=VectorStoreObject, responses=ERRORS, summary="Create a vector store")
 async def create_vector_store(body: VectorStoreCreate, services: ServicesDep, tenant: TenantDep) -> VectorStoreObject:
-    out = await asyncio.to_thread(file_search.create_vector_store, services, tenant, body.name, body.description,
-                                  body.file_ids, body.metadata, body.chunking_strategy, body.expires_after)
+    out = await asyncio.to_thread(file_search.create_vector_store, services.file_search, tenant, body.name,
+                                  body.description, body.file_ids, body.metadata, body.chunking_strategy,
+                                  body.expires_after)
     if body.file_ids:
         services.collection_changed_soon(out.id)
     return out
@@ -85,7 +86,7 @@ async def delete_vector_store(vector_store_id: str, services: ServicesDep, tenan
              summary="Add a file (with attributes)")
 async def add_file(vector_store_id: str, body: VectorStoreFileCreate, services: ServicesDep,
                    tenant: TenantDep) -> VectorStoreFileObject:
-    out = await asyncio.to_thread(file_search.add_file, services, tenant, vector_store_id, body.file_id,
+    out = await asyncio.to_thread(file_search.add_file, services.file_search, tenant, vector_store_id, body.file_id,
                                   body.attributes, body.chunking_strategy)
     services.collection_changed_soon(vector_store_id)
     return out
@@ -95,23 +96,24 @@ async def add_file(vector_store_id: str, body: VectorStoreFileCreate, services: 
             summary="A vector store's files (a page, by status with filter)")
 async def list_files(vector_store_id: str, services: ServicesDep, tenant: TenantDep, limit: Limit = 20,
                      order: Order = "desc", after: After = None, status: Status = None) -> ListPage:
-    return await asyncio.to_thread(file_search.vector_store_file_page, services, tenant, vector_store_id, limit,
-                                   order, after, status)
+    return await asyncio.to_thread(file_search.vector_store_file_page, services.file_search, tenant, vector_store_id,
+                                   limit, order, after, status)
 
 
 @router.get("/{vector_store_id}/files/{file_id}", response_model=VectorStoreFileObject, responses=ERRORS,
             summary="A file of a vector store, with its status and last error")
 async def get_file(vector_store_id: str, file_id: str, services: ServicesDep,
                    tenant: TenantDep) -> VectorStoreFileObject:
-    return await asyncio.to_thread(file_search.vector_store_file, services, tenant, vector_store_id, file_id)
+    return await asyncio.to_thread(file_search.vector_store_file, services.file_search, tenant, vector_store_id,
+                                   file_id)
 
 
 @router.post("/{vector_store_id}/files/{file_id}", response_model=VectorStoreFileObject, responses=ERRORS,
              summary="Replace a file's attributes (the document's: every store it is in sees them)")
 async def update_file(vector_store_id: str, file_id: str, body: VectorStoreFileUpdate, services: ServicesDep,
                       tenant: TenantDep) -> VectorStoreFileObject:
-    return await asyncio.to_thread(file_search.update_file_attributes, services, tenant, vector_store_id, file_id,
-                                   body.attributes)
+    return await asyncio.to_thread(file_search.update_file_attributes, services.file_search, tenant, vector_store_id,
+                                   file_id, body.attributes)
 
 
 @router.delete("/{vector_store_id}/files/{file_id}", response_model=VectorStoreFileDeleted, responses=ERRORS,
@@ -127,8 +129,8 @@ async def remove_file(vector_store_id: str, file_id: str, services: ServicesDep,
             summary="A file's text, as parsed")
 async def file_content(vector_store_id: str, file_id: str, services: ServicesDep,
                        tenant: TenantDep) -> FileContentPage:
-    return FileContentPage(data=await asyncio.to_thread(file_search.file_content, services, tenant, vector_store_id,
-                                                         file_id))
+    return FileContentPage(data=await asyncio.to_thread(file_search.file_content, services.file_search, tenant,
+                                                        vector_store_id, file_id))
 
 
 # ---- file batches ---------------------------------------------------------------------------------------------
@@ -138,8 +140,8 @@ async def file_content(vector_store_id: str, file_id: str, services: ServicesDep
              summary="Add files together (with attributes)")
 async def create_batch(vector_store_id: str, body: FileBatchCreate, services: ServicesDep,
                        tenant: TenantDep) -> FileBatchObject:
-    out = await asyncio.to_thread(file_search.create_batch, services, tenant, vector_store_id, body.file_ids,
-                                  body.attributes, body.chunking_strategy)
+    out = await asyncio.to_thread(file_search.create_batch, services.file_search, tenant, vector_store_id,
+                                  body.file_ids, body.attributes, body.chunking_strategy)
     services.collection_changed_soon(vector_store_id)
     return out
 
@@ -166,8 +168,8 @@ async def list_batch_files(vector_store_id: str, batch_id: str, services: Servic
                            limit: Limit = 20, order: Order = "desc", after: After = None,
                            status: Status = None) -> ListPage:
     batch = await asyncio.to_thread(services.store.get_batch, batch_id, vector_store_id, tenant)
-    return await asyncio.to_thread(file_search.vector_store_file_page, services, tenant, vector_store_id, limit,
-                                   order, after, status, batch)
+    return await asyncio.to_thread(file_search.vector_store_file_page, services.file_search, tenant, vector_store_id,
+                                   limit, order, after, status, batch)
 
 
 # ---- search ---------------------------------------------------------------------------------------------------
@@ -177,4 +179,4 @@ async def list_batch_files(vector_store_id: str, batch_id: str, services: Servic
              summary="The vector store's chunks best matching a query, filtered by attributes")
 async def search(vector_store_id: str, body: VectorStoreSearch, services: ServicesDep,
                  tenant: TenantDep) -> SearchResultsPage:
-    return await asyncio.to_thread(file_search.search, services, tenant, vector_store_id, body)
+    return await asyncio.to_thread(file_search.search, services.file_search, tenant, vector_store_id, body)
