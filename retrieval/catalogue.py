@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -115,6 +115,8 @@ file_batch_documents = sa.Table(
     sa.Column("batch_id", sa.Text, primary_key=True),
     sa.Column("doc_id", sa.Text, primary_key=True),
     sa.Column("cancelled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("added", sa.Boolean, nullable=False, server_default=sa.true()),  # the batch put it in the collection
+    sa.Index("file_batch_documents_doc", "doc_id"),
 )
 # The Responses API's stored answers (the response object as JSON), each naming the response it follows
 responses = sa.Table(
@@ -141,6 +143,7 @@ class FileBatchRecord:
     cancelled_at: float | None
     doc_ids: tuple[str, ...]
     cancelled_ids: tuple[str, ...]
+    added_ids: tuple[str, ...] = ()  # of doc_ids, those the batch put in the collection (a cancel may take out)
 
 
 @dataclass(frozen=True)
@@ -308,8 +311,9 @@ class Catalogue:
         """Up to ``limit`` rows of ``tenant`` (with ``purpose`` when given), oldest (or newest) first, from the one
         after ``after`` (an id)."""
         query = documents.select().where(documents.c.tenant == tenant).order_by(*_ordered(_ORDER, newest_first))
-        if purpose is not None:
-            query = query.where(documents.c.purpose == purpose)
+        if purpose is not None:  # a document uploaded through ragspec's own API is an "assistants" file
+            same = documents.c.purpose == purpose
+            query = query.where(sa.or_(same, documents.c.purpose.is_(None)) if purpose == "assistants" else same)
         with self._engine.connect() as conn:
             if after is not None:
                 query = query.where(_after(conn, documents, after, newest_first))
@@ -487,12 +491,14 @@ class Catalogue:
 
     # --- file batches ---------------------------------------------------------------------------
 
-    def insert_batch(self, batch_id: str, collection_id: str, doc_ids: Iterable[str], created_at: float) -> None:
-        """A batch of documents (already in the collection, or added in the same call by the caller)."""
+    def insert_batch(self, batch_id: str, collection_id: str, doc_ids: Iterable[str], created_at: float,
+                     added: Collection[str] = ()) -> None:
+        """A batch of documents in the collection; ``added``: those the batch put in it (a cancel may take only
+        those out: one there before stays)."""
         with self._engine.begin() as conn:
             conn.execute(file_batches.insert().values(id=batch_id, collection_id=collection_id,
                                                       created_at=created_at))
-            conn.execute(file_batch_documents.insert(), [{"batch_id": batch_id, "doc_id": d}
+            conn.execute(file_batch_documents.insert(), [{"batch_id": batch_id, "doc_id": d, "added": d in added}
                                                          for d in dict.fromkeys(doc_ids)])
 
     def batch(self, batch_id: str) -> FileBatchRecord | None:
@@ -502,9 +508,11 @@ class Catalogue:
             row = conn.execute(file_batches.select().where(b.id == batch_id)).first()
             if row is None:
                 return None
-            docs = conn.execute(sa.select(d.doc_id, d.cancelled).where(d.batch_id == batch_id).order_by(d.doc_id)).all()
+            docs = conn.execute(sa.select(d.doc_id, d.cancelled, d.added).where(d.batch_id == batch_id)
+                                .order_by(d.doc_id)).all()
         return FileBatchRecord(row.id, row.collection_id, row.created_at, row.cancelled_at,
-                               tuple(str(r[0]) for r in docs if not r[1]), tuple(str(r[0]) for r in docs if r[1]))
+                               tuple(str(r[0]) for r in docs if not r[1]), tuple(str(r[0]) for r in docs if r[1]),
+                               tuple(str(r[0]) for r in docs if r[2] and not r[1]))
 
     def cancelled(self, collection_id: str) -> builtins.list[str]:
         """Documents a cancel of one of the collection's batches took out of it (and not put back since)."""

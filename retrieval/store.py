@@ -455,8 +455,10 @@ class DocumentStore:
             self.get_collection(collection_id, tenant)
             for doc_id in doc_ids:
                 self.get(doc_id, tenant)
+            there = self._db.added_at(collection_id, doc_ids)  # in the store before the batch: a cancel keeps them
             self._db.add_members(collection_id, doc_ids)
-            self._db.insert_batch(batch_id, collection_id, doc_ids, time.time())
+            self._db.insert_batch(batch_id, collection_id, doc_ids, time.time(),
+                                  added={d for d in doc_ids if d not in there})
         return self.get_batch(batch_id, collection_id, tenant)
 
     def save_response(self, response_id: str, tenant: str, previous_id: str | None, body: str) -> None:
@@ -491,14 +493,16 @@ class DocumentStore:
         return batch
 
     def cancel_batch(self, batch_id: str, collection_id: str, tenant: str | None = None) -> FileBatchRecord:
-        """Take the batch's documents that are not indexed yet out of its collection (they stay in the store) and
-        mark it cancelled; a batch already finished or cancelled is left as it is."""
+        """Take the batch's documents that are not indexed yet out of its collection (they stay in the store; those
+        that were in it before the batch stay in it too) and mark the batch cancelled; one with nothing left to index is
+        left as it is."""
         with self._lock:
             batch = self.get_batch(batch_id, collection_id, tenant)
             if batch.cancelled_at is None:
-                rows = {r.id: r for r in self._db.members([collection_id]) if r.id in set(batch.doc_ids)}
-                pending = [d for d in batch.doc_ids if d in rows and rows[d].status in ("queued", "indexing")]
-                if pending:
+                members = set(self._db.added_at(collection_id, batch.added_ids))
+                rows = [self._db.row(d) for d in batch.added_ids if d in members]
+                pending = [r.id for r in rows if r is not None and r.status in ("queued", "indexing")]
+                if pending:  # a batch already indexed is left as it is
                     self._db.cancel_batch(batch_id, pending, time.time())
         return self.get_batch(batch_id, collection_id, tenant)
 

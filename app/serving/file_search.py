@@ -250,11 +250,12 @@ def vector_store_file_page(fs: FileSearch, tenant: str, collection_id: str, limi
     store.get_collection(collection_id, tenant)
     if after is not None:
         _cursor(lambda: store.get(after, tenant), after)
+    cursor = None if after is None else store.get(after, tenant)
     cancelled = store.cancelled_documents(collection_id)
     newest_first = order == "desc"
     if status == "cancelled":
         ids = [d for d in cancelled if batch is None or d in batch.cancelled_ids]
-        records = _paged([r for r in _existing(store, ids)], limit + 1, after, newest_first)
+        records = _paged([r for r in _existing(store, ids)], limit + 1, cursor, newest_first)
     else:
         statuses = STATUS_FILTERS.get(status or "")
         if status is not None and statuses is None:
@@ -266,7 +267,7 @@ def vector_store_file_page(fs: FileSearch, tenant: str, collection_id: str, limi
             found = [r for r in _existing(store, batch.doc_ids) if statuses is None or r.status in statuses]
             if status is None:
                 found += _existing(store, batch.cancelled_ids)
-            records = _paged(found, limit + 1, after, newest_first)
+            records = _paged(found, limit + 1, cursor, newest_first)
     return _list(vector_store_files(fs, collection_id, records[:limit], cancelled), len(records) > limit)
 
 
@@ -363,17 +364,25 @@ def _existing(store: DocumentStore, doc_ids: Any) -> list[DocumentRecord]:
     return out
 
 
-def _paged(records: list[DocumentRecord], limit: int, after: str | None, newest_first: bool) -> list[DocumentRecord]:
+def _paged(records: list[DocumentRecord], limit: int, cursor: DocumentRecord | None,
+           newest_first: bool) -> list[DocumentRecord]:
+    """A page of ``records`` past ``cursor`` in (created_at, id) order (or its reverse): the cursor found by its
+    place, not in the list (it may have left a status-filtered list since its page)."""
     ordered = sorted(records, key=lambda r: (r.created_at, r.id), reverse=newest_first)
-    if after is not None:
-        at = next((i for i, r in enumerate(ordered) if r.id == after), None)
-        ordered = [] if at is None else ordered[at + 1:]
+    if cursor is not None:
+        at = (cursor.created_at, cursor.id)
+        ordered = [r for r in ordered if ((r.created_at, r.id) < at if newest_first else (r.created_at, r.id) > at)]
     return ordered[:limit]
 
 
 def _list(data: Sequence[Any], has_more: bool) -> ListPage:
     return ListPage(data=list(data), first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
                     has_more=has_more)
+
+
+def check_before(before: str | None) -> None:
+    if before is not None:
+        raise InvalidRequest("before: ragspec pages forward only: follow the last id of each page with after")
 
 
 def _cursor(lookup: Any, after: str) -> None:

@@ -80,6 +80,8 @@ def test_files_upload_list_content_delete(oa: OpenAI, other: OpenAI) -> None:
     assert every[:2] == [second.id, first.id]
     assert [f.id for f in oa.files.list(order="asc", limit=100)][-2:] == [first.id, second.id]
     assert [f.id for f in oa.files.list(purpose="user_data")] == [second.id]
+    assert first.id in {f.id for f in oa.files.list(purpose="assistants")} and second.id not in {
+        f.id for f in oa.files.list(purpose="assistants")}
 
     refused(lambda: oa.files.create(file=("x.txt", b"text", "text/plain"), purpose="fine-tune"), 400, "purpose")
     refused(lambda: oa.files.create(file=("x.png", b"\x89PNG\r\n\x1a\n", "image/png"), purpose="assistants"), 415)
@@ -187,6 +189,7 @@ def test_vector_store_pages_and_an_expired_store(oa: OpenAI, server: ThreadServe
     assert oa.vector_stores.retrieve(stale.id).status == "expired"
     refused(lambda: oa.vector_stores.search(stale.id, query="anything"), 400, "vector_store_id")
     refused(lambda: oa.vector_stores.list(limit=101), 400, "limit")
+    refused(lambda: oa.vector_stores.list(before=made[0]), 400, "before")  # pages forward only, said by name
     refused(lambda: oa.vector_stores.create(name="x", metadata={f"k{i}": "v" for i in range(17)}), 400, "metadata")
     refused(lambda: oa.vector_stores.create(name="x", expires_after={"anchor": "created_at", "days": 1}), 400)
 
@@ -206,13 +209,15 @@ def test_file_batches_and_cancel_while_indexing(oa: OpenAI, server: ThreadServer
     assert {f.id for f in files} == set(ready) and all(f.attributes == {"source": "batch"} for f in files)
 
     with slow_indexing(server, pause_s=0.5):  # the worker embeds slowly: these stay in progress
-        slow = [upload(oa, f"slow{i}.txt", long_text()) for i in range(2)]
+        slow = [upload(oa, f"slow{i}.txt", long_text()) for i in range(3)]
+        oa.vector_stores.files.create(vector_store_id=store.id, file_id=slow[2])  # in the store before the batch
         pending = oa.vector_stores.file_batches.create(vector_store_id=store.id, file_ids=slow)
-        assert pending.status == "in_progress" and pending.file_counts.in_progress == 2
+        assert pending.status == "in_progress" and pending.file_counts.in_progress == 3
         cancelled = oa.vector_stores.file_batches.cancel(pending.id, vector_store_id=store.id)
-    assert cancelled.status == "cancelled" and cancelled.file_counts.cancelled == 2
-    assert {f.id for f in oa.vector_stores.files.list(vector_store_id=store.id, filter="cancelled")} == set(slow)
-    assert {f.id for f in oa.vector_stores.files.list(vector_store_id=store.id)} == set(ready)
+    assert cancelled.status == "cancelled" and cancelled.file_counts.cancelled == 2  # the batch's own two
+    one_by_one = [f.id for f in oa.vector_stores.files.list(vector_store_id=store.id, filter="cancelled", limit=1)]
+    assert sorted(one_by_one) == sorted(slow[:2])  # paged one at a time after each page's last id
+    assert {f.id for f in oa.vector_stores.files.list(vector_store_id=store.id)} == {*ready, slow[2]}
     assert oa.vector_stores.retrieve(store.id).file_counts.cancelled == 2
     assert oa.files.retrieve(slow[0]).id == slow[0]  # still a file
     refused(lambda: oa.vector_stores.file_batches.retrieve("vsfb_unknown", vector_store_id=store.id), 404)

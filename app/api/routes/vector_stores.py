@@ -38,6 +38,7 @@ router = APIRouter(prefix="/v1/vector_stores", tags=["openai file search"])
 Limit = Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX, description="Page size")]
 Order = Annotated[Literal["asc", "desc"], Query(description="By creation time")]
 After = Annotated[str | None, Query(max_length=128, description="The last id of the previous page")]
+Before = Annotated[str | None, Query(max_length=128, description="Refused: ragspec pages forward only")]
 Status = Annotated[Literal["in_progress", "completed", "failed", "cancelled"] | None, Query(alias="filter")]
 
 
@@ -53,7 +54,8 @@ async def create_vector_store(body: VectorStoreCreate, services: ServicesDep, te
 
 @router.get("", response_model=ListPage, responses=ERRORS, summary="Your vector stores (a page)")
 async def list_vector_stores(services: ServicesDep, tenant: TenantDep, limit: Limit = 20, order: Order = "desc",
-                             after: After = None) -> ListPage:
+                             after: After = None, before: Before = None) -> ListPage:
+    file_search.check_before(before)
     return await asyncio.to_thread(file_search.vector_store_page, services.store, tenant, limit, order, after)
 
 
@@ -95,7 +97,9 @@ async def add_file(vector_store_id: str, body: VectorStoreFileCreate, services: 
 @router.get("/{vector_store_id}/files", response_model=ListPage, responses=ERRORS,
             summary="A vector store's files (a page, by status with filter)")
 async def list_files(vector_store_id: str, services: ServicesDep, tenant: TenantDep, limit: Limit = 20,
-                     order: Order = "desc", after: After = None, status: Status = None) -> ListPage:
+                     order: Order = "desc", after: After = None, status: Status = None,
+                     before: Before = None) -> ListPage:
+    file_search.check_before(before)
     return await asyncio.to_thread(file_search.vector_store_file_page, services.file_search, tenant, vector_store_id,
                                    limit, order, after, status)
 
@@ -166,7 +170,8 @@ async def cancel_batch(vector_store_id: str, batch_id: str, services: ServicesDe
             summary="A file batch's files (a page, by status with filter)")
 async def list_batch_files(vector_store_id: str, batch_id: str, services: ServicesDep, tenant: TenantDep,
                            limit: Limit = 20, order: Order = "desc", after: After = None,
-                           status: Status = None) -> ListPage:
+                           status: Status = None, before: Before = None) -> ListPage:
+    file_search.check_before(before)
     batch = await asyncio.to_thread(services.store.get_batch, batch_id, vector_store_id, tenant)
     return await asyncio.to_thread(file_search.vector_store_file_page, services.file_search, tenant, vector_store_id,
                                    limit, order, after, status, batch)

@@ -1,7 +1,8 @@
 """OpenAI's file search on the catalogue: a document's ``purpose`` (as uploaded through ``/v1/files``), a
 collection's expiry (``expires_after_days`` after ``last_active_at``, as a vector store's), and file batches
 (``file_batches``: a set of documents added to a collection together, which may be cancelled;
-``file_batch_documents``: its documents, each marked when the cancel took it out), and stored responses
+``file_batch_documents``: its documents, each marked when the cancel took it out, and whether the batch put it in
+the collection: a cancel takes out only those), and stored responses
 (``responses``: the Responses API's answers, each naming the one it follows). Only new columns (null for the
 existing rows) and tables: nothing an existing store holds changes.
 
@@ -37,7 +38,9 @@ def upgrade() -> None:
         sa.Column("batch_id", sa.Text, primary_key=True),
         sa.Column("doc_id", sa.Text, primary_key=True),
         sa.Column("cancelled", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("added", sa.Boolean, nullable=False, server_default=sa.true()),  # the batch put it in the store
     )
+    op.create_index("file_batch_documents_doc", "file_batch_documents", ["doc_id"])
     op.create_table(
         "responses",
         sa.Column("id", sa.Text, primary_key=True),
@@ -50,6 +53,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("responses")
+    op.drop_index("file_batch_documents_doc", table_name="file_batch_documents")
     op.drop_table("file_batch_documents")
     op.drop_index("file_batches_collection", table_name="file_batches")
     op.drop_table("file_batches")
