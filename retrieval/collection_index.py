@@ -442,9 +442,9 @@ class CollectionIndex:
         (the least weight in BM25) are left out of this search until those fit ``lexical_postings``; the rarest
         term always stays. The retriever's scoring still counts every term. A filter allowing documents that lie
         in at most ``lexical_ranges`` runs of consecutive slots is searched run by run (FTS5 reads only the
-        postings in each run's rowid range, ~3 ms a run); a wider one reads FTS5's whole ranking far enough down
-        to hold about twice the allowed share of ``k`` (up to ``LEXICAL_FETCH`` rows). Either way the allowed
-        chunks come in BM25 order, as many as asked while enough match. ``df``: the terms' chunk
+        postings in each run's rowid range, at a fixed cost per run); a wider one reads FTS5's whole ranking far
+        enough down to hold about twice the allowed share of ``k`` (up to ``LEXICAL_FETCH`` rows). Either way the
+        allowed chunks come in BM25 order, as many as asked while enough match. ``df``: the terms' chunk
         counts when the caller has them (``term_stats``)."""
         unique = list(dict.fromkeys(t for t in query_terms if t))
         if not unique or k <= 0:

@@ -269,7 +269,7 @@ class DocumentStore:
         progress: Mapping[str, Callable[[float], None] | None] | None = None,
     ) -> list[DocumentRecord | BaseException]:
         """``ingest`` of several documents whose passages are embedded together (full batches when each document
-        is small: many small files embed about 1.4x faster so), each document's outcome in the order of
+        is small, instead of one short batch per file), each document's outcome in the order of
         ``doc_ids``: its ready record, or the error that made it ``failed`` (or ``IngestAbandoned`` /
         ``DocumentNotFound``, left as they are). One document's bad text fails that document only; an embedder
         error fails every document not yet ready. ``holds(doc_id)`` and ``progress[doc_id]`` as in ``ingest``."""

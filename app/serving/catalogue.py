@@ -195,7 +195,7 @@ def remove_document(store: DocumentStore, tenant: str, collection_id: str, doc_i
 def collection_page(store: DocumentStore, tenant: str, limit: int, after: str | None = None) -> CollectionPage:
     """The tenant's collections after ``after`` (a collection id of the tenant's), oldest first."""
     if after is not None:
-        _cursor(lambda: store.get_collection(after, tenant), after)
+        check_cursor(lambda: store.get_collection(after, tenant), after)
     records = store.list_collections(tenant, limit + 1, after)
     data = [collection_out(store, r) for r in records[:limit]]
     return CollectionPage(data=data, has_more=len(records) > limit, last_id=data[-1].id if data else None)
@@ -206,16 +206,16 @@ def document_page(store: DocumentStore, tenant: str, collection_id: str, limit: 
     """The collection's documents after ``after`` (a document id of the tenant's), oldest first."""
     store.get_collection(collection_id, tenant)
     if after is not None:
-        _cursor(lambda: store.get(after, tenant), after)
+        check_cursor(lambda: store.get(after, tenant), after)
     records = store.members([collection_id], limit=limit + 1, after=after)
     data = documents_out(store, records[:limit])
     return CollectionDocumentPage(data=data, has_more=len(records) > limit, last_id=data[-1].id if data else None)
 
 
-def _cursor(lookup: Any, after: str) -> None:
+def check_cursor(lookup: Any, after: str) -> None:
     """A cursor must name something of the caller's: an unknown one is a 422, never an empty page that would end
     a client's paging early."""
     try:
         lookup()
     except (CollectionNotFound, DocumentNotFound):
-        raise InvalidRequest(f"after: {after!r} is not an id of this list (use the last_id of a page)") from None
+        raise InvalidRequest(f"after: {after!r} is not an id of this list (use the last id of a page)") from None

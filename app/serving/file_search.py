@@ -33,8 +33,9 @@ from app.openai_schemas import (
     VectorStoreObject,
     VectorStoreSearch,
 )
+from app.serving.catalogue import check_cursor
 from retrieval.catalogue import CollectionRecord, DocumentRecord, DocumentStatus, FileBatchRecord
-from retrieval.errors import CollectionNotFound, DocumentNotFound
+from retrieval.errors import DocumentNotFound
 from retrieval.filters import check_attributes, parse_filter
 from retrieval.library import CollectionIndexes
 from retrieval.retriever import DEFAULT_CANDIDATES, Retriever
@@ -82,7 +83,7 @@ def check_purpose(purpose: str | None) -> str:
 def file_page(store: DocumentStore, tenant: str, limit: int, order: Order, after: str | None,
               purpose: str | None) -> ListPage:
     if after is not None:
-        _cursor(lambda: store.get(after, tenant), after)
+        check_cursor(lambda: store.get(after, tenant), after)
     records = store.page(tenant, limit + 1, after, newest_first=order == "desc", purpose=purpose)
     return _list([file_object(r) for r in records[:limit]], len(records) > limit)
 
@@ -161,7 +162,7 @@ def create_vector_store(fs: FileSearch, tenant: str, name: str | None, descripti
 
 def vector_store_page(store: DocumentStore, tenant: str, limit: int, order: Order, after: str | None) -> ListPage:
     if after is not None:
-        _cursor(lambda: store.get_collection(after, tenant), after)
+        check_cursor(lambda: store.get_collection(after, tenant), after)
     records = store.list_collections(tenant, limit + 1, after, newest_first=order == "desc")
     return _list([vector_store_object(store, r) for r in records[:limit]], len(records) > limit)
 
@@ -249,7 +250,7 @@ def vector_store_file_page(fs: FileSearch, tenant: str, collection_id: str, limi
     store = fs.store
     store.get_collection(collection_id, tenant)
     if after is not None:
-        _cursor(lambda: store.get(after, tenant), after)
+        check_cursor(lambda: store.get(after, tenant), after)
     cursor = None if after is None else store.get(after, tenant)
     cancelled = store.cancelled_documents(collection_id)
     newest_first = order == "desc"
@@ -383,11 +384,3 @@ def _list(data: Sequence[Any], has_more: bool) -> ListPage:
 def check_before(before: str | None) -> None:
     if before is not None:
         raise InvalidRequest("before: ragspec pages forward only: follow the last id of each page with after")
-
-
-def _cursor(lookup: Any, after: str) -> None:
-    """A cursor must name something of the caller's (else a 400: an empty page would end a client's paging)."""
-    try:
-        lookup()
-    except (CollectionNotFound, DocumentNotFound):
-        raise InvalidRequest(f"after: {after!r} is not an id of this list (use the last id of a page)") from None

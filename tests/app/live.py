@@ -262,3 +262,20 @@ def engine_held(services: Services) -> Iterator[threading.Event]:
     finally:
         gate.set()
         holder.join(DEADLINE_S)
+
+
+def openai_refused(call: Callable[[], Any], status: int, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI client call's error: its status, and the body in OpenAI's shape (``param`` the field named, when
+    given; ``type`` by who is at fault)."""
+    import openai
+    import pytest
+
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    assert info.value.status_code == status, info.value.body
+    error = info.value.body
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    if param is not None:
+        assert error["param"] == param, error
+    return error

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from openai import OpenAI
 
 from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, wait_for
+from tests.app.live import openai_refused as refused
 from tests.app.slow_indexing import long_text, slow_indexing
 
 pytestmark = pytest.mark.real_model
@@ -50,19 +50,6 @@ def upload(oa: OpenAI, name: str, text: str) -> str:
 def completed(oa: OpenAI, store_id: str, file_id: str) -> Any:
     return wait_for(lambda: (f := oa.vector_stores.files.retrieve(file_id, vector_store_id=store_id)).status
                     in ("completed", "failed") and f, f"{file_id} indexed")
-
-
-def refused(call: Any, status: int, param: str | None = None) -> dict[str, Any]:
-    """The call's OpenAI error: its status, and the body in OpenAI's shape (the field named when given)."""
-    with pytest.raises(openai.APIStatusError) as info:
-        call()
-    assert info.value.status_code == status, info.value.body
-    error = info.value.body
-    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
-    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    if param is not None:
-        assert error["param"] == param, error
-    return error
 
 
 def test_files_upload_list_content_delete(oa: OpenAI, other: OpenAI) -> None:

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from openai import OpenAI
 
 from tests.app.live import LANDMARKS, LIGHTHOUSE, ThreadServer, ask, engine_held, wait_for
+from tests.app.live import openai_refused as refused
 
 pytestmark = pytest.mark.real_model
 
@@ -47,17 +47,6 @@ def library(oa: OpenAI) -> dict[str, str]:
 
 def tool(store: str, **options: Any) -> list[dict[str, Any]]:
     return [{"type": "file_search", "vector_store_ids": [store], **options}]
-
-
-def refused(call: Any, status: int, param: str | None = None) -> dict[str, Any]:
-    with pytest.raises(openai.APIStatusError) as info:
-        call()
-    assert info.value.status_code == status, info.value.body
-    error = info.value.body
-    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
-    if param is not None:
-        assert error["param"] == param, error
-    return error
 
 
 def test_file_search_answer_with_citations_equal_to_ask(oa: OpenAI, server: ThreadServer,

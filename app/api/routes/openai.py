@@ -23,6 +23,7 @@ from sse_starlette import ServerSentEvent
 
 from app.answering import pipeline as answering
 from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Token, Waiting
+from app.answering.followup import split_turns
 from app.answering.pipeline import Question
 from app.answering.prompts import SYSTEM_PROMPT
 from app.answering.sampling import logprobs_asked, sampling_params
@@ -69,26 +70,8 @@ def _text(message: ChatMessage) -> str:
 def conversation(messages: list[ChatMessage]) -> tuple[str, list[tuple[str, str]], str]:
     """(system text, history pairs, question) from OpenAI messages."""
     system = "\n\n".join(_text(m) for m in messages if m.role in ("system", "developer")) or SYSTEM_PROMPT
-    turns: list[tuple[str, str]] = [(m.role, _text(m)) for m in messages if m.role in ("user", "assistant")]
-    if not turns or turns[-1][0] != "user":
-        raise InvalidRequest("messages: the last message must come from the user")
-    merged: list[tuple[str, str]] = []  # consecutive messages of one role are joined
-    for role, text in turns:
-        if merged and merged[-1][0] == role:
-            merged[-1] = (role, merged[-1][1] + "\n\n" + text)
-        else:
-            merged.append((role, text))
-    question = merged.pop()[1]
-    history: list[tuple[str, str]] = []
-    pending: str | None = None
-    for role, text in merged:
-        if role == "user":
-            pending = text
-        else:
-            history.append((pending or "", text))
-            pending = None
-    if pending is not None:  # a user message without an answer: part of the question
-        question = pending + "\n\n" + question
+    history, question = split_turns([(m.role, _text(m)) for m in messages if m.role in ("user", "assistant")],
+                                    "messages")
     return system, history, question
 
 

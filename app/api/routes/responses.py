@@ -31,6 +31,7 @@ from sse_starlette import ServerSentEvent
 
 from app.answering import pipeline as answering
 from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Sources, Token, Waiting
+from app.answering.followup import split_turns
 from app.answering.pipeline import Question
 from app.answering.prompts import SYSTEM_PROMPT
 from app.answering.sampling import sampling_params
@@ -143,21 +144,10 @@ def _conversation(services: Services, tenant: str, body: ResponseCreate
     history = _chain(services, tenant, body.previous_response_id)
     messages = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
     systems = [_text(m) for m in messages if m.role in ("system", "developer")]
-    turns = [(m.role, _text(m)) for m in messages if m.role in ("user", "assistant")]
-    if not turns or turns[-1][0] != "user":
-        raise InvalidRequest("input: the last message must come from the user")
-    question = turns.pop()[1]
-    pending: str | None = None
-    for role, text in turns:
-        if role == "user":
-            pending = text if pending is None else pending + "\n\n" + text
-        else:
-            history.append((pending or "", text))
-            pending = None
-    if pending is not None:
-        question = pending + "\n\n" + question
+    earlier, question = split_turns([(m.role, _text(m)) for m in messages if m.role in ("user", "assistant")],
+                                    "input")
     system = "\n\n".join([t for t in [body.instructions, *systems] if t]) or SYSTEM_PROMPT
-    return history, question, system
+    return history + earlier, question, system
 
 
 def _chain(services: Services, tenant: str, response_id: str | None) -> list[tuple[str, str]]:
