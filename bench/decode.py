@@ -13,7 +13,10 @@ Every method runs on the same prompts in one process with the same threads, inte
 - acceptance length: tokens emitted per target forward after prefill (1.0 for plain decoding);
 - lossless: every method's token ids equal our autoregressive token ids (a mismatch is a bug);
 - ttft_repeat_ratio: TTFT of a first question over TTFT of the same question asked again on the same
-  ~7K-token document, where the engine reuses the cached document prefix KV.
+  ~7K-token document, where the engine reuses the cached document prefix KV;
+- the team scenario (``bench.decode_team``, ``--team-methods``): per document ten questions by different sessions
+  of one tenant, paraphrased and repeated ones among them, each method learning across sessions as the service
+  does; speed-ups per question and by kind (first, paraphrase, repeat), acceptance by source.
 
 Methods: ``autoregressive`` (our engine, no drafter), one entry per drafter set in ``DRAFTERS`` (adding a
 speculative method is one line there), and references whose output is not expected to equal ours (their
@@ -70,6 +73,7 @@ from bench.decode_methods import (
     all_methods,
     default_methods,
 )
+from bench.decode_team import run_team
 from bench.llama_ref import open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.runtime import kernels
@@ -178,12 +182,18 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             subset, names, contexts[str(context)]["verify_cost"]["ours_vs_step"], timed)
         logger.info("context %d: %s", context, {k: v for k, v in contexts[str(context)].items() if k.startswith("vs_")})
 
+    team = None
+    if args.team_methods:
+        team = run_team(bench, args.team_methods, args.repeats, args.team_context,
+                        docs=["mpl-2.0"] if args.quick else None)
+        logger.info("team scenario: %s", team["speedup_by_kind"])
+
     [ttft_doc] = qa_documents([TTFT_DOC])
     ttft = measure_ttft_repeat(target, ttft_doc, 1 if args.quick else 2, None)  # always the whole ~7K-token document
 
     overall = summarize(results, names)
     summary = {
-        "all_lossless": overall["all_lossless"],
+        "all_lossless": overall["all_lossless"] and (team is None or team["all_lossless"]),
         "ttft_repeat_ratio": ttft["ratio"],
         "methods": {k: v for k, v in overall["methods"].items() if k != "autoregressive"},
         "contexts": {
@@ -196,6 +206,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             for c, row in contexts.items()
         },
     }
+    if team is not None:
+        summary["team"] = team["speedup_by_kind"]
     for worker in llama.values():
         worker.close()
     per_method = {name: overall["methods"][name] for name in names}
@@ -238,6 +250,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "cases": results,
         "contexts": contexts,
         "ttft_repeat": ttft,
+        "team": team,
         "per_method": per_method,
         "summary": summary,
     }
@@ -256,6 +269,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--contexts", type=int, nargs="+", default=[3500, 7500],
                    help="context length classes: documents cut to this many tokens (default 3500 7500)")
+    p.add_argument("--team-methods", nargs="*", default=["auto", "racer", "suffix"],
+                   help="methods of the team scenario (none: skip it)")
+    p.add_argument("--team-context", type=int, default=3500, help="the team scenario's documents cut to this")
     p.add_argument("--model", default="bundled", help="target: 'bundled', a GGUF file, a local HF dir or hub id")
     p.add_argument("--data-dir", default=str(REPO / "data"), help="where the bundled model lives")
     p.add_argument("--cpu-quant", default="auto", help="CPU target weights: auto, q8_0, q4_1, none (torch fp32)")

@@ -140,6 +140,7 @@ def mode(name: str) -> DrafterFactory:
 
 DRAFTERS: dict[str, DrafterFactory] = {
     "prompt_lookup": lambda bench, case: [PromptLookupDrafter()],
+    "suffix": mode("suffix"),
     "racer": racer_single,
     "racer_cross_session": racer_cross_session,
     "rapid": mode("rapid"),

@@ -131,23 +131,32 @@ class RapidDrafter(BaseDrafter):
         self.reset()
 
     def reset(self) -> None:
+        self._pending: list[int] | None = None  # the drafter's prompt, until its first draft reads it
+        self.setup_tokens = 0
         self._prompt_len = 0
         self._fed: list[int] = []  # generated (and drafted) tokens whose KV follows the prompt in the cache
         self.active = False  # False: the prompt did not fit the drafter's window; nothing is drafted
 
     def begin(self, prompt: PromptInfo) -> None:
+        """Note the drafter's prompt; it is read at the first draft the engine grants (``setup_tokens`` until
+        then): a drafter that never pays back its prefill never runs it."""
         self.reset()
         ids = list(prompt.draft_ids if prompt.draft_ids is not None else prompt.prompt_ids)
         if len(ids) + 2 * self.max_depth >= self.lm.window:
             return
         self.active = True
+        self._pending = ids
+        self.setup_tokens = len(ids)
+        self._seed()
+
+    def _prefill(self) -> None:
         t = time.perf_counter()
+        ids, self._pending, self.setup_tokens = self._pending, None, 0
         self.lm.start(len(ids) + 512)
         if ids:
             self.lm.feed(ids)
         self.prefill_s = time.perf_counter() - t
         self._prompt_len = self.lm.length
-        self._seed()
 
     def _seed(self) -> None:
         """A sampling request's drafts come from their own generator (seeded from the request's seed)."""
@@ -164,6 +173,8 @@ class RapidDrafter(BaseDrafter):
         tree = DraftTree()
         if not self.active or depth <= 0 or not request.generated:
             return tree
+        if self._pending is not None:
+            self._prefill()
         t = time.perf_counter()
         forwards = 1
         logits = self._first(list(request.generated))

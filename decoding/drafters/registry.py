@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import RacerFactory
 from decoding.drafters.rapid import DraftLM, RapidDrafter, RapidKVDrafter
+from decoding.drafters.suffix import SuffixDrafter
 from decoding.errors import DecodingError
 from decoding.runtime.interface import TargetRuntime
 from decoding.speculative.drafter import Drafter
@@ -66,6 +67,7 @@ def _rapid_kv(kit: DraftingKit) -> Drafter:
 
 DRAFTERS: dict[str, Callable[[DraftingKit], Drafter]] = {
     "prompt_lookup": lambda kit: PromptLookupDrafter(),
+    "suffix": lambda kit: SuffixDrafter(),  # the longest exact match of the text's end: prompt, answer so far
     "racer": _racer,
     "cross_session": _cross_session,  # RACER's cross-session tier alone (a tenant's earlier answers)
     "rapid": _rapid,
@@ -77,10 +79,12 @@ MODES: dict[str, tuple[str, ...]] = {
     "racer": ("racer",),
     "rapid": ("rapid",),
     "rapid_kv": ("rapid_kv",),
-    "combined": ("rapid_kv", "racer", "prompt_lookup"),
+    "suffix": ("suffix",),
+    "prompt_lookup": ("prompt_lookup",),
+    "combined": ("rapid_kv", "racer", "suffix"),
     # the tenant's earlier answers first (they only draft where the text retraces one: a repeated question),
-    # then the benchmark's best on the CPU runtime (docs/benchmarks.md)
-    "auto": ("cross_session", "prompt_lookup"),
+    # then the longest exact match over the prompt and the answer so far
+    "auto": ("cross_session", "suffix"),
 }
 
 

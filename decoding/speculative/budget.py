@@ -41,20 +41,32 @@ DEFAULT_BUCKETS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 @dataclass
 class AcceptanceModel:
-    """P(node accepted | its parent accepted) per node kind, learned from every verify of every request."""
+    """P(node accepted | its parent accepted) per node kind, learned from every verify of every request.
 
-    prior: float = 0.3  # for a kind never seen: optimistic enough to get it tried
+    A kind starts from its prior: the drafter's own expectation where it states one (``seed``: e.g. a long
+    exact match of the document is likely right), else ``prior``; the prior counts as ``prior_weight``
+    observations, so the first few verdicts move it without wiping it out."""
+
+    prior: float = 0.3  # for a kind never seen and no drafter's prior: optimistic enough to get it tried
     ema: float = 0.02  # engine-wide: slow, many requests
+    prior_weight: float = 2.0
     _rates: dict[str, tuple[float, int]] = field(default_factory=dict)  # kind -> (rate, times tested)
+    _priors: dict[str, float] = field(default_factory=dict)  # kind -> a drafter's stated prior
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def rate(self, kind: str) -> tuple[float, int]:
-        return self._rates.get(kind, (self.prior, 0))
+        return self._rates.get(kind) or (self._priors.get(kind, self.prior), 0)
+
+    def seed(self, priors: dict[str, float]) -> None:
+        """Drafters' priors for their kinds (a kind already learned keeps what it learned)."""
+        if any(self._priors.get(k) != v for k, v in priors.items()):
+            with self._lock:
+                self._priors.update(priors)
 
     def update(self, kind: str, accepted: bool) -> None:
         with self._lock:
-            rate, n = self._rates.get(kind, (self.prior, 0))
-            a = max(self.ema, 1.0 / (n + 1))  # a plain mean until 1/ema samples, then an EMA
+            rate, n = self.rate(kind)
+            a = max(self.ema, 1.0 / (n + 1 + self.prior_weight))  # a mean (prior included), then an EMA
             self._rates[kind] = ((1 - a) * rate + a * float(accepted), n + 1)
 
     def snapshot(self) -> dict[str, tuple[float, int]]:
@@ -192,6 +204,33 @@ def _slope(costs: dict[int, float], known: Sequence[int]) -> float:
 
 WARMUP = 4  # drafting steps a generation measures before worth_drafting may skip one
 DRAFT_EWMA = 0.2  # weight of the newest drafting step in its moving means
+DRAFTER_WARMUP = 16  # proposals a drafter makes before its ledger may switch it off (``drafter_on``)
+
+
+@dataclass
+class DrafterLedger:
+    """One drafter's spend and yield in one generation, summed over the steps it proposed: its own wall time
+    (the host time of proposing, an LM drafter's forwards and prefill included), the nodes of its trees that
+    were verified and those accepted. Sums, not moving means: a run of misses inside a copied span's gaps
+    must not switch off a drafter whose hits pay for them."""
+
+    proposed: int = 0
+    host_s: float = 0.0
+    rows: int = 0
+    accepted: int = 0
+    skipped: int = 0  # steps skipped in a row since it stopped paying
+
+    def observe(self, host_s: float, rows: int, accepted: int) -> None:
+        self.proposed += 1
+        self.host_s += host_s
+        self.rows += rows
+        self.accepted += accepted
+
+    def pays(self, step_s: float) -> bool:
+        """Whether its accepted tokens saved more target time than its own time took. (Its verified rows are
+        the selector's bet, sized by the learned acceptance of each node's kind: a kind that stops landing
+        stops being verified there; here only what the selector cannot see, the drafter's time, is charged.)"""
+        return self.accepted * step_s > self.host_s
 
 
 @dataclass
@@ -208,6 +247,7 @@ class TreeSelector:
     draft_rows: float = 0.0
     draft_accepted: float = 0.0
     skipped: int = 0  # drafting steps skipped in a row
+    ledgers: dict[str, DrafterLedger] = field(default_factory=dict)  # per drafter (``drafter_on``, ``charge``)
 
     def probability(self, kind: str) -> float:
         rate, _ = self.policy.acceptance.rate(kind)
@@ -294,17 +334,47 @@ class TreeSelector:
         self.draft_rows += a * (rows - self.draft_rows)
         self.draft_accepted += a * (accepted - self.draft_accepted)
 
-    def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None) -> int:
+    def drafter_on(self, name: str, context: int | None, batch: int = 1, batch_s: float | None = None) -> bool:
+        """Whether drafter ``name`` proposes this step: always for its first ``DRAFTER_WARMUP`` proposals, then
+        while its accepted tokens have saved more than it cost (its own time, measured, and its verified rows,
+
+            accepted * step_s > host_s + rows * row_s,
+
+        with step_s a plain step's share of the batch this step joins), so a drafter whose drafts do not pay
+        for it drafts nothing (and so verifies nothing); one that stopped is probed again every
+        ``explore_every`` steps."""
+        ledger = self.ledgers.setdefault(name, DrafterLedger())
+        if ledger.proposed < DRAFTER_WARMUP:
+            return True
+        step_s = self.policy.cost(0, context)
+        if batch > 1 and batch_s is not None:
+            step_s = batch_s / batch
+        if ledger.pays(step_s):
+            ledger.skipped = 0
+            return True
+        ledger.skipped += 1
+        return ledger.skipped % self.policy.explore_every == 0
+
+    def charge(self, name: str, host_s: float, rows: int, accepted: int) -> None:
+        """One proposal's spend and yield for drafter ``name`` (``drafter_on``'s ledger)."""
+        self.ledgers.setdefault(name, DrafterLedger()).observe(host_s, rows, accepted)
+
+    def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None,
+                   setup_s: float = 0.0, remaining: int = 0) -> int:
         """How many tokens (0..gamma) a drafter that costs ``step_cost`` seconds per drafted token should chain
         this step: the depth that maximises expected tokens per second, drafting time included,
 
             rate(g) = (1 + sum over d <= g of P(first d tokens accepted)) / (g * step_cost + cost(g)),
 
-        against a plain step (g = 0). A kind never verified gets a short chain once (its prior alone would
-        rarely pay for an LM's forwards), and every ``explore_every`` steps a skipped drafter is re-probed
-        with one token, so an estimate that fell low is re-measured."""
+        against a plain step (g = 0). A drafter that must first spend ``setup_s`` seconds (an LM drafter's
+        prefill of its own prompt, not run yet) drafts only once the time its best depth would save over the
+        ``remaining`` tokens of the answer beats that setup. A kind never verified gets a short chain once (its
+        prior alone would rarely pay for an LM's forwards) and every ``explore_every`` steps a skipped drafter is
+        re-probed with one token, so an estimate that fell low is re-measured; neither while a setup is pending
+        that costs more than a tenth of the answer's remaining plain steps."""
         cost = self.policy.cost
-        best_g, best_rate = 0, 1.0 / cost(0, context)
+        plain = 1.0 / cost(0, context)
+        best_g, best_rate = 0, plain
         p = gain = 1.0
         for g in range(1, gamma + 1):
             p *= self.probability(f"{kind}@{min(g, 3)}")
@@ -312,6 +382,12 @@ class TreeSelector:
             rate = gain / (g * step_cost + cost(g, context))
             if rate > best_rate:
                 best_g, best_rate = g, rate
+        if setup_s > 0.0:
+            saved = remaining * (1.0 / plain - 1.0 / best_rate)
+            if best_g and saved > setup_s:
+                return best_g
+            if setup_s > 0.1 * remaining / plain:
+                return 0
         if best_g == 0:
             if self.policy.acceptance.rate(f"{kind}@1")[1] == 0:
                 return min(gamma, 3)

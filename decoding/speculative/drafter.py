@@ -4,10 +4,13 @@ The engine never knows who drafted: it asks every drafter for a tree, merges the
 verifies once, and reports the outcome back to every drafter through ``observe``. ``BaseDrafter`` gives
 every hook a no-op default, so a drafter implements only what it uses (usually ``propose``).
 
-Drafting is free for table lookups (RACER, prompt lookup) but not for an LM drafter, whose every drafted
-token is a forward pass. Such a drafter reports its measured seconds per drafted token in ``step_cost_s``;
-the engine then decides each step how deep it may draft (``DraftRequest.max_depth``, 0: skip this step)
-from that cost, the verify-cost curve and the learned acceptance of its tokens (``decoding.speculative.budget``).
+No drafting is free: the engine times every drafter's ``propose`` and charges it (``TreeSelector.drafter_on``:
+a drafter whose accepted tokens do not pay for its time and its verified rows is skipped). An LM drafter pays
+per drafted token (a forward each): it reports its measured seconds per drafted token in ``step_cost_s``, and
+the engine decides each step how deep it may draft (``DraftRequest.max_depth``, 0: skip this step) from that
+cost, the verify-cost curve and the learned acceptance of its tokens (``decoding.speculative.budget``). One
+that must read its own prompt before its first draft reports those tokens in ``setup_tokens`` and does the
+work in its first ``propose`` with a depth, which the engine grants only where it pays back.
 """
 
 from __future__ import annotations
@@ -80,13 +83,17 @@ class Drafter(Protocol):
 
     ``step_cost_s``: measured seconds per drafted token (0: free, never rationed); ``max_depth``: the deepest
     chain a costed drafter offers (its gamma; 0 for a free drafter, whose depth the budget alone bounds);
-    ``uses_node_topk``: whether ``observe`` reads ``VerifyOutcome.node_topk`` (only then is it computed).
+    ``uses_node_topk``: whether ``observe`` reads ``VerifyOutcome.node_topk`` (only then is it computed);
+    ``setup_tokens``: prompt tokens it must still read before its first draft (0: none); ``priors``: what
+    it expects of its node kinds before any is verified (``AcceptanceModel.seed``: statistics keys, kind@depth).
     """
 
     name: str
     step_cost_s: float
     max_depth: int
     uses_node_topk: bool
+    setup_tokens: int
+    priors: dict[str, float]
 
     def begin(self, prompt: PromptInfo) -> None:
         """Start a request over ``prompt`` (called once, after the target's prefill)."""
@@ -111,6 +118,8 @@ class BaseDrafter:
     step_cost_s = 0.0  # measured seconds per drafted token (0: free, never rationed)
     max_depth = 0  # the deepest chain a costed drafter offers (its gamma)
     uses_node_topk = False  # observe reads the target's top-k at every verified row
+    setup_tokens = 0  # prompt tokens it must read before its first draft (an LM drafter's deferred prefill)
+    priors: dict[str, float] = {}  # noqa: RUF012  (read only) expected acceptance of its kinds, by statistics key
 
     def begin(self, prompt: PromptInfo) -> None:
         return None

@@ -43,7 +43,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -254,9 +254,8 @@ class Engine:
         first = self._judge(DraftTree(), read.last[None], SamplingMetadata(sampling, generator, noise, (), None,
                                                                            shaper, config.logprobs))
         root = first.verdict.bonus
-        node_topk = self.config.node_topk if any(d.uses_node_topk for d in drafters) else None
         run = _Run(config, sampling, generator, noise, cache, drafters, TreeSelector(self.policy), stats, max_new,
-                   root, output=answer.ids, node_topk=node_topk, shaper=shaper, logprobs=first.logprobs)
+                   root, output=answer.ids, shaper=shaper, logprobs=first.logprobs)
 
         text = answer.add([root])
         stats.ttft_s = t_first = time.perf_counter() - t0
@@ -266,6 +265,7 @@ class Engine:
             info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, draft_ids=prompt.draft_ids,
                               draft_rows=prompt.draft_rows, target_cache=cache)
             for d in drafters:
+                self.policy.acceptance.seed(d.priors)
                 d.begin(info)
         while not answer.done:
             if cancel is not None and cancel.is_set():
@@ -294,9 +294,10 @@ class Engine:
         """One step after ``run.root``: the drafters' tree, the part of it worth verifying, one target forward
         over root + that part, the accepted path's KV kept; returns the new tokens (accepted + bonus)."""
         batch, batch_s = self._batch_now()
+        run.proposals, run.node_topk = [], None
         drafting = run.config.draft_budget is not None or run.selector.worth_drafting(run.cache.length, batch, batch_s)
         t = time.perf_counter()
-        tree = self._pick_tree(run, self._draft(run), batch, batch_s) if drafting else DraftTree()
+        tree = self._pick_tree(run, self._draft(run, batch, batch_s), batch, batch_s) if drafting else DraftTree()
         host_s = time.perf_counter() - t
         base, t = run.cache.length, time.perf_counter()
         verdict, node_topk, logprobs = self.verify(run.root, tree, run.cache, run.metadata())
@@ -308,29 +309,60 @@ class Engine:
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
         if drafting and run.drafters:
             run.selector.observe_drafting(host_s, len(tree), len(accepted))
+            self._charge(run, tree, verdict)
         self._observe(run, tree, verdict, node_topk, accepted)
         run.root = verdict.bonus
         return [*accepted, verdict.bonus]
 
-    def _draft(self, run: _Run) -> DraftTree:
-        """Every drafter's tree, merged. A drafter that pays per drafted token (an LM) is told how deep to go
-        (planned from its measured cost, the verify-cost curve and its learned acceptance, unless the request
-        fixed the budget)."""
+    def _draft(self, run: _Run, batch: int = 1, batch_s: float | None = None) -> DraftTree:
+        """Every drafter's tree, merged, from the drafters whose drafts pay (``TreeSelector.drafter_on``: each
+        one's time is measured and charged). A drafter that pays per drafted token (an LM) is told how deep to
+        go (planned from its measured cost and pending setup, the verify-cost curve and its learned acceptance,
+        unless the request fixed the budget). The target's top-k at every verified row is computed this step
+        only if a drafter that proposed reads it."""
         budget = run.config.draft_budget if run.config.draft_budget is not None else self.policy.max_budget
         budget = min(budget, run.max_new - len(run.output))
         if not run.drafters or budget <= 0:
             return DraftTree()
         context = run.cache.length
+        fixed = run.config.draft_budget is not None
         trees = []
         for d in run.drafters:
+            if not fixed and not run.selector.drafter_on(d.name, context, batch, batch_s):
+                continue
             depth = None
-            gamma = d.max_depth
-            if run.config.draft_budget is None and gamma > 0:
+            if not fixed and d.max_depth > 0:
                 step = d.step_cost_s or self.policy.cost(0, context)  # unmeasured: a step
-                depth = run.selector.plan_depth(d.name, step, gamma, context)
-            request = DraftRequest(root=run.root, generated=run.output, budget=budget, max_depth=depth)
-            trees.append(d.propose(request))
+                setup = self._setup_s(d, context)
+                depth = run.selector.plan_depth(d.name, step, d.max_depth, context, setup,
+                                                run.max_new - len(run.output))
+            t = time.perf_counter()
+            tree = d.propose(DraftRequest(root=run.root, generated=run.output, budget=budget, max_depth=depth))
+            spent = time.perf_counter() - t
+            run.stats.add_draft_time(d.name, spent)
+            run.proposals.append(_Proposal(d.name, spent, frozenset(tree.sources)))
+            if d.uses_node_topk:
+                run.node_topk = self.config.node_topk
+            trees.append(tree)
         return merge_trees(trees, budget)
+
+    def _setup_s(self, drafter: Drafter, context: int) -> float:
+        """Seconds the prompt ``drafter`` must still read would take: at the target's cost per row of its
+        largest calibrated verify (a prefill's rows cost about that), scaled by the drafter's own measured
+        cost per token against a target step when it has one (a smaller drafter LM reads faster)."""
+        if not drafter.setup_tokens:
+            return 0.0
+        widest = self.policy.buckets[-1]
+        per_row = self.policy.cost(widest, context) / (widest + 1)
+        scale = drafter.step_cost_s / self.policy.cost(0, context) if drafter.step_cost_s else 1.0
+        return drafter.setup_tokens * per_row * scale
+
+    def _charge(self, run: _Run, tree: DraftTree, verdict: Verdict) -> None:
+        """Each drafter that proposed this step: its time, its nodes verified and accepted (by source)."""
+        for p in run.proposals:
+            rows = sum(1 for source in tree.sources if source in p.sources)
+            accepted = sum(1 for i in verdict.accepted_nodes if tree.sources[i] in p.sources)
+            run.selector.charge(p.drafter, p.seconds, rows, accepted)
 
     def _batch_now(self) -> tuple[int, float | None]:
         """The batch this step's forward will likely join: the generations present now, at the last batched
@@ -409,6 +441,14 @@ class Engine:
         return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, sampling.logprobs))
 
 
+class _Proposal(NamedTuple):
+    """One drafter's tree of one step: who, how long it took, the node sources it labels its nodes with."""
+
+    drafter: str
+    seconds: float
+    sources: frozenset[str]
+
+
 @dataclass
 class _Run:
     """One generation's state between decoding steps."""
@@ -424,10 +464,11 @@ class _Run:
     max_new: int
     root: int  # the last token, not yet in the cache: every step's forward starts with it
     output: list[int]  # the answer's tokens so far (``AnswerText.ids``, the same list)
-    node_topk: int | None = None  # the target's top-k kept at every verified row, for drafters that read it
+    node_topk: int | None = None  # this step: the target's top-k kept at every verified row, for drafters that read it
     shaper: LogitShaper | None = None
     logprobs: list[TokenLogprob] | None = None  # one per emitted token (may run past ``output``), when asked for
     sent: int = 0  # logprobs already handed out in events
+    proposals: list[_Proposal] = field(default_factory=list)  # this step's drafters (``Engine._charge``)
 
     def metadata(self) -> SamplingMetadata:
         """This step's sampling state (made afresh each step: the output grows between steps)."""

@@ -40,7 +40,7 @@ Continuation = tuple[tuple[int, ...], float]  # (token ids, score)
 class CrossSessionConfig:
     redis_url: str | None = None  # None: in-process tier
     context_len: int = 3  # tokens of context that key a continuation set
-    continuation_len: int = 8  # tokens kept per continuation (the first follows the context)
+    continuation_len: int = 16  # tokens kept per continuation (the first follows the context): a repeat drafts 15
     ttl_s: float = 7 * 24 * 3600.0  # a context not updated for this long is gone
     half_life_s: float = 24 * 3600.0  # counts halve over this time
     max_contexts: int = 50_000  # per namespace (model, tokenizer, tenant)

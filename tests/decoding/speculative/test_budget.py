@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from decoding.speculative.budget import WARMUP, AcceptanceModel, BudgetPolicy, TreeSelector
+from decoding.speculative.budget import DRAFTER_WARMUP, WARMUP, AcceptanceModel, BudgetPolicy, TreeSelector
 from decoding.speculative.tree import ROOT, DraftTree
 
 # Costs relative to one token: a CPU (measured on the bundled model with the CPU kernels) and a GPU.
@@ -185,3 +185,57 @@ def test_subset_requires_ancestors() -> None:
     with pytest.raises(ValueError, match="without its parent"):
         tree.subset([0, 2])
     assert tree.subset([0, 1]).tokens == [100, 101]
+
+
+# ---- drafting time is charged: per-drafter ledgers, priors, an LM drafter's pending setup ---------------------------
+
+
+def test_a_drafter_whose_time_its_hits_do_not_repay_stops_and_is_probed() -> None:
+    """Alone (batch 1): a drafter that took 2 ms a proposal and landed one token in twenty, against 1 ms steps, is
+    on for its first DRAFTER_WARMUP proposals, then off except one probe every explore_every steps; one that landed
+    half a token a proposal stays on."""
+    pol = policy({b: 1e-3 * c for b, c in CPU.items()}, explore_every=8)
+    sel = TreeSelector(pol)
+    for i in range(DRAFTER_WARMUP):
+        assert sel.drafter_on("slow", None) and sel.drafter_on("cheap", None)
+        sel.charge("slow", 2e-3, rows=2, accepted=int(i % 20 == 0))
+        sel.charge("cheap", 5e-5, rows=2, accepted=i % 2)
+    calls = [sel.drafter_on("slow", None) for _ in range(32)]
+    assert calls.count(True) == 32 // 8 and not calls[0]
+    assert all(sel.drafter_on("cheap", None) for _ in range(32))
+
+
+def test_a_drafter_that_starts_paying_again_is_switched_back_on() -> None:
+    pol = policy({b: 1e-3 * c for b, c in CPU.items()}, explore_every=4)
+    sel = TreeSelector(pol)
+    for _ in range(DRAFTER_WARMUP):
+        sel.charge("d", 1e-3, rows=1, accepted=0)
+    assert not sel.drafter_on("d", None)
+    sel.charge("d", 1e-3, rows=8, accepted=DRAFTER_WARMUP + 8)  # a probe that landed a long copied span
+    assert sel.drafter_on("d", None)
+
+
+def test_a_drafters_priors_start_its_kinds_and_the_first_verdicts_move_them_gently() -> None:
+    model = AcceptanceModel()
+    model.seed({"long@1": 0.9})
+    assert model.rate("long@1") == (0.9, 0) and model.rate("other@1") == (model.prior, 0)
+    model.update("long@1", False)
+    rate, n = model.rate("long@1")
+    assert n == 1 and 0.55 < rate < 0.65  # the prior counts as prior_weight observations: (2 * 0.9 + 0) / 3
+    model.seed({"long@1": 0.1})  # a learned kind keeps what it learned
+    assert model.rate("long@1") == (rate, 1)
+
+
+def test_an_lm_drafter_with_a_costly_setup_drafts_only_where_it_pays_back() -> None:
+    """plan_depth with a pending setup (an LM drafter's own prefill): a good drafter with most of a long answer left
+    is granted its depth; the same drafter near the end of the answer, or with a setup dearer than what it could
+    save, is not, and is neither probed nor tried as an untested kind."""
+    pol = policy(CPU)
+    sel = TreeSelector(pol)
+    teach(sel, "lm", 0.9)
+    assert sel.plan_depth("lm", 0.2, 8, setup_s=5.0, remaining=500) > 0
+    assert sel.plan_depth("lm", 0.2, 8, setup_s=5.0, remaining=5) == 0
+    assert sel.plan_depth("lm", 0.2, 8, setup_s=5000.0, remaining=500) == 0
+    fresh = TreeSelector(policy(CPU))
+    assert fresh.plan_depth("new", 1.0, 8) == 3  # untested, no setup: a short chain to measure it
+    assert fresh.plan_depth("new", 1.0, 8, setup_s=50.0, remaining=100) == 0
