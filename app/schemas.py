@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DocumentStatus = Literal["queued", "indexing", "ready", "failed"]
-AskMode = Literal["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined"]
+AskMode = Literal["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined", "suffix", "prompt_lookup"]
 RAG_MODES = ("rapid", "rapid_kv", "combined")  # modes with the RAG drafter (eta applies to its drafts)
 
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
@@ -271,6 +271,9 @@ class AskStats(BaseModel):
     drafted: int
     drafted_by_source: dict[str, int]
     accepted_by_source: dict[str, int]
+    drafting_ms: dict[str, float] = Field(
+        default_factory=dict, description="Wall time each drafter spent proposing (its own prefill and forwards "
+        "included), charged against what its drafts saved")
     prefix_cache_hit: bool
     prefix_reused_tokens: int = Field(
         0, description="Prompt tokens whose KV came from the prefix cache (a document, or retrieved chunks "

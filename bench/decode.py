@@ -113,7 +113,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     for context in args.contexts:
         docs = qa_documents(QUICK_DOCS.get(context, QUICK_DOCS[3500]) if args.quick else None)
         min_tokens = int(0.9 * context) if context > 4000 else 0  # the long class: documents that fill it
-        cases += make_cases(target, docs, 1 if args.quick else 2, args.max_new_tokens, context, min_tokens, rag)
+        cases += make_cases(target, docs, args.questions, args.max_new_tokens, context, min_tokens, rag)
     # Our methods share the document prefix KV (as in the service); speedups compare decode throughput.
     engine = Engine(target, PrefixCache(byte_budget=6 << 30), config=ENGINE_CONFIG)
     calibrate(engine)
@@ -265,6 +265,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--methods", nargs="+", default=None, help="subset of methods (autoregressive always runs)"
     )
     p.add_argument("--repeats", type=int, default=None, help="repetitions per prompt (default 3; quick 1)")
+    p.add_argument("--questions", type=int, default=None, help="questions per document (default 3; quick 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128; quick 48")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--contexts", type=int, nargs="+", default=[3500, 7500],
@@ -281,6 +282,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="KV cache of the quantized CPU runtime")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
+    args.questions = args.questions or (1 if args.quick else 3)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 128)
     return args
 

@@ -21,7 +21,6 @@ from transformers.generation.streamers import BaseStreamer
 from bench.llama_ref import BUILDS, LlamaWorker
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
-    AutomatonCache,
     CrossSessionConfig,
     InProcessSharedTier,
     LogitsTable,
@@ -72,13 +71,12 @@ class Bench:
 # Our speculative methods: name -> drafters for one case (fresh per run). One line per method.
 DrafterFactory = Callable[[Bench, Case], list[Drafter]]
 RACER = RacerConfig()
-AUTOMATA = AutomatonCache()  # prompt automata are a pure function of the prompt: reused, as in the service
 
 
 def racer_single(bench: Bench, case: Case) -> list[Drafter]:
     """RACER with per-request knowledge only: a fresh logits table, no shared tier."""
     table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
-    return [RacerFactory(RACER, table, None, automata=AUTOMATA).drafter()]
+    return [RacerFactory(RACER, table, None).drafter()]
 
 
 @dataclass
@@ -101,7 +99,7 @@ def earlier_sessions(bench: Bench, case: Case) -> EarlierSessions:
         answers = []
         for other in bench.cases:
             if other.document == case.document and other.name != case.name:
-                factory = RacerFactory(RACER, table, tier, model_id=bench.target.name, automata=AUTOMATA)
+                factory = RacerFactory(RACER, table, tier, model_id=bench.target.name)
                 out = run_engine(bench, other, [factory.drafter("bench")]).tokens
                 answers.append((list(other.prompt.ids[-tier.config.context_len :]), out))
         _EARLIER[case.name] = EarlierSessions(table.table.copy(), table.filled.copy(), answers)
@@ -116,7 +114,7 @@ def racer_cross_session(bench: Bench, case: Case) -> list[Drafter]:
     table.table[:] = past.table
     table.filled[:] = past.filled
     tier = InProcessSharedTier(CrossSessionConfig())
-    factory = RacerFactory(RACER, table, tier, model_id=bench.target.name, automata=AUTOMATA)
+    factory = RacerFactory(RACER, table, tier, model_id=bench.target.name)
     shared = tier.cache(bench.target.name, "", "bench")
     for tail, answer in past.answers:
         shared.learn([*tail, *answer], len(tail))
@@ -130,7 +128,7 @@ def mode(name: str) -> DrafterFactory:
     def make(bench: Bench, case: Case) -> list[Drafter]:
         table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
         tier = InProcessSharedTier(CrossSessionConfig())
-        kit = DraftingKit(racer=RacerFactory(RACER, table, tier, model_id=bench.target.name, automata=AUTOMATA),
+        kit = DraftingKit(racer=RacerFactory(RACER, table, tier, model_id=bench.target.name),
                           draft_lm=lambda: DraftLM(bench.target.model, bench.target.device),
                           target_model=bench.target.model)
         return build_drafters(name, kit)

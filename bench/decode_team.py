@@ -3,7 +3,8 @@
 Per document (``bench/data/team.json``) ten questions in sequence, each by a new session: five asked for the first
 time, three paraphrases of earlier ones and two asked again word for word. Every method keeps its own
 cross-session state for the sequence (the tier, RACER's logits table) and learns from each answer as the service
-does (``app.answering.drafters.DraftingState.learn`` for modes without RACER; RACER's ``end`` for its own), so a
+does (``app.answering.drafters.Drafters.learn``: every answer whole, continuation counts for modes without RACER,
+whose ``end`` counts its own), so a
 repeated or paraphrased question meets what the earlier sessions left. Each question runs plain decoding first
 (the speed-up's reference, the lossless check), then every method; the whole sequence is repeated with fresh state.
 """
@@ -20,10 +21,11 @@ from typing import Any
 from bench.common import DocQA, qa_documents
 from bench.datasets import DATA_DIR
 from bench.decode_cases import RagContext, make_cases
-from bench.decode_methods import AUTOMATA, RACER, Bench, Run, run_engine
+from bench.decode_methods import RACER, Bench, Run, run_engine
 from decoding.drafters.racer import CrossSessionConfig, InProcessSharedTier, LogitsTable, RacerFactory
 from decoding.drafters.registry import MODES, DraftingKit, DraftLM, build_drafters
 from decoding.speculative.drafter import Drafter
+from decoding.speculative.generation import Prompt
 
 TEAM_FILE = DATA_DIR / "team.json"
 TENANT = "team"
@@ -65,7 +67,7 @@ class _State:
     def __init__(self, bench: Bench) -> None:
         self.table = LogitsTable(bench.target.vocab_size, k=RACER.topk, model_id=bench.target.name)
         self.tier = InProcessSharedTier(CrossSessionConfig())
-        self.factory = RacerFactory(RACER, self.table, self.tier, model_id=bench.target.name, automata=AUTOMATA)
+        self.factory = RacerFactory(RACER, self.table, self.tier, model_id=bench.target.name)
 
     def drafters(self, bench: Bench, mode: str) -> list[Drafter]:
         kit = DraftingKit(racer=self.factory, tenant=TENANT,
@@ -73,13 +75,16 @@ class _State:
                           target_model=bench.target.model)
         return build_drafters(mode, kit)
 
-    def learn(self, mode: str, prompt_ids: Sequence[int], answer: Sequence[int]) -> None:
-        """As the service does after an answer of a mode without RACER (RACER's drafter fed it itself)."""
-        if "racer" in MODES[mode] or not answer:
+    def learn(self, mode: str, prompt: Prompt, answer: Sequence[int]) -> None:
+        """As the service does after every answer (``app.answering.drafters.Drafters.learn``): the answer whole in
+        its documents' answer list, its continuation counts unless RACER's drafter counted them itself."""
+        if not answer:
             return
         cache = self.tier.cache(self.factory.model_id, self.factory.tokenizer_hash, TENANT)
-        tail = list(prompt_ids[-cache.context_len :])
-        cache.learn([*tail, *answer], len(tail))
+        cache.add_answer(prompt.prefix_key or "", answer)
+        if "racer" not in MODES[mode]:
+            tail = list(prompt.ids[-cache.context_len :])
+            cache.learn([*tail, *answer], len(tail))
 
 
 def run_team(bench: Bench, modes: Sequence[str], repeats: int, context: int, docs: Sequence[str] | None = None,
@@ -104,17 +109,17 @@ def run_team(bench: Bench, modes: Sequence[str], repeats: int, context: int, doc
                     run = run_engine(bench, case, states[m].drafters(bench, m))
                     lossless &= run.tokens == plain.tokens
                     per[m].append(run)
-                    states[m].learn(m, case.prompt.ids, run.tokens)
+                    states[m].learn(m, case.prompt, run.tokens)
     questions = []
     for (name, i), per in runs.items():
         q = sequences[name][i]
-        plain = statistics.median(r.decode_tps for r in per["autoregressive"])
+        plain_tps = statistics.median(r.decode_tps for r in per["autoregressive"])
         row: dict[str, Any] = {"document": name, "position": i, "kind": q.kind, "of": q.of, "question": q.text,
                                "tokens": len(per["autoregressive"][0].tokens), "methods": {}}
         for m in modes:
             rs = per[m]
             row["methods"][m] = {
-                "speedup_vs_ar": round(statistics.median(r.decode_tps for r in rs) / plain, 4) if plain else None,
+                "speedup_vs_ar": round(statistics.median(r.decode_tps for r in rs) / plain_tps, 4) if plain_tps else None,
                 "acceptance_length": round(statistics.median(r.acceptance_length for r in rs), 3),
                 "accepted_by_source": _summed(r.accepted_by_source for r in rs),
                 "drafted_by_source": _summed(r.drafted_by_source for r in rs),

@@ -87,14 +87,18 @@ class Drafters:
         except ModeUnavailable as exc:
             raise NotAvailableYet(str(exc)) from exc
 
-    def learn(self, tenant: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
-        """Feed an answer drafted without RACER to the tenant's cross-session tier (RACER's ``end`` does it
-        for its own requests)."""
+    def learn(self, tenant: str, prompt_ids: Sequence[int], output_ids: Sequence[int], scope: str | None,
+              counts: bool = True) -> None:
+        """Keep an answer for the tenant's later sessions in the cross-session tier: whole, in the answers over
+        the same documents (``scope``: the prompt's prefix key; the suffix drafter matches them), and as
+        continuation counts unless RACER's drafter counted it itself (``counts`` False: its ``end`` did)."""
         if not output_ids:
             return
         cache = self.shared_tier.cache(self.racer.model_id, self.racer.tokenizer_hash, tenant)
-        tail = list(prompt_ids[-cache.context_len :])
-        cache.learn([*tail, *output_ids], len(tail))
+        cache.add_answer(scope or "", output_ids)
+        if counts:
+            tail = list(prompt_ids[-cache.context_len :])
+            cache.learn([*tail, *output_ids], len(tail))
 
     def close(self) -> None:
         self.racer.close()

@@ -476,8 +476,8 @@ async def _account(
     citations = await asyncio.to_thread(cite, done.text, sources)
     if done.finish_reason == "cancelled":
         return sources, citations
-    if "racer" not in MODES[p.question.mode]:  # RACER's drafter feeds the tier itself where it runs
-        await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids)
+    await asyncio.to_thread(services.drafters.learn, p.tenant, p.prompt.ids, done.token_ids, p.prompt.prefix_key,
+                            "racer" not in MODES[p.question.mode])  # RACER's drafter counts its own answers
     if p.question.session_id is not None:
         await services.sessions.append(p.tenant, p.question.session_id, Turn(
             p.question.question, done.text, tuple(p.question.document_ids), tuple(s.model_dump() for s in sources),
@@ -498,6 +498,7 @@ def _ask_stats(stats: GenerationStats, mode: str, p: Plan) -> AskStats:
         drafted=stats.drafted,
         drafted_by_source=dict(stats.drafted_by_source),
         accepted_by_source=dict(stats.accepted_by_source),
+        drafting_ms={d: round(s * 1000, 3) for d, s in stats.draft_s_by_drafter.items()},
         prefix_cache_hit=stats.prefix_cache_hit,
         prefix_reused_tokens=stats.prefix_reused_tokens,
         context_truncated=stats.context_truncated,

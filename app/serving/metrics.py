@@ -74,6 +74,10 @@ class Metrics:
         self.accepted = Counter(
             "ragspec_accepted_tokens", "Draft tokens accepted, by source", [TENANT_LABEL, "source"], registry=r
         )
+        self.drafting = Counter(
+            "ragspec_drafting_seconds", "Wall time drafters spent proposing, by drafter", [TENANT_LABEL, "drafter"],
+            registry=r,
+        )
         self.completion_tokens = Counter(
             "ragspec_completion_tokens", "Generated tokens", [TENANT_LABEL], registry=r
         )
@@ -97,6 +101,8 @@ class Metrics:
             self.drafted.labels(tenant, source).inc(n)
         for source, n in stats.accepted_by_source.items():
             self.accepted.labels(tenant, source).inc(n)
+        for drafter, seconds in stats.draft_s_by_drafter.items():
+            self.drafting.labels(tenant, drafter).inc(seconds)
 
     def add_live(self, read: Callable[[], Mapping[str, Any]]) -> None:
         """Report live state at scrape time (see ``LiveCollector``)."""

@@ -94,7 +94,9 @@ class DraftLM:
 class RapidDrafter(BaseDrafter):
     """The RAG drafter (``rapid``): a chain from an LM over the retrieved context, plus near-miss branches.
 
-    ``width``: the target's logits width, when the drafter LM's may differ (None: the same).
+    ``width``: the target's logits width, when the drafter LM's may differ (None: the same); ``relative_cost``: its
+    expected cost per drafted token against a target step before it has measured one (the registry passes its
+    model's weight bytes over the target's).
     """
 
     name = "rapid"
@@ -110,6 +112,7 @@ class RapidDrafter(BaseDrafter):
         branch_depth: int = 2,
         cost_ema: float = 0.3,
         width: int | None = None,
+        relative_cost: float = 1.0,
     ) -> None:
         if gamma < 1:
             raise ValueError("gamma must be >= 1")
@@ -123,6 +126,7 @@ class RapidDrafter(BaseDrafter):
         self.branch_depth = branch_depth
         self.cost_ema = cost_ema
         self.width = width
+        self.relative_cost = relative_cost  # its cost per token against a target step until measured
         self.step_cost_s = 0.0  # measured per request: the first chain sets it
         self.prefill_s = 0.0
         self.forwards = 0
@@ -151,7 +155,7 @@ class RapidDrafter(BaseDrafter):
 
     def _prefill(self) -> None:
         t = time.perf_counter()
-        ids, self._pending, self.setup_tokens = self._pending, None, 0
+        ids, self._pending, self.setup_tokens = self._pending or [], None, 0
         self.lm.start(len(ids) + 512)
         if ids:
             self.lm.feed(ids)

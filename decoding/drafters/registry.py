@@ -55,8 +55,11 @@ def _rapid(kit: DraftingKit) -> Drafter:
     if kit.draft_lm is None:
         raise ModeUnavailable("the RAG drafter LM (RAPID) is not loaded in this process")
     # the drafter LM's logits may be wider or narrower than the target's (same tokenizer, padded heads)
-    width = None if kit.target_model is None else kit.target_model.vocab_size
-    return RapidDrafter(kit.draft_lm(), kit.sampling, width=width)
+    lm = kit.draft_lm()
+    if kit.target_model is None:
+        return RapidDrafter(lm, kit.sampling)
+    relative = min(1.0, lm.model.weight_bytes / max(1, kit.target_model.weight_bytes))  # a step reads the weights
+    return RapidDrafter(lm, kit.sampling, width=kit.target_model.vocab_size, relative_cost=relative)
 
 
 def _rapid_kv(kit: DraftingKit) -> Drafter:
@@ -67,7 +70,8 @@ def _rapid_kv(kit: DraftingKit) -> Drafter:
 
 DRAFTERS: dict[str, Callable[[DraftingKit], Drafter]] = {
     "prompt_lookup": lambda kit: PromptLookupDrafter(),
-    "suffix": lambda kit: SuffixDrafter(),  # the longest exact match of the text's end: prompt, answer so far
+    # the longest exact match of the text's end in prompt + answer so far, and in the tenant's earlier answers
+    "suffix": lambda kit: SuffixDrafter(kit.racer.tier_cache(kit.tenant) if kit.racer is not None else None),
     "racer": _racer,
     "cross_session": _cross_session,  # RACER's cross-session tier alone (a tenant's earlier answers)
     "rapid": _rapid,

@@ -15,21 +15,29 @@ the match grows by one token for free; otherwise one vectorised search over the 
 small constant) finds the new longest match. The text is a growing int32 buffer, so a step costs tens of
 microseconds on an 8K-token prompt.
 
-Earlier answers of other sessions reach the drafts through the cross-session tier
-(``decoding.drafters.racer.tier_drafter``), which the ``auto`` mode runs before this drafter.
+Earlier answers (other sessions of the same tenant over the same documents, kept whole by the cross-session
+tier: ``CrossSessionCache.answers``) are a second haystack, searched the same way with the text's end as the
+pattern; their chains carry the source ``suffix.session`` so their acceptance is learned apart. Where a question
+is asked again word for word the earlier answer is one long match; a paraphrased one retraces stretches of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo
 from decoding.speculative.tree import ROOT, DraftTree
 
+if TYPE_CHECKING:
+    from decoding.drafters.racer.cross_session import CrossSessionCache
+
 SOURCE_TEXT = "suffix"
+SOURCE_SESSION = "suffix.session"
+SEPARATOR = -1  # between the answers of a corpus: no match or continuation runs across it
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16)  # match lengths that label drafted nodes (their acceptance differs)
 
 
@@ -109,11 +117,16 @@ class Match:
 
 
 class SuffixIndex:
-    """The longest match of a text's end earlier in the same text, kept up to date as the text grows (see the
-    module doc)."""
+    """The longest match of a text's end earlier in the same text, or (``corpus``) in earlier answers, kept up
+    to date as the text grows (see the module doc)."""
 
-    def __init__(self, max_match: int = 64) -> None:
+    def __init__(self, max_match: int = 64, corpus: Sequence[Sequence[int]] | None = None) -> None:
         self.max_match = max_match
+        self.corpus: TokenText | None = None
+        if corpus is not None:
+            self.corpus = TokenText(capacity=sum(len(a) + 1 for a in corpus) + 1)
+            for answer in corpus:
+                self.corpus.extend([*answer, SEPARATOR])
         self.match = Match()
         self._seen = 0  # text tokens the match accounts for
 
@@ -121,11 +134,12 @@ class SuffixIndex:
         """The match for ``text``'s end, advancing the kept one by the tokens added since the last call: while
         the text goes on as the occurrence did, the match grows (it cannot grow by more than the one token);
         after the first token that does not, one search at the end."""
+        hay = text if self.corpus is None else self.corpus
         m: Match | None = self.match
         while self._seen < len(text) and m is not None:
             token = text[self._seen]
             self._seen += 1
-            m = Match(min(m.length + 1, self.max_match), m.end + 1) if m.length and text[m.end] == token else None
+            m = Match(min(m.length + 1, self.max_match), m.end + 1) if m.length and hay[m.end] == token else None
         if m is None:
             m = self._search(text)
             self._seen = len(text)
@@ -134,25 +148,31 @@ class SuffixIndex:
 
     def _search(self, text: TokenText) -> Match:
         full = text.view
-        length, end = longest_suffix(full[:-1], full, self.max_match)  # an occurrence ending before the end
+        if self.corpus is None:
+            length, end = longest_suffix(full[:-1], full, self.max_match)  # an occurrence ending before the end
+        else:
+            length, end = longest_suffix(self.corpus.view, full[-self.max_match :], self.max_match)
         return Match(length, end) if length else Match()
 
     def continuation(self, text: TokenText, most: int) -> list[int]:
-        """Up to ``most`` tokens after the match's occurrence."""
+        """Up to ``most`` tokens after the match's occurrence (in a corpus, up to the end of its answer)."""
         m = self.match
         if not m.length or most <= 0:
             return []
-        return text.view[m.end : m.end + most].tolist()
+        out: list[int] = (text if self.corpus is None else self.corpus).view[m.end : m.end + most].tolist()
+        return out[: out.index(SEPARATOR)] if SEPARATOR in out else out
 
 
 class SuffixDrafter(BaseDrafter):
-    """One chain a step: what followed the most recent occurrence of the longest suffix of prompt + answer so
-    far, nodes labelled ``suffix/m<match length bucket>`` for the budget policy."""
+    """A chain a step from the longest match of prompt + answer so far in itself, and one from its longest match
+    in the tenant's earlier answers over the same documents (``earlier``: the cross-session tier), the longer
+    match first, sharing their common start; nodes labelled ``<source>/m<match length bucket>``."""
 
     name = SOURCE_TEXT
-    priors = suffix_priors(SOURCE_TEXT)
+    priors = {**suffix_priors(SOURCE_TEXT), **suffix_priors(SOURCE_SESSION)}  # noqa: RUF012  (read only)
 
-    def __init__(self, max_draft: int = 24, max_match: int = 64) -> None:
+    def __init__(self, earlier: CrossSessionCache | None = None, max_draft: int = 24, max_match: int = 64) -> None:
+        self.earlier = earlier
         self.max_draft = max_draft
         self.max_match = max_match
         self.reset()
@@ -161,20 +181,46 @@ class SuffixDrafter(BaseDrafter):
         self.text = TokenText()
         self._fed = 0  # generated tokens already in ``text``
         self.index = SuffixIndex(self.max_match)
+        self.session: SuffixIndex | None = None  # over the earlier answers, once the tier has them here
+        self._scope = ""
 
     def begin(self, prompt: PromptInfo) -> None:
         self.reset()
         self.text = TokenText(prompt.prompt_ids, capacity=len(prompt.prompt_ids) + 1024)
+        self._scope = prompt.scope or ""
+        if self.earlier is not None:
+            self.earlier.prefetch_answers(self._scope)  # a remote tier: on their way while the first token is out
 
     def propose(self, request: DraftRequest) -> DraftTree:
         if len(request.generated) > self._fed:
             self.text.extend(request.generated[self._fed :])
             self._fed = len(request.generated)
+        if self.session is None and self.earlier is not None:
+            answers = self.earlier.answers(self._scope)  # a local read; empty until a remote tier's fetch lands
+            if answers:
+                self.session = SuffixIndex(self.max_match, corpus=answers)
+        most = min(request.budget, self.max_draft)
+        chains = [(self.index.update(self.text).length, SOURCE_TEXT, self.index)]
+        if self.session is not None:
+            chains.append((self.session.update(self.text).length, SOURCE_SESSION, self.session))
+        chains.sort(key=lambda c: -c[0])  # the longer match first: it keeps its nodes when the budget is short
         tree = DraftTree()
-        length = self.index.update(self.text).length
-        tokens = self.index.continuation(self.text, min(request.budget, self.max_draft))
-        parent = ROOT
-        for depth, token in enumerate(tokens):
-            label = match_label(min(length + depth, self.max_match))
-            parent = tree.add(parent, token, SOURCE_TEXT, kind=f"{SOURCE_TEXT}/m{label}")
+        for length, source, index in chains:
+            add_chain(tree, index.continuation(self.text, most), length, source, most, self.max_match)
         return tree
+
+
+def add_chain(tree: DraftTree, tokens: Sequence[int], length: int, source: str, most: int, max_match: int) -> None:
+    """Hang ``tokens`` (a match's continuation) below the root of ``tree``, sharing any start an earlier chain
+    already holds, each new node labelled ``<source>/m<bucket of the match length it stands on>``; at most
+    ``most`` nodes in the tree."""
+    parent = ROOT
+    for depth, token in enumerate(tokens):
+        same = [i for i, p in enumerate(tree.parents) if p == parent and tree.tokens[i] == token]
+        if same:  # the chains agree so far: one node
+            parent = same[0]
+        elif len(tree) < most:
+            label = match_label(min(length + depth, max_match))
+            parent = tree.add(parent, token, source, kind=f"{source}/m{label}")
+        else:
+            return

@@ -120,7 +120,8 @@ class BudgetPolicy:
 
     def observe_cost(self, nodes: int, seconds: float, context: int | None = None) -> None:
         """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's
-        cost if it is a bucket (moved to the reference cache length along the size's slope). Every step's
+        cost if it is a bucket (moved to the reference cache length along the size's slope; one observation moves
+        it by at most ``ema`` of its value, up or down). Every step's
         cache length is recorded: ``calibration_due`` compares the longest with the calibrated ones."""
         if context is not None and context > self.served_context:
             with self._lock:
@@ -132,6 +133,8 @@ class BudgetPolicy:
                 slope = self.cost_slope.get(nodes, 0.0)
                 seconds = max(0.2 * seconds, seconds - slope * (context - self.cost_context))
             old = self.cost_s.get(nodes)
+            if old is not None:  # one step slowed by a burst of load elsewhere moves the estimate a bounded amount:
+                seconds = min(max(seconds, 0.5 * old), 2.0 * old)  # an inflated size is rarely verified again
             self.cost_s[nodes] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
     def calibrated_contexts(self) -> list[int]:

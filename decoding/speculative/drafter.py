@@ -37,6 +37,7 @@ class PromptInfo:
     draft_ids: Sequence[int] | None = None  # the RAG drafter's prompt ([system][retrieved chunks][question])
     draft_rows: Sequence[tuple[int, int]] | None = None  # prompt rows [start, end) a KV-subset drafter reads
     target_cache: Any = None  # the target's KV cache (a KV-subset drafter drafts over it, then cuts it back)
+    scope: str | None = None  # the documents the prompt reads (its prefix key): what earlier answers are keyed by
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,9 @@ class Drafter(Protocol):
     ``step_cost_s``: measured seconds per drafted token (0: free, never rationed); ``max_depth``: the deepest
     chain a costed drafter offers (its gamma; 0 for a free drafter, whose depth the budget alone bounds);
     ``uses_node_topk``: whether ``observe`` reads ``VerifyOutcome.node_topk`` (only then is it computed);
-    ``setup_tokens``: prompt tokens it must still read before its first draft (0: none); ``priors``: what
+    ``setup_tokens``: prompt tokens it must still read before its first draft (0: none); ``relative_cost``: a
+    costed drafter's expected cost per token against a target step until it has measured its own (its model's
+    weights against the target's: 1.0, as dear as the target); ``priors``: what
     it expects of its node kinds before any is verified (``AcceptanceModel.seed``: statistics keys, kind@depth).
     """
 
@@ -93,6 +96,7 @@ class Drafter(Protocol):
     max_depth: int
     uses_node_topk: bool
     setup_tokens: int
+    relative_cost: float
     priors: dict[str, float]
 
     def begin(self, prompt: PromptInfo) -> None:
@@ -119,6 +123,7 @@ class BaseDrafter:
     max_depth = 0  # the deepest chain a costed drafter offers (its gamma)
     uses_node_topk = False  # observe reads the target's top-k at every verified row
     setup_tokens = 0  # prompt tokens it must read before its first draft (an LM drafter's deferred prefill)
+    relative_cost = 1.0  # a costed drafter's cost per token against a target step, until measured
     priors: dict[str, float] = {}  # noqa: RUF012  (read only) expected acceptance of its kinds, by statistics key
 
     def begin(self, prompt: PromptInfo) -> None:

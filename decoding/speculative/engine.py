@@ -263,7 +263,7 @@ class Engine:
             yield TokenEvent(text, answer.ids[:], run.new_logprobs())
         if not answer.done and drafters:
             info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, draft_ids=prompt.draft_ids,
-                              draft_rows=prompt.draft_rows, target_cache=cache)
+                              draft_rows=prompt.draft_rows, target_cache=cache, scope=prompt.prefix_key)
             for d in drafters:
                 self.policy.acceptance.seed(d.priors)
                 d.begin(info)
@@ -332,7 +332,7 @@ class Engine:
                 continue
             depth = None
             if not fixed and d.max_depth > 0:
-                step = d.step_cost_s or self.policy.cost(0, context)  # unmeasured: a step
+                step = d.step_cost_s or d.relative_cost * self.policy.cost(0, context)  # unmeasured: its guess
                 setup = self._setup_s(d, context)
                 depth = run.selector.plan_depth(d.name, step, d.max_depth, context, setup,
                                                 run.max_new - len(run.output))
@@ -349,12 +349,12 @@ class Engine:
     def _setup_s(self, drafter: Drafter, context: int) -> float:
         """Seconds the prompt ``drafter`` must still read would take: at the target's cost per row of its
         largest calibrated verify (a prefill's rows cost about that), scaled by the drafter's own measured
-        cost per token against a target step when it has one (a smaller drafter LM reads faster)."""
+        cost per token against a target step, or its guess before it has one (a smaller drafter LM reads faster)."""
         if not drafter.setup_tokens:
             return 0.0
         widest = self.policy.buckets[-1]
         per_row = self.policy.cost(widest, context) / (widest + 1)
-        scale = drafter.step_cost_s / self.policy.cost(0, context) if drafter.step_cost_s else 1.0
+        scale = drafter.step_cost_s / self.policy.cost(0, context) if drafter.step_cost_s else drafter.relative_cost
         return drafter.setup_tokens * per_row * scale
 
     def _charge(self, run: _Run, tree: DraftTree, verdict: Verdict) -> None:

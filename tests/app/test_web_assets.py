@@ -223,7 +223,7 @@ def test_page_offers_the_servers_modes_and_limits_and_fits_a_narrow_window(
         )
         assert dict(options) == {
             "auto": False, "autoregressive": False, "racer": False, "rapid": True, "rapid_kv": False,
-            "combined": False,
+            "combined": False, "suffix": False, "prompt_lookup": False,
         }
         assert page.js("document.getElementById('max-tokens').max") == str(server.settings.max_new_tokens)
         assert page.js("document.querySelector('link[rel=icon]').href").endswith("/static/favicon.svg")

@@ -1,4 +1,5 @@
-"""RACER: retrieval (n-gram automaton) + logit cues (logits table) + a cross-session tier, one draft tree.
+"""RACER: retrieval (the longest exact match of prompt + output) + logit cues (logits table) + a cross-session
+tier, one draft tree.
 
 Typical wiring (``app`` does this once per process and target model)::
 
@@ -14,7 +15,6 @@ Typical wiring (``app`` does this once per process and target model)::
 Node sources in the engine's stats: ``racer.retrieval``, ``racer.cross_session``, ``racer.logits``.
 """
 
-from decoding.drafters.racer.automaton import NgramAutomaton
 from decoding.drafters.racer.cross_session import (
     CrossSessionCache,
     CrossSessionConfig,
@@ -28,26 +28,22 @@ from decoding.drafters.racer.paths import (
     SOURCE_LOGITS,
     SOURCE_RETRIEVAL,
     logits_paths,
-    retrieval_paths,
     shared_paths,
 )
 from decoding.drafters.racer.racer import RacerConfig, RacerDrafter, RacerFactory
 from decoding.drafters.racer.redis_tier import RedisSharedTier, open_shared_tier
-from decoding.drafters.racer.snapshots import AutomatonCache
 from decoding.drafters.racer.tier_drafter import CrossSessionDrafter
 
 __all__ = [
     "SOURCE_CROSS_SESSION",
     "SOURCE_LOGITS",
     "SOURCE_RETRIEVAL",
-    "AutomatonCache",
     "CrossSessionCache",
     "CrossSessionConfig",
     "CrossSessionDrafter",
     "InProcessSharedTier",
     "LogitsTable",
     "Namespace",
-    "NgramAutomaton",
     "RacerConfig",
     "RacerDrafter",
     "RacerFactory",
@@ -55,6 +51,5 @@ __all__ = [
     "SharedTier",
     "logits_paths",
     "open_shared_tier",
-    "retrieval_paths",
     "shared_paths",
 ]

@@ -1,6 +1,6 @@
 """Cross-session draft cache: n-gram continuations learned from a tenant's earlier answers.
 
-RACER's per-request automaton only knows this request's prompt and output. The shared tier remembers,
+RACER's retrieval path only knows this request's prompt and output. The shared tier remembers,
 for a context of ``context_len`` tokens, which ``continuation_len``-token sequences followed it in
 earlier answers of the same tenant on the same model, with decayed counts. A later session asking the
 same question (greedy answers repeat) or one whose answer retraces an earlier one gets those
@@ -11,6 +11,11 @@ tenant), and the raw tenant string is never stored (it may be an API key).
 Counts decay by half every ``half_life_s`` (applied when a context is next updated); a context keeps at
 most ``max_continuations`` continuations (the weakest old ones go first, so a new one gets in) and a
 namespace at most ``max_contexts`` contexts (least recently updated dropped first).
+
+Beside the counts, the tier keeps each tenant's latest answers whole, per *scope* (the document or documents
+they were asked over: the prompt's prefix key), at most ``max_answers`` of ``max_answer_tokens`` each: the
+suffix drafter (``decoding.drafters.suffix``) finds the longest exact match of the text's end in them, so a
+repeated or paraphrased question drafts long stretches of the earlier answer it retraces.
 
 This module holds the interface (``SharedTier``; each tenant gets a ``CrossSessionCache`` handle) and the
 in-process store; ``redis_tier`` holds the Redis store (``redis_schema``: its keys and update script).
@@ -46,6 +51,9 @@ class CrossSessionConfig:
     max_contexts: int = 50_000  # per namespace (model, tokenizer, tenant)
     max_continuations: int = 8  # per context
     max_namespaces: int = 1024  # in-process tier: tenants kept (LRU)
+    max_answers: int = 32  # whole answers kept per (namespace, scope), newest first
+    max_answer_tokens: int = 1024  # an answer's tokens kept (its beginning)
+    max_scopes: int = 4096  # in-process tier / Redis mirror: (namespace, scope) answer lists kept (LRU)
     mirror_size: int = 16_384  # Redis tier: contexts kept in process (all namespaces)
     mirror_ttl_s: float = 30.0  # Redis tier: a mirrored context older than this is fetched again
     socket_timeout_s: float = 0.25  # Redis I/O runs in the background thread, never in the decode loop
@@ -63,6 +71,8 @@ class CrossSessionConfig:
             raise ValueError("need max_contexts >= 1 and max_continuations >= 1")
         if self.ttl_s <= 0 or self.half_life_s <= 0:
             raise ValueError("ttl_s and half_life_s must be positive")
+        if self.max_answers < 0 or self.max_answer_tokens < 1:
+            raise ValueError("need max_answers >= 0 and max_answer_tokens >= 1")
 
 
 def _safe(text: str, limit: int = 64) -> str:
@@ -155,6 +165,18 @@ class SharedTier(ABC):
     def learn(self, ns: Namespace, items: dict[Context, dict[tuple[int, ...], float]]) -> None:
         """Add continuation counts (non-blocking)."""
 
+    @abstractmethod
+    def answers(self, ns: Namespace, scope: str) -> list[tuple[int, ...]]:
+        """Earlier answers in ``scope`` known locally now (never waits on I/O), newest first."""
+
+    def prefetch_answers(self, ns: Namespace, scope: str) -> None:
+        """Ask for ``scope``'s answers to be made available locally (non-blocking)."""
+        return None
+
+    @abstractmethod
+    def add_answer(self, ns: Namespace, scope: str, tokens: tuple[int, ...]) -> None:
+        """Keep an answer (non-blocking); the oldest beyond ``max_answers`` goes."""
+
     def drain(self, timeout: float = 5.0) -> bool:
         """Wait until queued background work is done (for tests and shutdown). True if idle."""
         return True
@@ -172,6 +194,7 @@ class InProcessSharedTier(SharedTier):
     def __init__(self, config: CrossSessionConfig, clock: Callable[[], float] = time.time) -> None:
         super().__init__(config, clock)
         self._spaces: OrderedDict[str, OrderedDict[Context, CountSet]] = OrderedDict()
+        self._answers: OrderedDict[tuple[str, str], tuple[float, list[tuple[int, ...]]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def _space(self, ns: Namespace, create: bool) -> OrderedDict[Context, CountSet] | None:
@@ -214,6 +237,25 @@ class InProcessSharedTier(SharedTier):
             while len(space) > cfg.max_contexts:
                 space.popitem(last=False)
 
+    def answers(self, ns: Namespace, scope: str) -> list[tuple[int, ...]]:
+        with self._lock:
+            hit = self._answers.get((ns.tag, scope))
+            if hit is None:
+                return []
+            if self.clock() - hit[0] > self.config.ttl_s:
+                del self._answers[(ns.tag, scope)]
+                return []
+            self._answers.move_to_end((ns.tag, scope))
+            return list(hit[1])
+
+    def add_answer(self, ns: Namespace, scope: str, tokens: tuple[int, ...]) -> None:
+        cfg = self.config
+        with self._lock:
+            _, kept = self._answers.pop((ns.tag, scope), (0.0, []))
+            self._answers[(ns.tag, scope)] = (self.clock(), [tokens[: cfg.max_answer_tokens], *kept][: cfg.max_answers])
+            while len(self._answers) > cfg.max_scopes:
+                self._answers.popitem(last=False)
+
     def contexts(self, ns: Namespace) -> int:
         with self._lock:
             space = self._space(ns, create=False)
@@ -242,6 +284,17 @@ class CrossSessionCache:
         want = [tuple(int(t) for t in c[-n:]) for c in contexts if len(c) >= n]
         if want:
             self.tier.prefetch(self.namespace, list(dict.fromkeys(want)))
+
+    def answers(self, scope: str) -> list[tuple[int, ...]]:
+        """Earlier answers in ``scope`` known now (newest first; never waits)."""
+        return self.tier.answers(self.namespace, scope)
+
+    def prefetch_answers(self, scope: str) -> None:
+        self.tier.prefetch_answers(self.namespace, scope)
+
+    def add_answer(self, scope: str, tokens: Sequence[int]) -> None:
+        if tokens and self.tier.config.max_answers:
+            self.tier.add_answer(self.namespace, scope, tuple(int(t) for t in tokens))
 
     def learn(self, tokens: Sequence[int], start: int) -> int:
         """Learn the continuations in ``tokens[start:]`` (``tokens[:start]`` is leading context only).

@@ -1,4 +1,5 @@
-"""RACER's draft paths as pure functions: retrieval paths, logits paths and shared-tier paths.
+"""RACER's draft paths as pure functions: logits paths and shared-tier paths (the retrieval path is a suffix
+match's chain: ``decoding.drafters.suffix.add_chain``).
 
 Each returns a ``DraftTree`` below the root (the root itself is not a node), nodes in priority order,
 labelled with a stable source name so the engine's stats show each source's share.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from decoding.drafters.racer.automaton import NONE, NgramAutomaton
 from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.speculative.tree import ROOT, DraftTree
 
@@ -17,66 +17,6 @@ SOURCE_RETRIEVAL = "racer.retrieval"
 SOURCE_LOGITS = "racer.logits"
 SOURCE_CROSS_SESSION = "racer.cross_session"
 
-_PENDING = 1 << 62  # a "count" above every real count: expanding a node goes before its siblings' rivals
-
-
-def retrieval_paths(
-    automaton: NgramAutomaton, budget: int, min_context: int = 2, source: str = SOURCE_RETRIEVAL,
-    weak_budget: int | None = None, strong_context: int = 4,
-) -> DraftTree:
-    """Continuations of the current text found in the automaton, best first.
-
-    The matched state is the longest suffix of the text (root included, depth <= max_ngram - 1). It and
-    every state on its suffix-link chain with at least ``min_context`` tokens is a *context*; their
-    subtrees are searched together as one trie keyed by the path below the root. A path's score is
-    (length of the longest context under which it occurred, its count under that context, its latest
-    occurrence): longer contexts first, then higher counts, then more recent. Shallower contexts are
-    only enumerated when the deeper ones run out, so a step costs O(budget · log budget) plus the
-    children actually looked at.
-
-    A path p under context c is the trie node c + p; the same path under the next shorter context is
-    that node's suffix link, so a tree node only needs its deepest trie node.
-
-    ``weak_budget`` caps the nodes found under contexts shorter than ``strong_context`` tokens (short
-    contexts are noisy: leave room for other drafts); strong ones may use the whole ``budget``.
-    """
-    tree = DraftTree()
-    state = automaton.state
-    if budget <= 0 or automaton.depth(state) < min_context:
-        return tree
-    depth_of, count_of, link_of = automaton.depth, automaton.count, automaton.link
-    stamp_of = automaton.stamp
-    # heap entries: (-context length, -count, -latest position, seq, trie node, tree parent, path length,
-    # token); token NONE marks a pending expansion of ``trie node``'s children for ``tree parent``.
-    heap: list[tuple[int, int, int, int, int, int, int, int]] = [
-        (-depth_of(state), -_PENDING, -_PENDING, 0, state, ROOT, 0, NONE)
-    ]
-    seq = 1
-    seen: dict[int, set[int]] = {ROOT: set()}
-    while heap and len(tree) < budget:
-        neg_ctx, neg_count, _neg_stamp, _, node, parent, plen, token = heapq.heappop(heap)
-        if token == NONE:
-            taken = seen[parent]
-            for tok, child in automaton.children(node):
-                if tok not in taken:
-                    taken.add(tok)
-                    heapq.heappush(heap, (neg_ctx, -count_of(child), -stamp_of(child), seq, child, parent,
-                                          plen, tok))
-                    seq += 1
-            shorter = link_of(node)
-            if shorter != NONE and depth_of(shorter) - plen >= min_context:
-                heapq.heappush(heap, (neg_ctx + 1, -_PENDING, -_PENDING, seq, shorter, parent, plen, NONE))
-                seq += 1
-        else:
-            if weak_budget is not None and -neg_ctx < strong_context:
-                if weak_budget <= 0:
-                    break  # the heap pops longer contexts first: everything left is weak
-                weak_budget -= 1
-            index = tree.add(parent, token, source, kind=f"{source}/c{min(-neg_ctx, 6)}n{min(-neg_count, 3)}")
-            seen[index] = set()
-            heapq.heappush(heap, (neg_ctx, -_PENDING, -_PENDING, seq, node, index, plen + 1, NONE))
-            seq += 1
-    return tree
 
 
 def logits_paths(

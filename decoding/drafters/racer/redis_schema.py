@@ -10,9 +10,13 @@ Keys (``prefix`` defaults to ``ragspec:dc``)::
                                   sweep expired contexts and to keep at most max_contexts per namespace
                                   (oldest dropped first). EXPIRE = ttl_s.
 
+    {prefix}:{ns}:a:{scope}  LIST  the namespace's latest answers over one scope (a document set), newest first:
+                                  int32 little-endian token ids each; LTRIM to max_answers, EXPIRE = ttl_s.
+
     ns  = "{m=<model id>;t=<tokenizer hash>;u=<sha256(tenant)[:16]>}"  (braces: a Redis Cluster hash tag,
           so one namespace lives in one slot and the update script may touch all its keys)
     ctx = blake2b-64 hex digest of the context's int32 little-endian bytes
+    scope = blake2b-64 hex digest of the scope string (the prompt's prefix key: it names the documents)
 
 Memory per namespace is bounded by max_contexts x max_continuations x (4 L + ~40) bytes plus Redis overhead.
 """
@@ -40,6 +44,10 @@ def decode_continuation(raw: bytes) -> tuple[int, ...]:
 def context_prefix(key_prefix: str, tag: str) -> str:
     """Every context key of namespace ``tag`` starts with this (the script deletes by it)."""
     return f"{key_prefix}:{tag}:c:"
+
+
+def answers_key(key_prefix: str, tag: str, scope: str) -> str:
+    return f"{key_prefix}:{tag}:a:{hashlib.blake2b(scope.encode(), digest_size=8).hexdigest()}"
 
 
 def index_key(key_prefix: str, tag: str) -> str:

@@ -2,7 +2,8 @@
 
 A background thread owns the connection. Each decode step submits at most one *prefetch* (one pipelined
 round trip of HGETALLs, coalesced with any fetch still queued) for the contexts the next step may need,
-and reads only what has already arrived in the mirror. ``learn`` (at the end of an answer) adds to the
+and reads only what has already arrived in the mirror (a scope's earlier answers likewise: ``prefetch_answers``
+at the start of a request, ``answers`` reads the mirror). ``learn`` (at the end of an answer) adds to the
 mirror's local part at once and sends one script call per 512 contexts in the background; a fetch that
 lands meanwhile never hides those local counts. A dead or slow Redis (short socket timeouts) is logged
 once; the tier then serves from the mirror and retries the connection with exponential backoff. Keys and
@@ -29,6 +30,7 @@ from decoding.drafters.racer.cross_session import (
 )
 from decoding.drafters.racer.redis_schema import (
     LEARN_LUA,
+    answers_key,
     context_hash,
     context_prefix,
     decode_continuation,
@@ -58,12 +60,25 @@ class _Mirrored:
         self.ranked = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
+class _Answers:
+    """A scope's answers as this process knows them: what Redis returned, plus ones not confirmed yet."""
+
+    __slots__ = ("fetched_at", "local", "remote")
+
+    def __init__(self) -> None:
+        self.fetched_at = 0.0  # monotonic time of the last fetch (0: never fetched)
+        self.remote: list[tuple[int, ...]] = []
+        self.local: list[tuple[int, ...]] = []  # added here, newest first, not yet confirmed by Redis
+
+
 @dataclass
 class _Job:
-    kind: str  # "fetch" | "learn"
+    kind: str  # "fetch" | "learn" | "answers" (fetch a scope's) | "answer" (push one)
     ns: Namespace
     contexts: list[Context] = field(default_factory=list)
     items: dict[Context, dict[tuple[int, ...], float]] = field(default_factory=dict)
+    scope: str = ""
+    answer: tuple[int, ...] = ()
 
 
 class RedisSharedTier(SharedTier):
@@ -77,6 +92,8 @@ class RedisSharedTier(SharedTier):
         super().__init__(config, clock)
         self._mirror: OrderedDict[tuple[str, Context], _Mirrored] = OrderedDict()
         self._inflight: set[tuple[str, Context]] = set()
+        self._answers: OrderedDict[tuple[str, str], _Answers] = OrderedDict()
+        self._answers_inflight: set[tuple[str, str]] = set()
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._busy = False
@@ -138,6 +155,44 @@ class RedisSharedTier(SharedTier):
             if not self._closed:
                 self._enqueue(_Job("learn", ns, items=items))
 
+    def answers(self, ns: Namespace, scope: str) -> list[tuple[int, ...]]:
+        with self._cv:
+            hit = self._answers.get((ns.tag, scope))
+            if hit is None:
+                return []
+            self._answers.move_to_end((ns.tag, scope))
+            return [*hit.local, *(a for a in hit.remote if a not in hit.local)][: self.config.max_answers]
+
+    def prefetch_answers(self, ns: Namespace, scope: str) -> None:
+        key, now = (ns.tag, scope), time.monotonic()
+        with self._cv:
+            if self._closed or (self._down and now < self._retry_at) or key in self._answers_inflight:
+                return
+            hit = self._answers.get(key)
+            if hit is not None and now - hit.fetched_at < self.config.mirror_ttl_s:
+                return
+            self._answers_inflight.add(key)
+            self._enqueue(_Job("answers", ns, scope=scope))
+
+    def add_answer(self, ns: Namespace, scope: str, tokens: tuple[int, ...]) -> None:
+        tokens = tokens[: self.config.max_answer_tokens]
+        with self._cv:
+            entry = self._answer_entry((ns.tag, scope))
+            entry.local.insert(0, tokens)  # write-through: this process drafts from it at once
+            if not self._closed:
+                self._enqueue(_Job("answer", ns, scope=scope, answer=tokens))
+
+    def _answer_entry(self, key: tuple[str, str]) -> _Answers:
+        """The mirror entry of a scope's answers (made if missing; LRU-bounded). Caller holds ``_cv``."""
+        entry = self._answers.get(key)
+        if entry is None:
+            entry = self._answers[key] = _Answers()
+            while len(self._answers) > self.config.max_scopes:
+                self._answers.popitem(last=False)
+        else:
+            self._answers.move_to_end(key)
+        return entry
+
     def _entry(self, key: tuple[str, Context]) -> _Mirrored:
         """The mirror entry of ``key`` (made if missing; LRU-bounded). Caller holds ``_cv``."""
         entry = self._mirror.get(key)
@@ -153,7 +208,7 @@ class RedisSharedTier(SharedTier):
         """Caller holds ``_cv``. Beyond ``max_pending`` the oldest queued fetch (else the oldest job) goes."""
         self._jobs.append(job)
         while len(self._jobs) > self.config.max_pending:
-            victim = next((j for j in self._jobs if j.kind == "fetch"), self._jobs[0])
+            victim = next((j for j in self._jobs if j.kind in ("fetch", "answers")), self._jobs[0])
             self._jobs.remove(victim)
             self._forget(victim)
             self.counters["dropped"] += 1
@@ -163,6 +218,8 @@ class RedisSharedTier(SharedTier):
         tag = job.ns.tag
         for ctx in job.contexts:
             self._inflight.discard((tag, ctx))
+        if job.kind == "answers":
+            self._answers_inflight.discard((tag, job.scope))
 
     # ---- background worker -------------------------------------------------------------------------
 
@@ -210,10 +267,8 @@ class RedisSharedTier(SharedTier):
         try:
             if self._client is None:
                 self._client = self._connect()
-            if job.kind == "fetch":
-                self._fetch(job)
-            else:
-                self._learn(job)
+            {"fetch": self._fetch, "learn": self._learn, "answers": self._fetch_answers,
+             "answer": self._push_answer}[job.kind](job)
         except (redis.RedisError, OSError) as exc:
             self._failed(exc)
             return
@@ -295,6 +350,27 @@ class RedisSharedTier(SharedTier):
                         entry.local.pop(c, None)
                     entry.remote[c] = entry.remote.get(c, 0.0) + v
                 entry.rank(self.config.max_continuations)
+
+    def _fetch_answers(self, job: _Job) -> None:
+        raw = self._client.lrange(answers_key(self.config.key_prefix, job.ns.tag, job.scope), 0,
+                                  self.config.max_answers - 1)
+        with self._cv:
+            entry = self._answer_entry((job.ns.tag, job.scope))
+            entry.remote = [decode_continuation(r) for r in raw]
+            entry.fetched_at = time.monotonic()
+
+    def _push_answer(self, job: _Job) -> None:
+        key = answers_key(self.config.key_prefix, job.ns.tag, job.scope)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.lpush(key, encode_continuation(job.answer))
+        pipe.ltrim(key, 0, self.config.max_answers - 1)
+        pipe.expire(key, int(max(1, self.config.ttl_s)))
+        pipe.execute()
+        with self._cv:  # confirmed: from the local part to the remote part
+            entry = self._answer_entry((job.ns.tag, job.scope))
+            if job.answer in entry.local:
+                entry.local.remove(job.answer)
+            entry.remote = [job.answer, *entry.remote][: self.config.max_answers]
 
     def drain(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout

@@ -170,8 +170,11 @@ def test_costs_follow_the_cache_length() -> None:
 
 def test_costs_refine_and_interpolate() -> None:
     p = policy(CPU)
-    p.observe_cost(4, 10.0)
-    assert p.cost(4) > CPU[4]
+    p.observe_cost(4, 10.0)  # a step 8x slower than the estimate (a burst of load): it moves by ema of the value
+    assert p.cost(4) == pytest.approx(CPU[4] * (1 + p.ema))
+    for _ in range(40):  # a lasting change is followed
+        p.observe_cost(4, 2 * CPU[4])
+    assert p.cost(4) == pytest.approx(2 * CPU[4], rel=0.01)
     before = dict(p.cost_s)
     p.observe_cost(5, 10.0)  # not a bucket: sizes between buckets interpolate, they do not skew a bucket
     assert p.cost_s == before

@@ -100,3 +100,20 @@ def test_tier_draft_kinds_carry_its_streak_of_right_guesses() -> None:
         draft.paths(answer[:n], budget=4)
     tree = draft.paths([10, 11, 12, 40], budget=4)
     assert tree.tokens[0] == 41 and set(tree.kinds) == {"racer.cross_session/h0"}
+
+
+def test_in_process_answers_newest_first_bounded_by_scope_and_tenant() -> None:
+    clock = Clock()
+    tier = InProcessSharedTier(CrossSessionConfig(max_answers=2, max_answer_tokens=3, ttl_s=100, max_scopes=2), clock)
+    acme = tier.cache("m", "tok", "acme")
+    acme.add_answer("doc-a", [1, 2, 3, 4, 5])
+    acme.add_answer("doc-a", [6, 7])
+    acme.add_answer("doc-a", [8])
+    assert acme.answers("doc-a") == [(8,), (6, 7)]  # newest first, at most max_answers
+    acme.add_answer("doc-b", [1, 2, 3, 4])
+    assert acme.answers("doc-b") == [(1, 2, 3)]  # an answer's first max_answer_tokens
+    assert tier.cache("m", "tok", "globex").answers("doc-a") == [] and acme.answers("doc-c") == []
+    acme.add_answer("doc-c", [9])  # a third scope: the least recently used one goes
+    assert acme.answers("doc-a") == [] and acme.answers("doc-c") == [(9,)]
+    clock.now += 101
+    assert acme.answers("doc-c") == []  # TTL

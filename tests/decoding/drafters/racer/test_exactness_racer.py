@@ -58,14 +58,14 @@ def test_racer_output_equals_plain_greedy(engine: Engine, reference: list[int], 
     done = run(engine, PROMPT, [drafter], budget)
     assert done.token_ids == reference
     assert set(done.stats.drafted_by_source) <= {SOURCE_RETRIEVAL, SOURCE_LOGITS}
-    assert done.stats.drafted_by_source.get(SOURCE_LOGITS, 0) > 0
+    if budget > 3:  # a short budget goes to the retrieval chain wherever the text's end occurred before
+        assert done.stats.drafted_by_source.get(SOURCE_LOGITS, 0) > 0
     assert done.stats.accepted > 0  # the table holds the target's own top-k: some drafts land
     assert done.stats.drafted <= budget * done.stats.steps
 
 
 def test_racer_with_the_budget_policy_and_small_windows(engine: Engine, reference: list[int]) -> None:
-    for cfg in (RacerConfig(), RacerConfig(max_ngram=3, max_nodes=40, topk=2, min_context=1,
-                                           retrieval_share=1.0)):
+    for cfg in (RacerConfig(), RacerConfig(max_match=2, max_retrieval=3, topk=2)):
         done = run(engine, PROMPT, [RacerDrafter(cfg, LogitsTable(VOCAB, 4))], None)
         assert done.token_ids == reference
 

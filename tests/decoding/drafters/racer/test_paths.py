@@ -1,4 +1,4 @@
-"""RACER's draft paths as pure functions: retrieval ranking, the logits BFS breadth rule, shared paths."""
+"""RACER's draft paths as pure functions: the logits BFS breadth rule, shared paths."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from decoding.drafters.racer.automaton import NgramAutomaton
 from decoding.drafters.racer.logits_table import EMPTY, LogitsTable
 from decoding.drafters.racer.paths import (
     SOURCE_CROSS_SESSION,
     SOURCE_LOGITS,
-    SOURCE_RETRIEVAL,
     logits_paths,
-    retrieval_paths,
     shared_paths,
 )
 from decoding.speculative.tree import ROOT, DraftTree, merge_trees
@@ -30,51 +27,6 @@ def assert_well_formed(tree: DraftTree) -> None:
         assert p == ROOT or 0 <= p < i  # parents first
         assert (p, tree.tokens[i]) not in seen  # no duplicate siblings
         seen.add((p, tree.tokens[i]))
-
-
-# text ends with 8 1 2 3: "1 2 3" was followed by 4 5 once; "2 3" by 4 once and by 7 8 twice
-TEXT = [1, 2, 3, 4, 5, 8, 2, 3, 7, 8, 2, 3, 7, 8, 1, 2, 3]
-
-
-def test_retrieval_prefers_longer_contexts_then_counts() -> None:
-    auto = NgramAutomaton.build(TEXT, max_ngram=5, max_nodes=10_000)
-    tree = retrieval_paths(auto, budget=6, min_context=2)
-    assert_well_formed(tree)
-    # equal context and count: the more recent occurrence first ((7, 8) was followed by 2, later by 1)
-    assert paths(tree) == [(4,), (4, 5), (7,), (7, 8), (7, 8, 1), (7, 8, 2)]
-    assert set(tree.sources) == {SOURCE_RETRIEVAL}
-    for p in paths(tree):  # every proposal is a real continuation of a matched context
-        assert any(TEXT[i : i + 2 + len(p)] == [2, 3, *p] for i in range(len(TEXT)))
-
-
-def test_retrieval_budget_and_min_context() -> None:
-    auto = NgramAutomaton.build(TEXT, max_ngram=5, max_nodes=10_000)
-    assert paths(retrieval_paths(auto, budget=3, min_context=2)) == [(4,), (4, 5), (7,)]
-    # only contexts of >= 3 tokens: "2 3" no longer proposes 7
-    assert paths(retrieval_paths(auto, budget=10, min_context=3)) == [(4,), (4, 5)]
-    assert len(retrieval_paths(auto, budget=0)) == 0
-    fresh = NgramAutomaton.build([1, 2, 3, 4], max_ngram=5)
-    assert len(retrieval_paths(fresh, budget=8)) == 0  # nothing ever followed the current suffix
-
-
-def test_retrieval_caps_paths_from_weak_contexts() -> None:
-    auto = NgramAutomaton.build(TEXT, max_ngram=5, max_nodes=10_000)
-    # contexts of >= 3 tokens are strong: (4,), (4, 5) freely; the 2-token context gives 1 node only
-    tree = retrieval_paths(auto, budget=10, min_context=2, weak_budget=1, strong_context=3)
-    assert paths(tree) == [(4,), (4, 5), (7,)]
-    tree = retrieval_paths(auto, budget=10, min_context=2, weak_budget=0, strong_context=4)
-    assert paths(tree) == []
-    tree = retrieval_paths(auto, budget=1, min_context=2, weak_budget=5, strong_context=3)
-    assert paths(tree) == [(4,)]
-
-
-def test_retrieval_follows_the_output_as_it_is_fed() -> None:
-    auto = NgramAutomaton.build([10, 11, 12, 13, 14, 15], max_ngram=5)
-    auto.extend([99, 10, 11])
-    # a path under a context of c tokens reaches max_ngram - c tokens deep
-    assert paths(retrieval_paths(auto, budget=9, min_context=2)) == [(12,), (12, 13), (12, 13, 14)]
-    auto.extend([12])
-    assert paths(retrieval_paths(auto, budget=9, min_context=2)) == [(13,), (13, 14), (13, 14, 15)]
 
 
 def make_table(vocab: int = 1000, k: int = 8) -> LogitsTable:
@@ -121,7 +73,7 @@ def test_logits_paths_into_a_tree_equal_merging_after_it(seed: int) -> None:
     for _ in range(rng.randrange(0, 8)):
         parent = rng.randrange(-1, len(head))
         if (parent, tok := rng.randrange(vocab)) not in set(zip(head.parents, head.tokens, strict=True)):
-            head.add(parent, tok, SOURCE_RETRIEVAL)
+            head.add(parent, tok, "racer.retrieval")
     budget = rng.randrange(len(head), 30)
     filled = logits_paths(table, 3, budget, breadth=4, into=head)
     expected = merge_trees([head, logits_paths(table, 3, budget + len(head), breadth=4)], budget)

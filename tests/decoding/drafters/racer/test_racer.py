@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ from decoding.drafters.racer import (
     SOURCE_CROSS_SESSION,
     SOURCE_LOGITS,
     SOURCE_RETRIEVAL,
-    AutomatonCache,
     CrossSessionConfig,
     InProcessSharedTier,
     LogitsTable,
@@ -21,9 +19,10 @@ from decoding.drafters.racer import (
     RacerDrafter,
     RacerFactory,
 )
+from decoding.drafters.suffix import match_label
 from decoding.speculative.drafter import Drafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.speculative.tree import ROOT
-from tests.decoding.drafters.racer.conftest import scripted_run, strings
+from tests.decoding.drafters.racer.conftest import scripted_run
 
 VOCAB = 500
 
@@ -36,14 +35,9 @@ def test_source_labels_are_stable() -> None:
 
 
 def test_config_is_validated() -> None:
-    with pytest.raises(ValueError):
-        RacerConfig(max_ngram=1)
-    with pytest.raises(ValueError):
-        RacerConfig(min_context=10)
-    with pytest.raises(ValueError):
-        RacerConfig(retrieval_share=1.5)
-    with pytest.raises(ValueError):
-        RacerConfig(max_nodes=10)
+    for bad in ({"max_match": 0}, {"max_retrieval": 0}, {"topk": 0}):
+        with pytest.raises(ValueError):
+            RacerConfig(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         CrossSessionConfig(continuation_len=1)
 
@@ -65,33 +59,33 @@ def test_budget_counts_unique_nodes_after_merging(budget: int) -> None:
     prompt = [20, 21, 22, 23, 24, 25, 26, 27, 30, 31, 20, 21, 22, 23, 24, 29, 30, 31]
     # the logits table proposes the same tokens retrieval does: duplicates must not eat the budget
     table = filled_table(overlap_with=[22, 23, 24, 25, 26])
-    cfg = RacerConfig(max_ngram=6, retrieval_share=0.5)
-    drafter = RacerDrafter(cfg, table)
+    drafter = RacerDrafter(RacerConfig(), table)
     drafter.begin(PromptInfo(prompt_ids=prompt))
     tree = drafter.propose(DraftRequest(root=22, generated=[20, 21, 22], budget=budget))
     pairs = {(p, t) for p, t in zip(tree.parents, tree.tokens, strict=True)}
     assert len(pairs) == len(tree) == budget  # unique nodes, budget filled exactly
     retrieval = tree.sources.count(SOURCE_RETRIEVAL)
-    assert retrieval >= 1 and tree.tokens[0] == 23 and tree.sources[0] == SOURCE_RETRIEVAL
-    # the strong match (... 20 21 22 -> 23 24) may take the budget; weak contexts only their share
-    assert retrieval <= 2 + math.ceil(budget * cfg.retrieval_share)
-    if budget >= 6:
+    # the longest match ("30 31 20 21 22", 5 tokens) went on 23 24 29 30 31 20 21 22 (to the text's end): one chain,
+    # labelled by match length
+    chain = [23, 24, 29, 30, 31, 20, 21, 22]
+    assert tree.tokens[: min(budget, 8)] == chain[:budget]
+    assert retrieval == min(budget, 8) and tree.kinds[0] == f"racer.retrieval/m{match_label(5)}"
+    if budget > 8:
         assert tree.sources.count(SOURCE_LOGITS) == budget - retrieval > 0
         assert len(tree.children()[0]) > 1  # logits add alternatives beside the retrieval chain
     for i, p in enumerate(tree.parents):
         assert p == ROOT or p < i
 
 
-def test_propose_keeps_the_automaton_in_step_with_the_output() -> None:
-    drafter = RacerDrafter(RacerConfig(max_ngram=4), LogitsTable(VOCAB))
+def test_propose_keeps_the_retrieval_match_in_step_with_the_output() -> None:
+    drafter = RacerDrafter(RacerConfig(), LogitsTable(VOCAB))
     drafter.begin(PromptInfo(prompt_ids=[1, 2, 3]))
     assert drafter.propose(DraftRequest(root=4, generated=[4], budget=0)).tokens == []
-    drafter.propose(DraftRequest(root=2, generated=[4, 1, 2], budget=4))
-    assert drafter.automaton is not None
-    assert drafter.automaton.position == 6
-    assert strings(drafter.automaton)[(1, 2)] == 2
-    # without begin: an automaton of the output alone
-    lone = RacerDrafter(RacerConfig(max_ngram=4), LogitsTable(VOCAB))
+    tree = drafter.propose(DraftRequest(root=2, generated=[4, 1, 2], budget=4))
+    assert len(drafter.text) == 6 and tree.tokens[:2] == [3, 4]  # "1 2" occurred: "3 4" after it
+    assert drafter.index.match.length == 2
+    # without begin: a match in the output alone
+    lone = RacerDrafter(RacerConfig(), LogitsTable(VOCAB))
     tree = lone.propose(DraftRequest(root=8, generated=[7, 8, 9, 7, 8], budget=4))
     assert tree.tokens[:1] == [9] and tree.sources[0] == SOURCE_RETRIEVAL
 
@@ -138,8 +132,7 @@ def test_retrieval_from_the_prompt_is_accepted() -> None:
 def test_second_session_benefits_in_process_and_tenants_are_isolated() -> None:
     tier = InProcessSharedTier(CrossSessionConfig())
     table = LogitsTable(VOCAB)
-    factory = RacerFactory(RacerConfig(), table, tier, model_id="tiny", tokenizer_hash="t0",
-                           automata=AutomatonCache(min_prefix=4))
+    factory = RacerFactory(RacerConfig(), table, tier, model_id="tiny", tokenizer_hash="t0")
     prompt = [1, 2, 3, 4, 5, 6]
     answer = [300 + (i * 37) % 150 for i in range(40)]  # no repeats: retrieval has nothing
     first = scripted_run(factory.drafter("acme"), prompt, answer, budget=8, topk_token=VOCAB - 1)
@@ -150,20 +143,3 @@ def test_second_session_benefits_in_process_and_tenants_are_isolated() -> None:
     assert second.steps < first.steps // 2
 
 
-def test_automaton_snapshots_are_reused_across_questions() -> None:
-    cache = AutomatonCache(min_prefix=8, margin=4)
-    doc = [int(x) for x in np.random.default_rng(0).integers(0, 50, 300)]
-    table = LogitsTable(VOCAB)
-    questions = [[400, 401, 402], [400, 405], [410, 411, 412, 413]]
-    for q in questions:
-        drafter = RacerDrafter(RacerConfig(max_ngram=5), table, automata=cache)
-        drafter.begin(PromptInfo(prompt_ids=[*doc, *q]))
-        assert drafter.automaton is not None
-        expected = RacerDrafter(RacerConfig(max_ngram=5), table)
-        expected.begin(PromptInfo(prompt_ids=[*doc, *q]))
-        assert expected.automaton is not None
-        assert strings(drafter.automaton) == strings(expected.automaton)
-        assert drafter.automaton.string(drafter.automaton.state) == tuple([*doc, *q][-4:])
-    # q1 built whole; q2 shares doc + [400] with q1: a snapshot of that less the margin; q3 reuses it
-    assert cache.builds == 2 and cache.hits == 1
-    assert len(cache) == 1

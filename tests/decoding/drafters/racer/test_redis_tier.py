@@ -164,6 +164,28 @@ def test_redis_second_session_benefits_and_survives_a_restart(
 
 
 @pytest.mark.redis
+def test_redis_answers_are_kept_per_scope_shared_across_processes_and_trimmed(
+    redis_server: RedisServer, tiers: list[RedisSharedTier]
+) -> None:
+    tier = redis_tier(tiers, redis_server, max_answers=2, ttl_s=3600)
+    acme = tier.cache("tiny", "t0", "acme")
+    for answer in ([1, 2, 3], [4, 5], [6]):
+        acme.add_answer("doc-a", answer)
+    assert acme.answers("doc-a") == [(6,), (4, 5)]  # write-through: this process at once
+    assert tier.drain()
+    client = redis.Redis.from_url(redis_server.url)
+    [key] = client.keys("ragspec:dc:*:a:*")
+    assert client.llen(key) == 2 and 0 < client.ttl(key) <= 3600 and b"acme" not in key
+    other = redis_tier(tiers, redis_server)  # another replica: empty mirror until its prefetch lands
+    assert other.cache("tiny", "t0", "acme").answers("doc-a") == []
+    other.cache("tiny", "t0", "acme").prefetch_answers("doc-a")
+    assert other.drain()
+    assert other.cache("tiny", "t0", "acme").answers("doc-a") == [(6,), (4, 5)]
+    assert other.cache("tiny", "t0", "globex").answers("doc-a") == []
+    assert other.cache("tiny", "t0", "acme").answers("doc-b") == []
+
+
+@pytest.mark.redis
 def test_dead_redis_degrades_logs_once_and_reconnects(
     redis_server: RedisServer, tiers: list[RedisSharedTier], caplog: pytest.LogCaptureFixture
 ) -> None:
