@@ -118,8 +118,9 @@ def run_team(bench: Bench, modes: Sequence[str], repeats: int, context: int, doc
                                "tokens": len(per["autoregressive"][0].tokens), "methods": {}}
         for m in modes:
             rs = per[m]
+            tps = statistics.median(r.decode_tps for r in rs)
             row["methods"][m] = {
-                "speedup_vs_ar": round(statistics.median(r.decode_tps for r in rs) / plain_tps, 4) if plain_tps else None,
+                "speedup_vs_ar": round(tps / plain_tps, 4) if plain_tps else None,
                 "acceptance_length": round(statistics.median(r.acceptance_length for r in rs), 3),
                 "accepted_by_source": _summed(r.accepted_by_source for r in rs),
                 "drafted_by_source": _summed(r.drafted_by_source for r in rs),
