@@ -44,13 +44,6 @@ def _racer(kit: DraftingKit) -> Drafter:
     return kit.racer.drafter(kit.tenant)
 
 
-def _cross_session(kit: DraftingKit) -> Drafter:
-    drafter = kit.racer.cross_session_drafter(kit.tenant) if kit.racer is not None else None
-    if drafter is None:
-        raise ModeUnavailable("the cross-session draft cache is not set up in this process")
-    return drafter
-
-
 def _rapid(kit: DraftingKit) -> Drafter:
     if kit.draft_lm is None:
         raise ModeUnavailable("the RAG drafter LM (RAPID) is not loaded in this process")
@@ -73,7 +66,6 @@ DRAFTERS: dict[str, Callable[[DraftingKit], Drafter]] = {
     # the longest exact match of the text's end in prompt + answer so far, and in the tenant's earlier answers
     "suffix": lambda kit: SuffixDrafter(kit.racer.tier_cache(kit.tenant) if kit.racer is not None else None),
     "racer": _racer,
-    "cross_session": _cross_session,  # RACER's cross-session tier alone (a tenant's earlier answers)
     "rapid": _rapid,
     "rapid_kv": _rapid_kv,
 }
@@ -86,9 +78,9 @@ MODES: dict[str, tuple[str, ...]] = {
     "suffix": ("suffix",),
     "prompt_lookup": ("prompt_lookup",),
     "combined": ("rapid_kv", "racer", "suffix"),
-    # the tenant's earlier answers first (they only draft where the text retraces one: a repeated question),
-    # then the longest exact match over the prompt and the answer so far
-    "auto": ("cross_session", "suffix"),
+    # the longest exact match of the text's end in the prompt, the answer so far and the tenant's earlier answers
+    # over the same documents (docs/benchmarks.md#decoding)
+    "auto": ("suffix",),
 }
 
 

@@ -68,7 +68,6 @@ def test_ask_json(client: httpx.Client, doc: str) -> None:
 
 NODE_SOURCES = {  # the labels a drafter's nodes carry in the answer's stats
     "racer": ("racer.retrieval", "racer.logits", "racer.cross_session"),
-    "cross_session": ("racer.cross_session",),
     "prompt_lookup": ("prompt_lookup",),
     "suffix": ("suffix", "suffix.session"),
     "rapid": ("rapid",),

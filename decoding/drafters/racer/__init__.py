@@ -32,7 +32,6 @@ from decoding.drafters.racer.paths import (
 )
 from decoding.drafters.racer.racer import RacerConfig, RacerDrafter, RacerFactory
 from decoding.drafters.racer.redis_tier import RedisSharedTier, open_shared_tier
-from decoding.drafters.racer.tier_drafter import CrossSessionDrafter
 
 __all__ = [
     "SOURCE_CROSS_SESSION",
@@ -40,7 +39,6 @@ __all__ = [
     "SOURCE_RETRIEVAL",
     "CrossSessionCache",
     "CrossSessionConfig",
-    "CrossSessionDrafter",
     "InProcessSharedTier",
     "LogitsTable",
     "Namespace",

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from decoding.drafters.racer.cross_session import CrossSessionCache, SharedTier
 from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.drafters.racer.paths import SOURCE_RETRIEVAL, logits_paths
-from decoding.drafters.racer.tier_drafter import CrossSessionDrafter, TierDraft
+from decoding.drafters.racer.tier_drafter import TierDraft
 from decoding.drafters.suffix import SuffixIndex, TokenText, add_chain, suffix_priors
 from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.speculative.tree import DraftTree, merge_trees
@@ -149,13 +149,6 @@ class RacerFactory:
         if self.shared_tier is None:
             return None
         return self.shared_tier.cache(self.model_id, self.tokenizer_hash, tenant)
-
-    def cross_session_drafter(self, tenant: str = "") -> CrossSessionDrafter | None:
-        """The tier's paths alone for ``tenant`` (a mode without RACER); None without a tier."""
-        if self.shared_tier is None:
-            return None
-        shared = self.shared_tier.cache(self.model_id, self.tokenizer_hash, tenant)
-        return CrossSessionDrafter(shared, self.config.cross_session_prefetch)
 
     def close(self) -> None:
         if self.shared_tier is not None:

@@ -1,4 +1,4 @@
-"""Drafting from the cross-session tier: the part RACER runs each step, and the same part as a drafter alone.
+"""Drafting from the cross-session tier's continuation counts: the part RACER runs each step.
 
 A tenant's earlier answers are in the tier as (context -> continuations). Each step the context is the
 text's last ``context_len`` tokens before the root; the continuations starting with the root become a
@@ -15,8 +15,10 @@ the tier's best next token was the token the target then produced, whether or no
 verified. An unverified guess is checked for free against the next token, so a repeat is recognised even
 while the policy, taught by wrong continuations, verifies none of the tier's drafts.
 
-``CrossSessionDrafter`` is that part on its own, for modes that do not run RACER (the service's default
-pairs it with prompt lookup). It only reads: the service feeds the tier after every answer of such a mode.
+(The service's default drafts earlier answers from the tier's whole answers instead, by exact longest match:
+``decoding.drafters.suffix``. The counts' paths on their own, as a mode's drafter ahead of it, measured worse:
+where both drafted the same tokens, the nodes kept the counts' labels, whose learned acceptance is lower, and the
+budget policy cut the chain short.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from collections.abc import Sequence
 
 from decoding.drafters.racer.cross_session import CrossSessionCache
 from decoding.drafters.racer.paths import SOURCE_CROSS_SESSION, shared_paths
-from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo
 from decoding.speculative.tree import DraftTree
 
 
@@ -86,22 +87,3 @@ class TierDraft:
         if len(got) < n:
             got = self._prompt_tail[max(0, len(self._prompt_tail) - (n - len(got))) :] + got
         return got
-
-
-class CrossSessionDrafter(BaseDrafter):
-    """The tier's paths alone (whole budget), for a mode without RACER. Reads only; one per request."""
-
-    name = "cross_session"
-
-    def __init__(self, shared: CrossSessionCache, prefetch_nodes: int = 8) -> None:
-        self.draft = TierDraft(shared, prefetch_nodes)
-
-    def begin(self, prompt: PromptInfo) -> None:
-        self.draft.begin(prompt.prompt_ids)
-
-    def propose(self, request: DraftRequest) -> DraftTree:
-        if request.budget <= 0 or not request.generated:
-            return DraftTree()
-        tree = self.draft.paths(request.generated, request.budget)
-        self.draft.prefetch_after(request.generated, tree)
-        return tree

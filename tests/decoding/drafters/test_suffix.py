@@ -127,3 +127,20 @@ def test_two_matches_share_their_common_start() -> None:
     tree = drafter.propose(DraftRequest(root=9, generated=[8, 9], budget=16))  # earlier: "7 8 9" -> "1 2 3 55 56"
     assert tree.tokens == [1, 2, 3, 55, 56, 4, 6, 7, 8, 9]
     assert tree.sources[:5] == ["suffix.session"] * 5 and tree.parents[5] == 2  # "4" branches off after "3"
+
+
+def test_a_repeated_question_is_drafted_from_the_earlier_answer_exactly(tiny: TinyTarget) -> None:
+    """The service keeps each answer in the tier (``Drafters.learn``); the same tenant asking again over the same
+    documents drafts the earlier answer as long chains, the answer unchanged; another tenant does not."""
+    prompt = Prompt([5, 17, 3, 42, 8], [23, 61, 9], prefix_key="doc-a")
+    reference = naive_greedy(tiny.model, prompt.ids, N)
+    tier = InProcessSharedTier(CrossSessionConfig())
+    engine = Engine(tiny)
+    first = run(engine, prompt, N, [SuffixDrafter(tier.cache(tiny.name, "", "acme"))], None)
+    assert first.token_ids == reference and first.stats.drafted_by_source.get("suffix.session", 0) == 0
+    tier.cache(tiny.name, "", "acme").add_answer("doc-a", first.token_ids)
+    again = run(engine, prompt, N, [SuffixDrafter(tier.cache(tiny.name, "", "acme"))], None)
+    assert again.token_ids == reference
+    assert again.stats.accepted_by_source["suffix.session"] > N // 2 and again.stats.steps < first.stats.steps // 2
+    stranger = run(engine, prompt, N, [SuffixDrafter(tier.cache(tiny.name, "", "globex"))], None)
+    assert stranger.token_ids == reference and stranger.stats.drafted_by_source.get("suffix.session", 0) == 0

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.drafters.racer import (
     SOURCE_CROSS_SESSION,
     SOURCE_LOGITS,
@@ -106,28 +105,6 @@ def test_cross_session_in_process_raises_acceptance(tiny: TinyTarget) -> None:
     assert second.stats.accepted_by_source.get(SOURCE_CROSS_SESSION, 0) > 0
     assert second.stats.acceptance_length > stranger.stats.acceptance_length
     assert stranger.stats.drafted_by_source.get(SOURCE_CROSS_SESSION, 0) == 0
-
-
-def test_cross_session_drafter_alone_drafts_a_repeated_answer_exactly(tiny: TinyTarget, reference: list[int]) -> None:
-    """The service's default mode pairs prompt lookup with the tier alone; the service feeds the tier."""
-    engine = Engine(tiny)
-    tier = InProcessSharedTier(CrossSessionConfig())
-    factory = RacerFactory(RacerConfig(), LogitsTable(VOCAB), tier, model_id=tiny.name)
-    fresh = factory.cross_session_drafter("acme")
-    assert fresh is not None and fresh.name == "cross_session"
-    first = run(engine, PROMPT, [PromptLookupDrafter(), fresh], 8)
-    assert first.token_ids == reference
-    assert first.stats.drafted_by_source.get(SOURCE_CROSS_SESSION, 0) == 0  # nothing learned yet
-    cache = tier.cache(tiny.name, "", "acme")
-    tail = list(PROMPT.ids[-cache.context_len :])
-    cache.learn([*tail, *first.token_ids], len(tail))  # what the service does after the answer
-    second = run(engine, PROMPT, [PromptLookupDrafter(), factory.cross_session_drafter("acme")], 8)
-    assert second.token_ids == reference
-    assert second.stats.accepted_by_source.get(SOURCE_CROSS_SESSION, 0) > len(reference) // 4
-    assert second.stats.steps < first.stats.steps
-    stranger = run(engine, PROMPT, [PromptLookupDrafter(), factory.cross_session_drafter("globex")], 8)
-    assert stranger.stats.drafted_by_source.get(SOURCE_CROSS_SESSION, 0) == 0
-    assert RacerFactory(RacerConfig(), LogitsTable(VOCAB)).cross_session_drafter("acme") is None
 
 
 class KillRedis(BaseDrafter):
