@@ -77,7 +77,9 @@ MODES: dict[str, tuple[str, ...]] = {
     "rapid_kv": ("rapid_kv",),
     "suffix": ("suffix",),
     "prompt_lookup": ("prompt_lookup",),
-    "combined": ("rapid_kv", "racer", "suffix"),
+    # the free drafters first: where they draft what the KV-subset LM would, the nodes are theirs, so the LM's ledger
+    # shows only what it adds, and it stops drafting (and paying its forwards) where that is not worth it
+    "combined": ("suffix", "racer", "rapid_kv"),
     # the longest exact match of the text's end in the prompt, the answer so far and the tenant's earlier answers
     # over the same documents (docs/benchmarks.md#decoding)
     "auto": ("suffix",),

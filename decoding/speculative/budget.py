@@ -30,6 +30,7 @@ cross-session tier's first continuation) is measured rather than judged by the p
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -208,6 +209,7 @@ def _slope(costs: dict[int, float], known: Sequence[int]) -> float:
 WARMUP = 4  # drafting steps a generation measures before worth_drafting may skip one
 DRAFT_EWMA = 0.2  # weight of the newest drafting step in its moving means
 DRAFTER_WARMUP = 16  # proposals a drafter makes before its ledger may switch it off (``drafter_on``)
+PROBE_SHARE = 100  # a skipped LM drafter is probed once per this many of its drafted tokens' cost in steps
 
 
 @dataclass
@@ -362,6 +364,10 @@ class TreeSelector:
         """One proposal's spend and yield for drafter ``name`` (``drafter_on``'s ledger)."""
         self.ledgers.setdefault(name, DrafterLedger()).observe(host_s, rows, accepted)
 
+    def charge_time(self, name: str, host_s: float) -> None:
+        """Time drafter ``name`` spent on a step it did not propose in (learning from the verdict)."""
+        self.ledgers.setdefault(name, DrafterLedger()).host_s += host_s
+
     def plan_depth(self, kind: str, step_cost: float, gamma: int, context: int | None = None,
                    setup_s: float = 0.0, remaining: int = 0) -> int:
         """How many tokens (0..gamma) a drafter that costs ``step_cost`` seconds per drafted token should chain
@@ -373,8 +379,9 @@ class TreeSelector:
         prefill of its own prompt, not run yet) drafts only once the time its best depth would save over the
         ``remaining`` tokens of the answer beats that setup. A kind never verified gets a short chain once (its
         prior alone would rarely pay for an LM's forwards) and every ``explore_every`` steps a skipped drafter is
-        re-probed with one token, so an estimate that fell low is re-measured; neither while a setup is pending
-        that costs more than a tenth of the answer's remaining plain steps."""
+        re-probed with one token (a drafter whose token costs a good part of a step less often: ``PROBE_SHARE``),
+        so an estimate that fell low is re-measured; neither while a setup is pending that costs more than a tenth
+        of the answer's remaining plain steps."""
         cost = self.policy.cost
         plain = 1.0 / cost(0, context)
         best_g, best_rate = 0, plain
@@ -394,7 +401,9 @@ class TreeSelector:
         if best_g == 0:
             if self.policy.acceptance.rate(f"{kind}@1")[1] == 0:
                 return min(gamma, 3)
-            if (self.step + 1) % self.policy.explore_every == 0:
+            # a probe costs a drafted token: a dear drafter is probed rarely enough to spend ~1% of the time on it
+            every = max(self.policy.explore_every, math.ceil(PROBE_SHARE * step_cost / cost(0, context)))
+            if (self.step + 1) % every == 0:
                 return 1
         return best_g
 

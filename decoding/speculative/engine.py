@@ -96,6 +96,7 @@ class Judgement(NamedTuple):
     verdict: Verdict
     node_topk: torch.Tensor | None  # the target's top-k after every row, on the host (when asked for)
     logprobs: list[TokenLogprob] | None  # one per emitted token (accepted + bonus), when asked for
+    topk_s: float = 0.0  # seconds the top-k took (work done for the drafters that read it)
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ class Engine:
         tree = self._pick_tree(run, self._draft(run, batch, batch_s), batch, batch_s) if drafting else DraftTree()
         host_s = time.perf_counter() - t
         base, t = run.cache.length, time.perf_counter()
-        verdict, node_topk, logprobs = self.verify(run.root, tree, run.cache, run.metadata())
+        verdict, node_topk, logprobs, topk_s = self.verify(run.root, tree, run.cache, run.metadata())
         if run.logprobs is not None and logprobs is not None:
             run.logprobs.extend(logprobs)
         run.cache.compact(base, [0, *(i + 1 for i in verdict.accepted_nodes)])
@@ -309,8 +310,8 @@ class Engine:
         accepted = [tree.tokens[i] for i in verdict.accepted_nodes]
         if drafting and run.drafters:
             run.selector.observe_drafting(host_s, len(tree), len(accepted))
-            self._charge(run, tree, verdict)
-        self._observe(run, tree, verdict, node_topk, accepted)
+        observe_s = self._observe(run, tree, verdict, node_topk, accepted)
+        self._charge(run, tree, verdict, observe_s, topk_s)
         run.root = verdict.bonus
         return [*accepted, verdict.bonus]
 
@@ -340,7 +341,7 @@ class Engine:
             tree = d.propose(DraftRequest(root=run.root, generated=run.output, budget=budget, max_depth=depth))
             spent = time.perf_counter() - t
             run.stats.add_draft_time(d.name, spent)
-            run.proposals.append(_Proposal(d.name, spent, frozenset(tree.sources)))
+            run.proposals.append(_Proposal(d.name, spent, frozenset(tree.sources), d.uses_node_topk))
             if d.uses_node_topk:
                 run.node_topk = self.config.node_topk
             trees.append(tree)
@@ -357,12 +358,21 @@ class Engine:
         scale = drafter.step_cost_s / self.policy.cost(0, context) if drafter.step_cost_s else drafter.relative_cost
         return drafter.setup_tokens * per_row * scale
 
-    def _charge(self, run: _Run, tree: DraftTree, verdict: Verdict) -> None:
-        """Each drafter that proposed this step: its time, its nodes verified and accepted (by source)."""
+    def _charge(self, run: _Run, tree: DraftTree, verdict: Verdict, observe_s: dict[str, float],
+                topk_s: float) -> None:
+        """Each drafter's time this step to its ledger and stats: proposing (already in the stats), learning from
+        the verdict (``observe_s``) and its share of the top-k computed for the drafters that read it (``topk_s``);
+        for one that proposed, its nodes verified and accepted (by source)."""
+        readers = sum(1 for p in run.proposals if p.reads_topk)
         for p in run.proposals:
+            extra = observe_s.pop(p.drafter, 0.0) + (topk_s / readers if p.reads_topk else 0.0)
+            run.stats.add_draft_time(p.drafter, extra)
             rows = sum(1 for source in tree.sources if source in p.sources)
             accepted = sum(1 for i in verdict.accepted_nodes if tree.sources[i] in p.sources)
-            run.selector.charge(p.drafter, p.seconds, rows, accepted)
+            run.selector.charge(p.drafter, p.seconds + extra, rows, accepted)
+        for name, seconds in observe_s.items():  # skipped this step, still learning from it
+            run.stats.add_draft_time(name, seconds)
+            run.selector.charge_time(name, seconds)
 
     def _batch_now(self) -> tuple[int, float | None]:
         """The batch this step's forward will likely join: the generations present now, at the last batched
@@ -380,16 +390,17 @@ class Engine:
 
     def _observe(
         self, run: _Run, tree: DraftTree, verdict: Verdict, node_topk: torch.Tensor | None, accepted: list[int]
-    ) -> None:
+    ) -> dict[str, float]:
         """Count the step and tell the budget policy and the drafters what the target accepted (``node_topk``:
-        the target's top-k at every verified row, on the host; there whenever there are drafters)."""
+        the target's top-k at every verified row, on the host, when a drafter that proposed reads it); returns
+        each drafter's seconds spent learning from it."""
         run.stats.steps += 1
         for source in tree.sources:
             run.stats.add_drafted(source, 1)
         for i in verdict.accepted_nodes:
             run.stats.add_accepted(tree.sources[i], 1)
         if not run.drafters:
-            return
+            return {}
         run.selector.observe(tree, verdict.accepted_nodes)
         outcome = VerifyOutcome(
             root=run.root,
@@ -399,8 +410,12 @@ class Engine:
             node_topk=node_topk,
             generated=run.output,
         )
+        spent = {}
         for d in run.drafters:
+            t = time.perf_counter()
             d.observe(outcome)
+            spent[d.name] = time.perf_counter() - t
+        return spent
 
     def verify(self, root: int, tree: DraftTree, cache: SlotCache, sampling: SamplingMetadata) -> Judgement:
         """One target forward over root + tree; returns the verdict, given ``sampling.topk`` the target's top-k
@@ -422,7 +437,9 @@ class Engine:
         params, topk = sampling.params, sampling.topk
         if sampling.shaper is not None:
             logits = sampling.shaper.shape_(logits, sampling.output, row_paths(tree))
+        t = time.perf_counter()
         cues = [torch.topk(logits, min(topk, logits.shape[-1]), dim=-1).indices] if topk is not None else []
+        topk_s = time.perf_counter() - t if cues else 0.0
         node_topk: torch.Tensor | None
         if params.greedy:
             best, *got = host.fetch(host.argmax(logits), *cues)
@@ -435,10 +452,10 @@ class Engine:
             else:
                 verdict = verify_sampling(tree, probs, sampling.generator, params.eta)
         if sampling.logprobs is None:
-            return Judgement(verdict, node_topk, None)
+            return Judgement(verdict, node_topk, None, topk_s)
         path = [0, *(i + 1 for i in verdict.accepted_nodes)]  # row r predicts the token emitted after it
         emitted = [*(tree.tokens[i] for i in verdict.accepted_nodes), verdict.bonus]
-        return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, sampling.logprobs))
+        return Judgement(verdict, node_topk, token_logprobs(logits[path], emitted, sampling.logprobs), topk_s)
 
 
 class _Proposal(NamedTuple):
@@ -447,6 +464,7 @@ class _Proposal(NamedTuple):
     drafter: str
     seconds: float
     sources: frozenset[str]
+    reads_topk: bool  # it reads the target's top-k at every verified row (computed for it: charged to it)
 
 
 @dataclass

@@ -153,7 +153,7 @@ def test_modes_from_the_registry(tiny: TinyTarget, reference: list[int]) -> None
     kit = DraftingKit(racer=RacerFactory(RacerConfig(), table), draft_lm=lambda: DraftLM(tiny.model),
                       target_model=tiny.model)
     assert build_drafters("autoregressive", kit) == []
-    assert [d.name for d in build_drafters("combined", kit)] == ["rapid_kv", "racer", "suffix"]
+    assert [d.name for d in build_drafters("combined", kit)] == ["suffix", "racer", "rapid_kv"]
     prompt = dataclasses.replace(_prompt(DRAFT_IDS), draft_rows=ROWS)
     done = run(Engine(tiny), prompt, N, build_drafters("combined", kit), None)
     assert done.token_ids == reference
