@@ -12,8 +12,8 @@ prefix of it that maximises expected tokens per second:
   cost more the longer the document, so one table for every request would over-draft long documents and
   under-draft short ones. Per size: a base at the reference length plus a growth per cache
   token (a line in the size, fitted over all sizes: attention's cost grows with the tokens forwarded);
-  every step of exactly such a size refines the base (EMA, its timing moved to the reference length along
-  the slope); other sizes interpolate.
+  every step of exactly such a size refines the base (the median of its latest timings, each moved to the
+  reference length along the slope); other sizes interpolate.
 - a node's acceptance probability is the product, down its path, of P(accepted | parent accepted) for
   each node's *kind* (``DraftTree.kinds``: e.g. a retrieval path under a 6-token context seen 3 times, the
   top-1 of a logits row) at its depth (1, 2, 3+). That conditional rate is learned from every verify
@@ -31,13 +31,17 @@ cross-session tier's first continuation) is measured rather than judged by the p
 from __future__ import annotations
 
 import math
+import statistics
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from decoding.speculative.tree import ROOT, DraftTree
 
 DEFAULT_BUCKETS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+OBSERVED_WINDOW = 31  # a size's latest verify timings kept (``BudgetPolicy.observe_cost``)
+OBSERVED_MIN = 8  # timings of a size before their median replaces its calibrated cost
 
 
 @dataclass
@@ -81,7 +85,6 @@ class BudgetPolicy:
 
     max_budget: int = 64  # candidate nodes asked from the drafters per step
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    ema: float = 0.2
     explore_every: int = 16
     cost_s: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per verify forward at cost_context
     cost_context: int | None = None  # the cache length cost_s refers to (None: context-free costs)
@@ -90,6 +93,7 @@ class BudgetPolicy:
     served_context: int = 0  # the longest cache a verify step has run on (``observe_cost``)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _calibrated: dict[int | None, dict[int, float]] = field(default_factory=dict, repr=False)
+    _observed: dict[int, deque[float]] = field(default_factory=dict, repr=False)  # size -> latest verify timings
 
     def __post_init__(self) -> None:
         self.buckets = tuple(b for b in self.buckets if b <= self.max_budget) or (0,)
@@ -121,8 +125,10 @@ class BudgetPolicy:
 
     def observe_cost(self, nodes: int, seconds: float, context: int | None = None) -> None:
         """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's
-        cost if it is a bucket (moved to the reference cache length along the size's slope; one observation moves
-        it by at most ``ema`` of its value, up or down). Every step's
+        cost if it is a bucket: the timing, moved to the reference cache length along the size's slope, joins the
+        size's last ``OBSERVED_WINDOW``, whose median replaces the calibrated cost once there are
+        ``OBSERVED_MIN`` of them. A median moves little for a burst of load elsewhere on the machine (a moving
+        mean drifted: a size it had made look dear was seldom verified again, so it stayed dear). Every step's
         cache length is recorded: ``calibration_due`` compares the longest with the calibrated ones."""
         if context is not None and context > self.served_context:
             with self._lock:
@@ -133,10 +139,10 @@ class BudgetPolicy:
             if context is not None and self.cost_context is not None:
                 slope = self.cost_slope.get(nodes, 0.0)
                 seconds = max(0.2 * seconds, seconds - slope * (context - self.cost_context))
-            old = self.cost_s.get(nodes)
-            if old is not None:  # one step slowed by a burst of load elsewhere moves the estimate a bounded amount:
-                seconds = min(max(seconds, 0.5 * old), 2.0 * old)  # an inflated size is rarely verified again
-            self.cost_s[nodes] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+            seen = self._observed.setdefault(nodes, deque(maxlen=OBSERVED_WINDOW))
+            seen.append(seconds)
+            if len(seen) >= OBSERVED_MIN or nodes not in self.cost_s:
+                self.cost_s[nodes] = statistics.median(seen)
 
     def calibrated_contexts(self) -> list[int]:
         """The cache lengths measured by ``calibrate`` so far, shortest first."""

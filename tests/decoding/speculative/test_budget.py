@@ -6,7 +6,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from decoding.speculative.budget import DRAFTER_WARMUP, WARMUP, AcceptanceModel, BudgetPolicy, TreeSelector
+from decoding.speculative.budget import (
+    DRAFTER_WARMUP,
+    OBSERVED_MIN,
+    OBSERVED_WINDOW,
+    WARMUP,
+    AcceptanceModel,
+    BudgetPolicy,
+    TreeSelector,
+)
 from decoding.speculative.tree import ROOT, DraftTree
 
 # Costs relative to one token: a CPU (measured on the bundled model with the CPU kernels) and a GPU.
@@ -162,19 +170,28 @@ def test_costs_follow_the_cache_length() -> None:
     assert len(sel.select(chain(16, "ok"), 256)) > len(sel.select(chain(16, "ok"), 8000)) >= 1
     # a step timed on a long cache refines the reference cost without counting the length twice
     before = p.cost(4)
-    p.observe_cost(4, p.cost(4, 6000), context=6000)
+    for _ in range(OBSERVED_MIN):
+        p.observe_cost(4, p.cost(4, 6000), context=6000)
     assert p.cost(4) == pytest.approx(before)
-    p.observe_cost(4, 2 * p.cost(4, 6000), context=6000)  # slower than expected there: dearer everywhere
+    at_6000 = p.cost(4, 6000)
+    for _ in range(OBSERVED_WINDOW):
+        p.observe_cost(4, 2 * at_6000, context=6000)  # slower than expected there: dearer everywhere
     assert p.cost(4) > before and p.cost(4, 256) > short[4]
 
 
 def test_costs_refine_and_interpolate() -> None:
     p = policy(CPU)
-    p.observe_cost(4, 10.0)  # a step 8x slower than the estimate (a burst of load): it moves by ema of the value
-    assert p.cost(4) == pytest.approx(CPU[4] * (1 + p.ema))
-    for _ in range(40):  # a lasting change is followed
+    for _ in range(OBSERVED_MIN - 1):  # too few timings: the calibrated cost stays
+        p.observe_cost(4, 1.1 * CPU[4])
+    assert p.cost(4) == CPU[4]
+    p.observe_cost(4, 1.1 * CPU[4])
+    assert p.cost(4) == pytest.approx(1.1 * CPU[4])  # then their median
+    for _ in range(OBSERVED_WINDOW // 2 - OBSERVED_MIN):  # a burst of slow steps (load elsewhere) short of half
+        p.observe_cost(4, 10.0)
+    assert p.cost(4) == pytest.approx(1.1 * CPU[4])
+    for _ in range(OBSERVED_WINDOW):  # a lasting change is followed
         p.observe_cost(4, 2 * CPU[4])
-    assert p.cost(4) == pytest.approx(2 * CPU[4], rel=0.01)
+    assert p.cost(4) == pytest.approx(2 * CPU[4])
     before = dict(p.cost_s)
     p.observe_cost(5, 10.0)  # not a bucket: sizes between buckets interpolate, they do not skew a bucket
     assert p.cost_s == before
