@@ -68,9 +68,9 @@ $(BENCH_STAMP): pyproject.toml $(STAMP) scripts/build-llama-cpp
 
 bench: models $(BENCH_STAMP)
 	$(PY) -m bench.retrieval --json bench/results/retrieval.json
-	$(PY) -m bench.decode --threads 2 --repeats 2 --max-new-tokens 64 --json bench/results/decode.json \
-		--methods prompt_lookup racer racer_cross_session rapid rapid@512 rapid@2048 rapid_kv combined auto llama_cpp \
-		llama_cpp_avx2
+	$(PY) -m bench.decode --threads 2 --json bench/results/decode.json
+	$(PY) -m bench.decode --threads 2 --cpu-isa avx2 --json bench/results/decode-avx2.json \
+		--methods autoregressive prompt_lookup suffix racer combined auto --team-methods auto
 	$(PY) -m bench.eta --json bench/results/eta.json
 	$(PY) -m bench.long_doc --json bench/results/long_doc.json
 	$(PY) -m bench.penalties --max-new-tokens 160 --json bench/results/penalties.json
@@ -81,7 +81,7 @@ bench: models $(BENCH_STAMP)
 
 bench-quick: models $(BENCH_STAMP)
 	$(PY) -m bench.decode --quick --threads 2 --json bench/results/decode-quick.json \
-		--methods prompt_lookup rapid_kv combined auto autoregressive_kv_fp16 llama_cpp llama_cpp_avx2
+		--methods prompt_lookup suffix rapid_kv combined auto autoregressive_kv_fp16 llama_cpp llama_cpp_avx2
 
 # The GPU checks (issue 13) where there is CUDA: tests/gpu (skipped without it) and bench.gpu_check on a
 # Llama-3.1-8B shape (random weights, nothing downloaded). scripts/gpu-check runs both on a lent machine in one call.
