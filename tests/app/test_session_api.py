@@ -131,7 +131,7 @@ def test_capabilities_match_what_ask_answers(
     assert caps["max_new_tokens"] == server.settings.max_new_tokens
     assert caps["default_max_tokens"] == 6
     assert {m["name"]: m["available"] for m in caps["modes"]} == dict.fromkeys(
-        ["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined"], True
+        ["auto", "autoregressive", "racer", "rapid", "rapid_kv", "combined", "suffix", "prompt_lookup"], True
     )
     drafters = server.app.state.services.drafters
     config = drafters.config
