@@ -78,13 +78,8 @@ class _State:
     def learn(self, mode: str, prompt: Prompt, answer: Sequence[int]) -> None:
         """As the service does after every answer (``app.answering.drafters.Drafters.learn``): the answer whole in
         its documents' answer list, its continuation counts unless RACER's drafter counted them itself."""
-        if not answer:
-            return
         cache = self.tier.cache(self.factory.model_id, self.factory.tokenizer_hash, TENANT)
-        cache.add_answer(prompt.prefix_key or "", answer)
-        if "racer" not in MODES[mode]:
-            tail = list(prompt.ids[-cache.context_len :])
-            cache.learn([*tail, *answer], len(tail))
+        cache.remember(prompt.ids, answer, prompt.prefix_key or "", "racer" not in MODES[mode])
 
 
 def run_team(bench: Bench, modes: Sequence[str], repeats: int, context: int, docs: Sequence[str] | None = None,

@@ -92,13 +92,8 @@ class Drafters:
         """Keep an answer for the tenant's later sessions in the cross-session tier: whole, in the answers over
         the same documents (``scope``: the prompt's prefix key; the suffix drafter matches them), and as
         continuation counts unless RACER's drafter counted it itself (``counts`` False: its ``end`` did)."""
-        if not output_ids:
-            return
         cache = self.shared_tier.cache(self.racer.model_id, self.racer.tokenizer_hash, tenant)
-        cache.add_answer(scope or "", output_ids)
-        if counts:
-            tail = list(prompt_ids[-cache.context_len :])
-            cache.learn([*tail, *output_ids], len(tail))
+        cache.remember(prompt_ids, output_ids, scope or "", counts)
 
     def close(self) -> None:
         self.racer.close()

@@ -166,13 +166,16 @@ class SuffixIndex:
 class SuffixDrafter(BaseDrafter):
     """A chain a step from the longest match of prompt + answer so far in itself, and one from its longest match
     in the tenant's earlier answers over the same documents (``earlier``: the cross-session tier), the longer
-    match first, sharing their common start; nodes labelled ``<source>/m<match length bucket>``."""
+    match first, sharing their common start; nodes labelled ``<source>/m<match length bucket>`` (``source``: the
+    text's own chain's label, ``suffix`` unless a drafter built on it names its own, as RACER's retrieval does)."""
 
     name = SOURCE_TEXT
     priors = {**suffix_priors(SOURCE_TEXT), **suffix_priors(SOURCE_SESSION)}  # noqa: RUF012  (read only)
 
-    def __init__(self, earlier: CrossSessionCache | None = None, max_draft: int = 24, max_match: int = 64) -> None:
+    def __init__(self, earlier: CrossSessionCache | None = None, max_draft: int = 24, max_match: int = 64,
+                 source: str = SOURCE_TEXT) -> None:
         self.earlier = earlier
+        self.source = source
         self.max_draft = max_draft
         self.max_match = max_match
         self.reset()
@@ -200,7 +203,7 @@ class SuffixDrafter(BaseDrafter):
             if answers:
                 self.session = SuffixIndex(self.max_match, corpus=answers)
         most = min(request.budget, self.max_draft)
-        chains = [(self.index.update(self.text).length, SOURCE_TEXT, self.index)]
+        chains = [(self.index.update(self.text).length, self.source, self.index)]
         if self.session is not None:
             chains.append((self.session.update(self.text).length, SOURCE_SESSION, self.session))
         chains.sort(key=lambda c: -c[0])  # the longer match first: it keeps its nodes when the budget is short

@@ -221,20 +221,18 @@ PROBE_SHARE = 100  # a skipped LM drafter is probed once per this many of its dr
 @dataclass
 class DrafterLedger:
     """One drafter's spend and yield in one generation, summed over the steps it proposed: its own wall time
-    (the host time of proposing, an LM drafter's forwards and prefill included), the nodes of its trees that
-    were verified and those accepted. Sums, not moving means: a run of misses inside a copied span's gaps
-    must not switch off a drafter whose hits pay for them."""
+    (the host time of proposing and learning, an LM drafter's forwards and prefill included) and the nodes of its
+    trees that were accepted. Sums, not moving means: a run of misses inside a copied span's gaps must not switch
+    off a drafter whose hits pay for them."""
 
     proposed: int = 0
     host_s: float = 0.0
-    rows: int = 0
     accepted: int = 0
     skipped: int = 0  # steps skipped in a row since it stopped paying
 
-    def observe(self, host_s: float, rows: int, accepted: int) -> None:
+    def observe(self, host_s: float, accepted: int) -> None:
         self.proposed += 1
         self.host_s += host_s
-        self.rows += rows
         self.accepted += accepted
 
     def pays(self, step_s: float) -> bool:
@@ -366,9 +364,9 @@ class TreeSelector:
         ledger.skipped += 1
         return ledger.skipped % self.policy.explore_every == 0
 
-    def charge(self, name: str, host_s: float, rows: int, accepted: int) -> None:
+    def charge(self, name: str, host_s: float, accepted: int) -> None:
         """One proposal's spend and yield for drafter ``name`` (``drafter_on``'s ledger)."""
-        self.ledgers.setdefault(name, DrafterLedger()).observe(host_s, rows, accepted)
+        self.ledgers.setdefault(name, DrafterLedger()).observe(host_s, accepted)
 
     def charge_time(self, name: str, host_s: float) -> None:
         """Time drafter ``name`` spent on a step it did not propose in (learning from the verdict)."""

@@ -362,14 +362,13 @@ class Engine:
                 topk_s: float) -> None:
         """Each drafter's time this step to its ledger and stats: proposing (already in the stats), learning from
         the verdict (``observe_s``) and its share of the top-k computed for the drafters that read it (``topk_s``);
-        for one that proposed, its nodes verified and accepted (by source)."""
+        for one that proposed, its nodes accepted (by source)."""
         readers = sum(1 for p in run.proposals if p.reads_topk)
         for p in run.proposals:
             extra = observe_s.pop(p.drafter, 0.0) + (topk_s / readers if p.reads_topk else 0.0)
             run.stats.add_draft_time(p.drafter, extra)
-            rows = sum(1 for source in tree.sources if source in p.sources)
             accepted = sum(1 for i in verdict.accepted_nodes if tree.sources[i] in p.sources)
-            run.selector.charge(p.drafter, p.seconds + extra, rows, accepted)
+            run.selector.charge(p.drafter, p.seconds + extra, accepted)
         for name, seconds in observe_s.items():  # skipped this step, still learning from it
             run.stats.add_draft_time(name, seconds)
             run.selector.charge_time(name, seconds)

@@ -296,6 +296,16 @@ class CrossSessionCache:
         if tokens and self.tier.config.max_answers:
             self.tier.add_answer(self.namespace, scope, tuple(int(t) for t in tokens))
 
+    def remember(self, prompt_ids: Sequence[int], answer: Sequence[int], scope: str, counts: bool = True) -> None:
+        """Keep an answer for later sessions: whole, in ``scope``'s answers, and (``counts``) as continuation
+        counts after the prompt's tail (False where a drafter counted it itself: RACER's ``end``)."""
+        if not answer:
+            return
+        self.add_answer(scope, answer)
+        if counts:
+            tail = list(prompt_ids[-self.context_len :])
+            self.learn([*tail, *answer], len(tail))
+
     def learn(self, tokens: Sequence[int], start: int) -> int:
         """Learn the continuations in ``tokens[start:]`` (``tokens[:start]`` is leading context only).
 

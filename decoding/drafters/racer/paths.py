@@ -1,5 +1,5 @@
 """RACER's draft paths as pure functions: logits paths and shared-tier paths (the retrieval path is a suffix
-match's chain: ``decoding.drafters.suffix.add_chain``).
+match's chain: ``decoding.drafters.suffix.SuffixDrafter``).
 
 Each returns a ``DraftTree`` below the root (the root itself is not a node), nodes in priority order,
 labelled with a stable source name so the engine's stats show each source's share.

@@ -34,7 +34,7 @@ from decoding.drafters.racer.cross_session import CrossSessionCache, SharedTier
 from decoding.drafters.racer.logits_table import LogitsTable
 from decoding.drafters.racer.paths import SOURCE_RETRIEVAL, logits_paths
 from decoding.drafters.racer.tier_drafter import TierDraft
-from decoding.drafters.suffix import SuffixIndex, TokenText, add_chain, suffix_priors
+from decoding.drafters.suffix import SuffixDrafter, suffix_priors
 from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo, VerifyOutcome
 from decoding.speculative.tree import DraftTree, merge_trees
 
@@ -69,24 +69,21 @@ class RacerDrafter(BaseDrafter):
     # ---- Drafter protocol --------------------------------------------------------------------------
 
     def reset(self) -> None:
-        self.text = TokenText()
-        self.index = SuffixIndex(self.config.max_match)
-        self._fed = 0  # generated tokens already in ``text``
-        self.tier = TierDraft(self.shared, self.config.cross_session_prefetch) if self.shared is not None else None
+        cfg = self.config
+        self.retrieval = SuffixDrafter(None, cfg.max_retrieval, cfg.max_match, source=SOURCE_RETRIEVAL)
+        self.tier = TierDraft(self.shared, cfg.cross_session_prefetch) if self.shared is not None else None
 
     def begin(self, prompt: PromptInfo) -> None:
         self.reset()
         ids = list(prompt.prompt_ids)
-        self.text = TokenText(ids, capacity=len(ids) + 1024)
+        self.retrieval.begin(prompt)
         if prompt.prompt_topk is not None:
             self.table.update(ids, prompt.prompt_topk)
         if self.tier is not None:
             self.tier.begin(ids)
 
     def propose(self, request: DraftRequest) -> DraftTree:
-        if len(request.generated) > self._fed:
-            self.text.extend(request.generated[self._fed :])
-            self._fed = len(request.generated)
+        retrieval = self.retrieval.propose(request)  # kept in step with the output even when the budget is 0
         budget = request.budget
         if budget <= 0:
             return DraftTree()
@@ -95,10 +92,6 @@ class RacerDrafter(BaseDrafter):
             shared = self.tier.paths(request.generated, budget)
             if len(shared):
                 trees.append(shared)
-        length = self.index.update(self.text).length
-        retrieval = DraftTree()
-        add_chain(retrieval, self.index.continuation(self.text, min(budget, self.config.max_retrieval)), length,
-                  SOURCE_RETRIEVAL, budget, self.config.max_match)
         trees.append(retrieval)
         head = trees[0] if len(trees) == 1 else merge_trees(trees, budget)
         # logits paths fill what is left after de-duplication (a path already proposed costs nothing)

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from decoding.drafters.racer.cross_session import (
     Context,
@@ -40,6 +40,8 @@ from decoding.drafters.racer.redis_schema import (
 )
 
 logger = logging.getLogger(__name__)
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class _Mirrored:
@@ -69,6 +71,19 @@ class _Answers:
         self.fetched_at = 0.0  # monotonic time of the last fetch (0: never fetched)
         self.remote: list[tuple[int, ...]] = []
         self.local: list[tuple[int, ...]] = []  # added here, newest first, not yet confirmed by Redis
+
+
+def _lru_entry(table: OrderedDict[K, V], key: K, make: Callable[[], V], limit: int) -> V:
+    """``table[key]``, made by ``make`` if missing (the least recently used entries dropped beyond ``limit``),
+    and marked most recently used."""
+    entry = table.get(key)
+    if entry is None:
+        entry = table[key] = make()
+        while len(table) > limit:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return entry
 
 
 @dataclass
@@ -184,25 +199,11 @@ class RedisSharedTier(SharedTier):
 
     def _answer_entry(self, key: tuple[str, str]) -> _Answers:
         """The mirror entry of a scope's answers (made if missing; LRU-bounded). Caller holds ``_cv``."""
-        entry = self._answers.get(key)
-        if entry is None:
-            entry = self._answers[key] = _Answers()
-            while len(self._answers) > self.config.max_scopes:
-                self._answers.popitem(last=False)
-        else:
-            self._answers.move_to_end(key)
-        return entry
+        return _lru_entry(self._answers, key, _Answers, self.config.max_scopes)
 
     def _entry(self, key: tuple[str, Context]) -> _Mirrored:
         """The mirror entry of ``key`` (made if missing; LRU-bounded). Caller holds ``_cv``."""
-        entry = self._mirror.get(key)
-        if entry is None:
-            entry = self._mirror[key] = _Mirrored()
-            while len(self._mirror) > self.config.mirror_size:
-                self._mirror.popitem(last=False)
-        else:
-            self._mirror.move_to_end(key)
-        return entry
+        return _lru_entry(self._mirror, key, _Mirrored, self.config.mirror_size)
 
     def _enqueue(self, job: _Job) -> None:
         """Caller holds ``_cv``. Beyond ``max_pending`` the oldest queued fetch (else the oldest job) goes."""

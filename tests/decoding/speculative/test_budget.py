@@ -218,8 +218,8 @@ def test_a_drafter_whose_time_its_hits_do_not_repay_stops_and_is_probed() -> Non
     sel = TreeSelector(pol)
     for i in range(DRAFTER_WARMUP):
         assert sel.drafter_on("slow", None) and sel.drafter_on("cheap", None)
-        sel.charge("slow", 2e-3, rows=2, accepted=int(i % 20 == 0))
-        sel.charge("cheap", 5e-5, rows=2, accepted=i % 2)
+        sel.charge("slow", 2e-3, accepted=int(i % 20 == 0))
+        sel.charge("cheap", 5e-5, accepted=i % 2)
     calls = [sel.drafter_on("slow", None) for _ in range(32)]
     assert calls.count(True) == 32 // 8 and not calls[0]
     assert all(sel.drafter_on("cheap", None) for _ in range(32))
@@ -229,9 +229,9 @@ def test_a_drafter_that_starts_paying_again_is_switched_back_on() -> None:
     pol = policy({b: 1e-3 * c for b, c in CPU.items()}, explore_every=4)
     sel = TreeSelector(pol)
     for _ in range(DRAFTER_WARMUP):
-        sel.charge("d", 1e-3, rows=1, accepted=0)
+        sel.charge("d", 1e-3, accepted=0)
     assert not sel.drafter_on("d", None)
-    sel.charge("d", 1e-3, rows=8, accepted=DRAFTER_WARMUP + 8)  # a probe that landed a long copied span
+    sel.charge("d", 1e-3, accepted=DRAFTER_WARMUP + 8)  # a probe that landed a long copied span
     assert sel.drafter_on("d", None)
 
 

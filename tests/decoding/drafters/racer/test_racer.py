@@ -82,8 +82,8 @@ def test_propose_keeps_the_retrieval_match_in_step_with_the_output() -> None:
     drafter.begin(PromptInfo(prompt_ids=[1, 2, 3]))
     assert drafter.propose(DraftRequest(root=4, generated=[4], budget=0)).tokens == []
     tree = drafter.propose(DraftRequest(root=2, generated=[4, 1, 2], budget=4))
-    assert len(drafter.text) == 6 and tree.tokens[:2] == [3, 4]  # "1 2" occurred: "3 4" after it
-    assert drafter.index.match.length == 2
+    assert len(drafter.retrieval.text) == 6 and tree.tokens[:2] == [3, 4]  # "1 2" occurred: "3 4" after it
+    assert drafter.retrieval.index.match.length == 2
     # without begin: a match in the output alone
     lone = RacerDrafter(RacerConfig(), LogitsTable(VOCAB))
     tree = lone.propose(DraftRequest(root=8, generated=[7, 8, 9, 7, 8], budget=4))
