@@ -3,8 +3,7 @@ may copy (SuffixDecoding's and SAM-Decoding's idea, kept to what pays on a CPU).
 
 A RAG answer copies its document in spans: once the last few tokens of the answer occur in the prompt (or in
 the answer itself, or in an earlier answer over the same document), what followed there is very likely what
-comes next, and the longer the match, the likelier (on the decoding benchmark's answers: a 1-token match
-continues right about a quarter of the time, 3 tokens half the time, 9 or more over 90%). So each step drafts
+comes next, and the longer the match, the likelier (docs/benchmarks.md#decoding has the rates). So each step drafts
 one chain: the tokens after the most recent occurrence of the longest suffix of the text, and labels every
 node with the match length it would stand on (``suffix/m3``...). The engine's budget policy learns each
 label's acceptance and cuts the chain where one more verified row stops paying (``decoding.speculative.budget``):
