@@ -41,7 +41,7 @@ from app.settings import KernelSettings, ModelSettings, PathSettings, RetrievalS
 from decoding.cache.prefix import PrefixCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
-from decoding.runtime.models import (
+from decoding.runtime.loader import (
     LoadedModel,
     LoadOptions,
     check_same_vocab,

@@ -86,8 +86,8 @@ from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.bundled import bundled_gguf_dir
-from decoding.runtime.bundled_install import install_bundled
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.bundled.install import install_bundled
+from decoding.runtime.loader import LoadedModel
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 from decoding.speculative.metadata import SamplingMetadata

@@ -114,7 +114,7 @@ class ProcessServer:
 
 @contextlib.contextmanager
 def process_server(data_dir: Path, env: dict[str, str]) -> Iterator[ProcessServer]:
-    from decoding.runtime.bundled_install import install_bundled
+    from decoding.runtime.bundled.install import install_bundled
 
     install_bundled(MODELS_DIR)
     port = free_port()
@@ -171,7 +171,7 @@ def thread_server(data_dir: Path, **overrides: Any) -> Iterator[ThreadServer]:
 
     from app.main import create_app
     from app.settings import Settings
-    from decoding.runtime.bundled_install import install_bundled
+    from decoding.runtime.bundled.install import install_bundled
 
     install_bundled(MODELS_DIR)
     settings = Settings(data_dir=data_dir, models_dir=MODELS_DIR, calibrate=False,  # type: ignore[call-arg]

@@ -17,8 +17,8 @@ import torch
 import transformers
 
 from decoding.runtime import kernels
-from decoding.runtime.bundled_install import install_bundled
-from decoding.runtime.models import LoadedModel, LoadOptions, load_model
+from decoding.runtime.bundled.install import install_bundled
+from decoding.runtime.loader import LoadedModel, LoadOptions, load_model
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from bench.decode_methods import Case
 from bench.llama_ref import LlamaWorker, open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
-from decoding.runtime.models import LoadOptions
+from decoding.runtime.loader import LoadOptions
 from decoding.speculative.calibration import calibrate
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.engine import Engine

@@ -78,7 +78,7 @@ from bench.llama_ref import open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.runtime import kernels
 from decoding.runtime.kernels import kernels_active
-from decoding.runtime.models import LoadOptions
+from decoding.runtime.loader import LoadOptions
 from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.calibration import calibrate
 from decoding.speculative.engine import Engine
@@ -120,11 +120,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     other_kv = {}
     for name in names:
         if name.startswith("autoregressive_kv_"):
-            from decoding.runtime.cpu_llama import CpuLlama
+            from decoding.runtime.quantized import QuantizedModel
 
             kv = KV_TWINS[name.removeprefix("autoregressive_kv_")]
-            assert isinstance(target.model, CpuLlama)  # the twins are the quantized runtime's (all_methods)
-            twin = dataclasses.replace(target, model=CpuLlama(target.model.weights, kv, target.model.rope_tag))
+            assert isinstance(target.model, QuantizedModel)  # the twins are the quantized runtime's (all_methods)
+            twin = dataclasses.replace(target, model=QuantizedModel(target.model.weights, kv, target.model.rope_tag))
             other_kv[name.removeprefix("autoregressive_kv_")] = Engine(twin, PrefixCache(byte_budget=6 << 30),
                                                                        config=ENGINE_CONFIG)
     bench = Bench(target, engine, args.max_new_tokens, cases, llama, other_kv)

@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.common import DocQA
 from bench.decode_methods import RAPID_BUDGET, RAPID_SWEEP, SYSTEM, Case
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
 from decoding.speculative.prompt import build_prompt, context_rows
 from retrieval.retriever import Hit, join_hits
 

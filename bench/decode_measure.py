@@ -19,8 +19,8 @@ from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
 from decoding.drafters.rapid import RapidKVDrafter
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
+from decoding.runtime.quantized import QuantizedModel
 from decoding.speculative.budget import _interpolate
 from decoding.speculative.calibration import time_verifies, verify_costs
 from decoding.speculative.drafter import DraftRequest, PromptInfo
@@ -278,10 +278,10 @@ def _curve(costs: dict[int, float]) -> dict[str, Any]:
 
 def verify_by_path(bench: Bench, context: int, repeats: int) -> dict[str, dict[str, Any]]:
     """The curve on every CPU kernel path this machine runs, on one prefilled cache (the paths give the same
-    bits, so the cache is the same whichever path wrote it): ``CpuLlama.lib`` swapped per path."""
+    bits, so the cache is the same whichever path wrote it): ``QuantizedModel.lib`` swapped per path."""
     engine = bench.engine
     model = engine.model
-    if not isinstance(model, CpuLlama):
+    if not isinstance(model, QuantizedModel):
         return {}
     gen = torch.Generator().manual_seed(context)
     vocab = bench.target.vocab_size

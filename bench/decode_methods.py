@@ -29,14 +29,14 @@ from decoding.drafters.racer import (
 )
 from decoding.drafters.rapid import RapidDrafter
 from decoding.drafters.registry import DraftingKit, DraftLM, build_drafters
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
 from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.drafter import Drafter
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt
 
 if TYPE_CHECKING:
-    from decoding.runtime.cpu_llama import CpuLlama  # noqa: F401
+    from decoding.runtime.quantized import QuantizedModel  # noqa: F401
 
 logger = logging.getLogger("bench.decode")
 

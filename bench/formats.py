@@ -57,8 +57,8 @@ from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.bundled import GGUF_LINK, MARKER_NAME, bundled_gguf_dir
-from decoding.runtime.bundled_install import install_bundled
-from decoding.runtime.models import LoadedModel, LoadOptions, load_model
+from decoding.runtime.bundled.install import install_bundled
+from decoding.runtime.loader import LoadedModel, LoadOptions, load_model
 from decoding.speculative.engine import Engine
 
 logger = logging.getLogger("bench.formats")

@@ -1,4 +1,4 @@
-"""GGUF tokenizers against llama.cpp: ``decoding.runtime.gguf_tokenizer``'s token ids against llama.cpp's own.
+"""GGUF tokenizers against llama.cpp: ``decoding.runtime.gguf.tokenizer``'s token ids against llama.cpp's own.
 
 The test vocabularies and texts are ``tests/decoding/runtime/gguf_vocabs.py``'s (byte-level BPE under ``pre``
 llama-bpe, qwen2, smollm, default and gpt-2 with the bundled SmolLM2 vocabulary; SentencePiece-style as Mistral, Gemma

@@ -62,7 +62,7 @@ class RandomTarget:
 
 def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     """A random Llama of ``SHAPES[shape]`` made on ``device`` in ``dtype`` (parameters never exist elsewhere),
-    switched to the engine's attention like ``decoding.runtime.models`` does."""
+    switched to the engine's attention like ``decoding.runtime.loader`` does."""
     config = LlamaConfig(**SHAPES[shape], attn_implementation="sdpa")
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -223,11 +223,11 @@ def test_the_engine_and_the_drafters_reach_no_concrete_runtime() -> None:
     """``decoding.speculative`` and ``decoding.drafters`` call a runtime only through its protocol: of
     ``decoding.runtime`` they reach, directly or through any other module (function-local imports count), only
     ``interface`` (``TargetRuntime``, ``BatchItem``, ``CHUNK_ROWS``) and ``host`` (device-to-host transfers, no
-    model); never a runtime (``cpu_llama``, ``torch_runtime``), the loader, the kernels or the attention paths."""
+    model); never a runtime (``quantized``, ``torch_runtime``), the loader, the kernels or the attention paths."""
     allowed = {"decoding.runtime.interface", "decoding.runtime.host"}
     graph = _import_graph(_module_names())
     assert "decoding.runtime.interface" in graph["decoding.speculative.engine"]  # the graph is read
-    assert "decoding.runtime.torch_runtime" in graph["decoding.runtime.models"]  # and sees a runtime import
+    assert "decoding.runtime.torch_runtime" in graph["decoding.runtime.loader"]  # and sees a runtime import
 
     def reached(module: str) -> set[str]:
         seen, todo = set(), [module]
@@ -243,6 +243,63 @@ def test_the_engine_and_the_drafters_reach_no_concrete_runtime() -> None:
     found = sorted(f"{m} -> {d}" for m in rooms for d in reached(m)
                    if d.split(".")[:2] == ["decoding", "runtime"] and d not in allowed)
     assert not found, found
+
+
+RUNTIME_ROOMS = {  # decoding.runtime's sub-rooms -> what each may import of the rest of decoding.runtime
+    "decoding.runtime.formats": set(),  # a weight format's facts and layout: numpy only
+    "decoding.runtime.gguf": set(),  # a GGUF file's own description (metadata, tokenizer)
+    "decoding.runtime.families": {"decoding.runtime.gguf"},  # an architecture, from its GGUF metadata
+    "decoding.runtime.kernels": {"decoding.runtime.formats", "decoding.runtime.quant"},  # the C kernels
+}
+TORCH_PATH = {"decoding.runtime.attention", "decoding.runtime.attention_cuda", "decoding.runtime.torch_runtime"}
+
+
+def _reached(graph: dict[str, set[str]], module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def _runtime_rooms_violations(graph: dict[str, set[str]]) -> list[str]:
+    def room(module: str) -> str | None:
+        return next((r for r in RUNTIME_ROOMS if module == r or module.startswith(r + ".")), None)
+
+    bad = []
+    for module, deps in sorted(graph.items()):
+        own = room(module)
+        if own is None:
+            continue
+        for dep in sorted(deps):
+            if dep.startswith("decoding.runtime.") and room(dep) != own and room(dep) not in RUNTIME_ROOMS[own] \
+                    and dep not in RUNTIME_ROOMS[own]:
+                bad.append(f"{module} -> {dep}")
+    return bad
+
+
+def test_the_runtime_rooms_check_sees_a_wrong_way_import() -> None:
+    graph = {
+        "decoding.runtime.formats.q4_k": {"decoding.runtime.formats.base", "decoding.runtime.quant"},
+        "decoding.runtime.kernels.ops": {"decoding.runtime.quant", "decoding.runtime.loader"},
+        "decoding.runtime.families.gemma": {"decoding.runtime.gguf.meta", "decoding.runtime.families.base"},
+    }
+    assert _runtime_rooms_violations(graph) == ["decoding.runtime.formats.q4_k -> decoding.runtime.quant",
+                                                "decoding.runtime.kernels.ops -> decoding.runtime.loader"]
+
+
+def test_runtime_rooms_import_one_way() -> None:
+    """Inside ``decoding.runtime``: a weight format and the GGUF readers import nothing of the runtime, a family only
+    the GGUF readers, the kernels only the formats (and ``quant``'s matrices); and the quantized runtime reaches
+    none of the transformers path's modules (attention, its CUDA twin, ``TorchRuntime``)."""
+    graph = _import_graph(_module_names())
+    assert "decoding.runtime.formats.base" in graph["decoding.runtime.formats.q4_k"]  # the graph is read
+    violations = _runtime_rooms_violations(graph)
+    assert not violations, violations
+    assert "decoding.runtime.kernels" in _reached(graph, "decoding.runtime.quantized")
+    assert not _reached(graph, "decoding.runtime.quantized") & TORCH_PATH
 
 
 SETTINGS = "app.settings"

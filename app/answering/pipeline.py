@@ -280,9 +280,8 @@ def plan(services: Services, admission: Admission) -> Plan:
         prompt = replace(prompt, draft_ids=draft)
     if needs_draft_rows(q.mode) and not prompt.context_truncated and docs:
         prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
-    config = GenerationConfig(
-        max_new_tokens=admission.max_tokens, sampling=q.sampling, stop=q.stop, logprobs=q.logprobs
-    )
+    config = GenerationConfig(max_new_tokens=admission.max_tokens, sampling=q.sampling,
+                              stop=(*q.stop, *services.prompts.stops), logprobs=q.logprobs)
     n_docs = len(records) + (scope.ready if library and scope is not None else 0)
     return Plan(tenant, q, prompt, config, admission.drafters, sources, admission.arrived,
                 documents=n_docs, documents_pending=scope.pending if scope is not None else 0)

@@ -29,7 +29,7 @@ from typing import Any
 
 from decoding.errors import ContextTooLong
 from decoding.speculative.generation import Prompt
-from decoding.speculative.prompt import build_prompt, context_rows
+from decoding.speculative.prompt import build_prompt, context_rows, turn_stops
 from retrieval.retriever import Hit, Ranking, Retriever, hit_pieces
 from retrieval.store import DocumentRecord, DocumentStore
 
@@ -97,6 +97,11 @@ class PromptBuilder:
         self._lock = threading.Lock()
         self._prefixes: OrderedDict[str, array[int]] = OrderedDict()  # prefix key -> prefix ids
         self._cache_items = cache_items
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        """Stop strings every answer gets from the prompt layout (a plain prompt's next ``Question:``)."""
+        return turn_stops(self.tokenizer)
 
     def _build(
         self,

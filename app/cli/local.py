@@ -41,7 +41,7 @@ def _load_tokenizer(settings: Settings) -> Any:
     from transformers import AutoTokenizer
 
     from decoding.runtime.bundled import bundled_gguf_dir
-    from decoding.runtime.models import load_tokenizer
+    from decoding.runtime.loader import load_tokenizer
 
     source = bundled_gguf_dir(settings.models_dir) if settings.target_model == BUNDLED else settings.target_model
     if Path(str(source)).expanduser().exists():  # the service's own rule (a bare GGUF file carries its tokenizer)

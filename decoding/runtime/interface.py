@@ -2,7 +2,7 @@
 
 The engine, the prompt reader, the batcher, the calibration and the drafters that run the target call a runtime
 only through this protocol (TGI's one ``Model`` interface): they never ask which runtime they have. Two runtimes
-implement it, the quantized CPU runtime (``decoding.runtime.cpu_llama.CpuLlama``) and transformers models
+implement it, the quantized CPU runtime (``decoding.runtime.quantized.QuantizedModel``) and transformers models
 (``decoding.runtime.torch_runtime.TorchRuntime``); a new model family or weight format lands behind it without the
 engine changing.
 
@@ -47,6 +47,43 @@ def additive_tree_mask(ancestors: torch.Tensor, past: int, dtype: torch.dtype) -
     mask = torch.zeros(n, past + n, dtype=dtype, device=ancestors.device)  # [n, past + n]
     mask[:, past:].masked_fill_(~ancestors, torch.finfo(dtype).min)
     return mask.view(1, 1, n, past + n)
+
+
+Visibility = tuple[int, torch.Tensor, torch.Tensor]  # (past, path rows int32, path offsets int32)
+
+
+def visibility(mask: torch.Tensor | None, n: int, length: int) -> Visibility | None:
+    """Which cache rows each of the ``n`` new queries sees: all of ``[0, past)``, then its own rows (its
+    tree path, or any subset of the cached rows when part of the prefix is hidden: e.g. a drafter reading only
+    the retrieved chunks' rows). ``past`` is the longest prefix every query sees whole.
+
+    None when the mask is not 0 / -inf (an additive bias): the caller falls back.
+    """
+    past = length - n
+    if mask is None:
+        rows = torch.arange(past, length, dtype=torch.int32)
+        path = torch.cat([rows[: i + 1] for i in range(n)]) if n > 1 else rows
+        off = torch.tensor([i * (i + 1) // 2 for i in range(n + 1)], dtype=torch.int32)
+        return past, path, off
+    if mask.ndim != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] < length:
+        return None
+    full = mask[0, 0, :, :length]
+    if full.dtype == torch.bool:
+        visible = full
+    else:
+        visible = full == 0
+        if not bool((visible | (full <= torch.finfo(full.dtype).min / 2)).all()):
+            return None  # a real additive bias: not what the kernel computes
+    if past and not bool(visible[:, :past].all()):
+        hidden = (~visible[:, :past].all(dim=0)).nonzero()
+        past = int(hidden[0]) if len(hidden) else past
+    block = visible[:, past:]
+    counts = block.sum(dim=1)
+    off = torch.zeros(n + 1, dtype=torch.int32)
+    off[1:] = torch.cumsum(counts, 0).to(torch.int32)
+    path = (block.nonzero()[:, 1] + past).to(torch.int32)  # row-major: per query, ascending
+    return past, path.contiguous(), off
+
 
 
 @runtime_checkable

@@ -76,7 +76,7 @@ from decoding.speculative.verify import Verdict, greedy_path, target_probs, veri
 
 
 class TargetModel(Protocol):
-    """What the engine needs of a loaded target (``decoding.runtime.models.LoadedModel`` satisfies it)."""
+    """What the engine needs of a loaded target (``decoding.runtime.loader.LoadedModel`` satisfies it)."""
 
     @property
     def model(self) -> TargetRuntime: ...

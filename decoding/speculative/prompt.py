@@ -18,7 +18,7 @@ the last one of the prefix, so the prefix ends exactly where the document text e
 A tokenizer without a chat template (a base model's GGUF) gets a plain layout instead, split the same way: the BOS
 its tokenizer adds (if any), the system text, ``Context:`` and the document, earlier turns as ``Question:`` /
 ``Answer:`` pairs, then ``Question: ...`` and ``Answer:`` for the model to complete (``load_model`` logs once that
-a model has no template).
+a model has no template). Its answer ends where the layout's next turn would start (``turn_stops``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,22 @@ from decoding.speculative.generation import Prompt
 def _encode(tokenizer: Any, text: str, *, plain: bool, after_text: bool = False) -> list[int]:
     """Token ids of ``text``; ``plain`` treats special-token strings in it as ordinary text. ``after_text``: the
     piece continues text (not a special token, not the prompt's start), so a tokenizer that puts a space before
-    a text (SentencePiece's prefix; ``continuation_marker``, ``decoding.runtime.gguf_tokenizer``) does not here."""
+    a text (SentencePiece's prefix; ``continuation_marker``, ``decoding.runtime.gguf.tokenizer``) does not here."""
     if not text:
         return []
     marker = getattr(tokenizer, "continuation_marker", None) if after_text else None
     text = marker + text if marker else text
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=plain).input_ids)
+
+
+PLAIN_TURN = "\nQuestion:"  # a plain prompt's turn marker: the answer ends before a line starting a new question
+
+
+def turn_stops(tokenizer: Any) -> tuple[str, ...]:
+    """Stop strings the prompt layout itself implies: for the plain layout (no chat template), its next
+    ``Question:`` line, since a base model goes on to ask and answer questions of its own, as a completion does in
+    llama.cpp without a stop sequence; a chat template's turns end with its end-of-turn tokens instead (none)."""
+    return (PLAIN_TURN,) if getattr(tokenizer, "chat_template", None) is None else ()
 
 
 def render_chat(

@@ -18,7 +18,7 @@ import torch
 import app.services
 from app.settings import Settings
 from decoding.runtime.bundled import BUNDLED
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
 from retrieval.embedding import Embedder
 from tests.app.live import LANDMARKS, ThreadServer, service_settings, thread_server, upload_text, wait_indexed
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from decoding.runtime.gguf_tokenizer import end_of_turn_ids, tokenizer_from_gguf
+from decoding.runtime.gguf.tokenizer import end_of_turn_ids, tokenizer_from_gguf
 from tests.app.live import ThreadServer, ask, service_settings, upload_text, wait_indexed
 from tests.decoding.conftest import make_tiny_family, make_tokenizer
 from tests.decoding.gguf_families import write_family_gguf

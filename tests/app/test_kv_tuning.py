@@ -23,7 +23,7 @@ from app.serving.kv_tuning import (
 from app.serving.scheduler import GenerationScheduler
 from decoding.cache.memory import DEVICE_MARGIN_BYTES, device_kv_budget, kv_bytes_per_token
 from decoding.errors import ModelLoadError
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
 from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.budget import BudgetPolicy
 from decoding.speculative.calibration import calibrate

@@ -21,6 +21,11 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert lines[1].startswith("make test")
 
 
+def test_readme_stays_a_first_page() -> None:
+    """The two commands and a short summary; tables and figures live in docs/ (models.md, benchmarks.md)."""
+    assert len(README.splitlines()) <= 150
+
+
 def test_every_setting_is_in_the_settings_table() -> None:
     missing = [name for name in Settings.model_fields if f"`RAGSPEC_{name.upper()}`" not in SETTINGS_DOC]
     assert not missing, f"settings missing from docs/settings.md: {missing}"

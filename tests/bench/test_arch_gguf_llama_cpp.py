@@ -36,8 +36,9 @@ import pytest
 import torch
 
 from bench import llama_ref
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_gguf
-from decoding.runtime.gguf_tokenizer import tokenizer_from_gguf
+from decoding.runtime.gguf.tokenizer import tokenizer_from_gguf
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.weights import weights_from_gguf
 from tests.decoding.conftest import make_tiny_family, needs_kernels
 from tests.decoding.gguf_families import write_family_gguf
 from tests.decoding.runtime.gguf_vocabs import FAMILY_VOCAB, write_vocab
@@ -102,7 +103,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict
         hf = _model(arch, vocab)
         for kind, qtype in KINDS.items():
             path = write_family_gguf(tmp / f"{arch}.{kind}.gguf", hf, qtype, vocab=FAMILY_VOCAB[arch])
-            model = CpuLlama(weights_from_gguf(path), torch.float32)
+            model = QuantizedModel(weights_from_gguf(path), torch.float32)
             with torch.inference_mode():
                 ours = model.forward(ids[None], model.new_cache(PROMPT_LEN)).numpy()
                 want = hf(ids[None]).logits[0].float().numpy() if kind == "F32" else None

@@ -23,10 +23,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding.runtime import kernels
 from decoding.runtime.attention import use_grouped_sdpa
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
 from decoding.runtime.kernels import use_cpu_kernels
 from decoding.runtime.quant import WeightType
+from decoding.runtime.quantized import QuantizedModel
 from decoding.runtime.torch_runtime import TorchRuntime
+from decoding.runtime.weights import weights_from_hf
 from decoding.speculative.drafter import BaseDrafter, DraftRequest
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
 from decoding.speculative.tree import ROOT, DraftTree
@@ -144,12 +145,12 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
 def quantized_tiny_llama(
     seed: int = 0, kind: WeightType = WeightType.Q4_1, kv_dtype: torch.dtype = torch.float16, arch: str = "llama",
     **kw: Any,
-) -> CpuLlama:
+) -> QuantizedModel:
     """The same random Llama (or a model of another family, ``make_tiny_family``) on the quantized CPU runtime
     (linear layers ``kind``, embedding / head Q8_0)."""
     if arch != "llama":
-        return CpuLlama(weights_from_hf(make_tiny_family(arch, seed, **kw), kind), kv_dtype)
-    return CpuLlama(weights_from_hf(make_tiny_llama(seed, cpu_kernels=False, **kw), kind), kv_dtype)
+        return QuantizedModel(weights_from_hf(make_tiny_family(arch, seed, **kw), kind), kv_dtype)
+    return QuantizedModel(weights_from_hf(make_tiny_llama(seed, cpu_kernels=False, **kw), kind), kv_dtype)
 
 
 def fake_quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -179,12 +180,12 @@ def load_dequantized(hf: torch.nn.Module, weights: Any) -> None:
             mlp.down_proj.weight.copy_(lw.down.dequantize())
 
 
-def quantized_reference(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, CpuLlama]:
+def quantized_reference(kind: WeightType, seed: int = 3) -> tuple[torch.nn.Module, QuantizedModel]:
     """transformers' Llama on the dequantized weights, with every linear layer's input quantized as the
-    kernels quantize it: what CpuLlama computes, up to fp32 summation order."""
+    kernels quantize it: what QuantizedModel computes, up to fp32 summation order."""
     hf = make_tiny_llama(seed, cpu_kernels=False, layers=3)
     weights = weights_from_hf(hf, kind)
-    ours = CpuLlama(weights, torch.float32)
+    ours = QuantizedModel(weights, torch.float32)
     load_dequantized(hf, weights)
     for module in hf.modules():
         if isinstance(module, torch.nn.Linear):

@@ -11,7 +11,7 @@ import torch
 
 from app.serving.kv_tuning import free_device_bytes, kv_budgets
 from decoding.cache.prefix import PrefixCache, PrefixEntry
-from decoding.runtime.models import LoadedModel
+from decoding.runtime.loader import LoadedModel
 from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt

@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 
 from decoding.errors import ModelFileError
 from decoding.runtime.families.base import Family
-from decoding.runtime.gguf_meta import field, gguf_rope, required
+from decoding.runtime.gguf.meta import field, gguf_rope, required
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def forward_plan(config: PretrainedConfig) -> ForwardPlan:
     d = d or e // h
     scalar = getattr(config, "query_pre_attn_scalar", None)
     windows = layer_windows(config)
-    local = getattr(config, "rope_local_base_freq", None) is not None
+    local = family.local_rope is not None
     return ForwardPlan(
         activation=_activation(config),
         query_scale=1.0 / math.sqrt(float(scalar) if scalar else d),

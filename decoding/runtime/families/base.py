@@ -22,3 +22,5 @@ class Family:
     post_norms: bool = False  # post_attention_norm, post_ffw_norm [E]
     fused: bool = False  # attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows): Phi-3
     norm_offset: float = 0.0  # transformers' RMSNorm multiplies by w + offset (Gemma: 1; a GGUF stores w + 1)
+    # the config whose rope the layers of ``ForwardPlan.local_rope`` rotate with (Gemma 3's sliding layers); None: one
+    local_rope: Callable[[PretrainedConfig], PretrainedConfig] | None = None

@@ -8,12 +8,13 @@ GGUF holds no query_pre_attn_scalar; llama.cpp tells the 27B models by their lay
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from transformers import Gemma2Config, Gemma3TextConfig, PretrainedConfig
 
 from decoding.runtime.families.base import Family
-from decoding.runtime.gguf_meta import field
+from decoding.runtime.gguf.meta import field
 
 _LAYERS_27B = {"gemma2": 46, "gemma3": 62}
 GEMMA3_LOCAL_BASE = 10000.0  # Gemma 3's sliding layers' rope base where the GGUF has no rope.freq_base_swa
@@ -49,7 +50,17 @@ def _gemma3(reader: Any, common: dict[str, Any]) -> PretrainedConfig:
                             final_logit_softcapping=None)
 
 
+def _local_rope(config: PretrainedConfig) -> PretrainedConfig:
+    """Gemma 3's sliding layers' rope: base ``rope_local_base_freq``, no scaling (transformers' rotary_emb_local)."""
+    local = copy.deepcopy(config)
+    local.rope_theta = float(config.rope_local_base_freq)
+    local.rope_scaling = None
+    if hasattr(local, "rope_freqs"):
+        del local.rope_freqs
+    return local
+
+
 FAMILIES = (
     Family("gemma2", "gemma2", _gemma2, post_norms=True, norm_offset=1.0),
-    Family("gemma3", "gemma3_text", _gemma3, post_norms=True, qk_norm=True, norm_offset=1.0),
+    Family("gemma3", "gemma3_text", _gemma3, post_norms=True, qk_norm=True, norm_offset=1.0, local_rope=_local_rope),
 )

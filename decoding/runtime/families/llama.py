@@ -1,5 +1,5 @@
 """Llama (2, 3.x) and Mistral: llama.cpp writes both as ``llama``, q / k rows permuted for its interleaved rope.
-Llama 3.1's rope scaling comes as ``rope_freqs.weight`` (``gguf_meta.gguf_rope``); the 1B / 3B models tie the
+Llama 3.1's rope scaling comes as ``rope_freqs.weight`` (``gguf.meta.gguf_rope``); the 1B / 3B models tie the
 output to the embedding (no ``output.weight``). Mistral's sliding window is not in its GGUF (llama.cpp does not
 apply it either); from an HF dir transformers' ``sliding_window`` holds (``layer_windows``)."""
 

@@ -10,7 +10,7 @@ from transformers import Phi3Config, PretrainedConfig
 
 from decoding.errors import ModelFileError
 from decoding.runtime.families.base import Family
-from decoding.runtime.gguf_meta import field
+from decoding.runtime.gguf.meta import field
 
 
 def _phi3(reader: Any, common: dict[str, Any]) -> PretrainedConfig:

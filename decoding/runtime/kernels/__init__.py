@@ -18,7 +18,7 @@ CPU); ``load`` loads the configured one.
 The C files (every ``*.c`` here is compiled for each path and linked into its library; the library's cache key
 hashes them and every ``*.h``):
 
-- ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.cpu_llama``): linear layers
+- ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.quantized``): linear layers
   on Q8_0 / Q4_1 weights with int8 activations (and the dispatch of every other format), RMSNorm, RoPE + KV store,
   SiLU, and one call per decoder layer;
 - ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32, fp16, bf16 or int8 KV),

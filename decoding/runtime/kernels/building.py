@@ -26,7 +26,7 @@ logger = logging.getLogger("decoding.runtime.kernels")
 _HERE = Path(__file__).parent
 SOURCES = tuple(sorted(_HERE.glob("*.c")))  # every C file here is compiled, for each path, and linked into its library
 HEADERS = tuple(sorted(_HERE.glob("*.h")))  # included by the sources: part of the build's identity
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-Werror=switch", "-fopenmp", "-fPIC", "-shared")
 
 
 def _flags(isa: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-/* IQ4_XS, GGUF's non-linear 4-bit super-blocks, read as stored (kquant_kernels.c includes this file twice: the scalar
+/* IQ4_XS, GGUF's non-linear 4-bit super-blocks, read as stored (formats_int.c includes this file twice: the scalar
  * dequantization once, the kernel once per vector width).
  *
  * GGUF, 256 weights (136 bytes): fp16 d, 8 six-bit scales ls (uint16 of their top 2 bits, 4 bytes of low nibbles),
@@ -8,7 +8,7 @@
  * Per output element: per super-block, for each sub-block j: i = (ls_j - 32) sum(v[q_w] q_x) (int32, as IQ4_NL's);
  *   T = fma(float(i), d_x, T); then acc = fma(d, T, acc).
  */
-#ifdef KQ_LANES /* ---- the kernel, once per vector width (kquant_kernels.c's template body) ---- */
+#ifdef KQ_LANES /* ---- the kernel, once per vector width (formats_int.c's template body) ---- */
 
 /* ---- IQ4_XS: 8 sub-blocks of 32 IQ4 values, each with a 6-bit scale (stored minus 32) ------------------------ */
 static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const int8_t *xq, const float *xd,
@@ -18,7 +18,7 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
     const kvi low = V8(0x0F), table = KQ(iq4_table)();
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int s = 0; s < nsb; ++s) {
-        const uint8_t *r0 = g0 + (long)s * REC_IQ4XS, *r1 = G1(g1 + (long)s * REC_IQ4XS);
+        const uint8_t *r0 = g0 + (long)s * REC_IQ4_XS, *r1 = G1(g1 + (long)s * REC_IQ4_XS);
         kvf T[KQ_MB];
         for (int i = 0; i < MB; ++i) T[i] = VZEROF();
         for (int ib = 0; ib < 8; ++ib) {
@@ -62,7 +62,7 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
 /* Row j of a group's IQ4_XS super-blocks: w = (d (ls - 32)) v[q]. */
 static void kq_dequant_iq4xs(const uint8_t *group, int K, int j, float *out) {
     for (int s = 0; s < K / QK_K; ++s) {
-        const uint8_t *r = group + (long)s * REC_IQ4XS;
+        const uint8_t *r = group + (long)s * REC_IQ4_XS;
         const float d = kq_h2f(((const uint16_t *)r)[j]);
         for (int ib = 0; ib < 8; ++ib) {
             const float dl = d * (float)((const int8_t *)r)[16 + 8 * ib + j];

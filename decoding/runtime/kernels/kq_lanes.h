@@ -1,4 +1,4 @@
-/* The vector layer of kquant_kernels.c's template body, per KQ_LANES: 8 lanes (one group of 8 weight rows, 256-bit)
+/* The vector layer of formats_int.c's template body, per KQ_LANES: 8 lanes (one group of 8 weight rows, 256-bit)
  * or 16 (two groups side by side, 512-bit). Included twice per width: first defines the layer, then (KQ_LANES_SET
  * defined) undefines it. */
 #ifndef KQ_LANES_SET

@@ -1,6 +1,6 @@
 """Loading the kernels: ``configure`` (which forgets an earlier decision), the one decision whether this process
-uses them (``load``, ``loaded``, ``unavailable_reason``), any path's library (``library``), and the ctypes
-signatures of the C entry points (``_declare``)."""
+uses them (``load``, ``loaded``, ``unavailable_reason``), any path's library (``library``), each checked on the way
+in: its ISA path, its structs' layout (``abi.check_layout``) and its weight formats (``formats.check_library``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from decoding.runtime.kernels import configuration
+from decoding.runtime.formats import check_library
+from decoding.runtime.kernels import abi, configuration
 from decoding.runtime.kernels.building import build
 from decoding.runtime.kernels.configuration import KernelConfig
 from decoding.runtime.kernels.cpu import resolve_isa, tiles_permitted
@@ -59,7 +60,9 @@ def _open(isa: str) -> ctypes.CDLL:
     path = build(isa=isa)
     # its own OpenMP runtime (``private_openmp``): looked up before the one torch loaded globally
     lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
-    _declare(lib)
+    abi.declare(lib)
+    abi.check_layout(lib)  # the structs as Python writes them, or no library
+    check_library(lib)  # the weight formats as Python packs them, or no library
     built = lib.rs_isa().decode()
     if built != isa:  # the compiler ignored the path's flags: never run another path quietly
         raise RuntimeError(f"the kernels were built for {built}, not for {isa}")
@@ -88,7 +91,7 @@ def load() -> ctypes.CDLL | None:
 
 def library(isa: str) -> ctypes.CDLL:
     """The library of one ISA path whatever the configured one (benchmarks and tests compare paths on one
-    model: ``CpuLlama.lib`` may be swapped). Raises ``KernelUnavailable`` for a path this CPU cannot run and
+    model: ``QuantizedModel.lib`` may be swapped). Raises ``KernelUnavailable`` for a path this CPU cannot run and
     ``RuntimeError`` if it does not build."""
     resolve_isa(isa)
     with _lock:
@@ -105,29 +108,3 @@ def loaded() -> ctypes.CDLL | None:
 def unavailable_reason() -> str:
     load()
     return _why_not
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i, f, lg = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
-    lib.rs_linear_f32.argtypes = [p, i, i, p, i, p, p, i]
-    lib.rs_linear_f32.restype = None
-    lib.rs_attention.argtypes = [p, lg, lg, i, i, i, p, p, lg, lg, i, i, p, p, f, p, lg, lg, p, i, i]
-    lib.rs_attention.restype = None
-    lib.rs_qlinear.argtypes = [p, i, i, p, i, lg, i, p, p, p, p, p, p, i]
-    lib.rs_qlinear.restype = None
-    lib.rs_dequant_rows.argtypes = [p, i, lg, i, p, i, p, i]
-    lib.rs_dequant_rows.restype = None
-    lib.rs_forward.argtypes = [p, i, p, p, i, p, i, p, i]
-    lib.rs_forward.restype = None
-    lib.rs_tile_keys.argtypes = []
-    lib.rs_tile_keys.restype = i
-    lib.rs_attention_tiles.argtypes = []
-    lib.rs_attention_tiles.restype = i
-    lib.rs_attention_bf16.argtypes = []
-    lib.rs_attention_bf16.restype = i
-    lib.rs_tile_block_elems.argtypes = [i]
-    lib.rs_tile_block_elems.restype = lg
-    lib.rs_head.argtypes = [p, i, i, i, p, f, p, i, lg, i, f, p, p, i]
-    lib.rs_head.restype = None
-    lib.rs_isa.argtypes = []
-    lib.rs_isa.restype = ctypes.c_char_p

@@ -9,6 +9,7 @@ import threading
 
 import torch
 
+from decoding.runtime.kernels.abi import call
 from decoding.runtime.quant import QuantMatrix
 
 MAX_ROWS = 96  # forwards over more tokens (prefill chunks) use torch's kernels: BLAS is good at large M
@@ -30,7 +31,8 @@ def linear(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.
     rows = x.reshape(-1, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
-    lib.rs_linear_f32(_ptr(rows), rows.shape[0], k, _ptr(weight), n, _ptr(bias), _ptr(y), torch.get_num_threads())
+    call(lib, "rs_linear_f32", x=_ptr(rows), M=rows.shape[0], K=k, w=_ptr(weight), N=n, bias=_ptr(bias), y=_ptr(y),
+         threads=torch.get_num_threads())
     return y.view(*x.shape[:-1], n)
 
 
@@ -49,10 +51,9 @@ def qlinear(
     res = None if residual is None else residual.reshape(m, n).contiguous()
     xq = torch.empty(tile_rows(m) * k, dtype=torch.int8)
     scales = torch.empty(2, m * k // 32, dtype=torch.float32)
-    lib.rs_qlinear(
-        _ptr(rows), m, k, _ptr(weight.data), int(weight.kind), weight.group_bytes, n, _ptr(bias), _ptr(res),
-        _ptr(y), _ptr(xq), _ptr(scales[0]), _ptr(scales[1]), torch.get_num_threads(),
-    )  # fmt: skip
+    call(lib, "rs_qlinear", x=_ptr(rows), M=m, K=k, w=_ptr(weight.data), wtype=int(weight.kind),
+         ldg=weight.group_bytes, N=n, bias=_ptr(bias), res=_ptr(res), y=_ptr(y), xq=_ptr(xq), xd=_ptr(scales[0]),
+         xs=_ptr(scales[1]), threads=torch.get_num_threads())
     return y.view(*x.shape[:-1], n)
 
 
@@ -60,10 +61,8 @@ def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> t
     """fp32 ``[len(rows), K]``: the given rows of ``weight`` (e.g. token embeddings) dequantized."""
     idx = rows.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(idx.numel(), weight.cols, dtype=torch.float32)
-    lib.rs_dequant_rows(
-        _ptr(weight.data), int(weight.kind), weight.group_bytes, weight.cols, _ptr(idx), idx.numel(), _ptr(out),
-        torch.get_num_threads(),
-    )  # fmt: skip
+    call(lib, "rs_dequant_rows", w=_ptr(weight.data), wtype=int(weight.kind), ldg=weight.group_bytes, K=weight.cols,
+         rows=_ptr(idx), R=idx.numel(), out=_ptr(out), threads=torch.get_num_threads())
     return out
 
 
@@ -131,10 +130,8 @@ def attention(
     max_path = int((path_off[1:] - path_off[:-1]).max()) if n else 0
     threads = torch.get_num_threads()
     work = _workspace(attention_work_floats(h, n, d, past + max_path))
-    lib.rs_attention(
-        _ptr(q), q.stride(1), q.stride(2), h, n, d,
-        _ptr(key), _ptr(value), key.stride(1), key.stride(2), g,
-        past, _ptr(path), _ptr(path_off), float(scale),
-        _ptr(out), out.stride(1), out.stride(2), _ptr(work), kv_mode(key.dtype), threads,
-    )  # fmt: skip
+    call(lib, "rs_attention", q=_ptr(q), q_sh=q.stride(1), q_sn=q.stride(2), H=h, n=n, D=d, k=_ptr(key),
+         v=_ptr(value), kv_sh=key.stride(1), kv_sn=key.stride(2), G=g, past=past, path=_ptr(path),
+         path_off=_ptr(path_off), scale=float(scale), out=_ptr(out), o_sn=out.stride(1), o_sh=out.stride(2),
+         work=_ptr(work), kvm=kv_mode(key.dtype), threads=threads)
     return out

@@ -1,5 +1,5 @@
 /* The 32-weight blocks beyond Q8_0 / Q4_1: Q5_0, Q4_0, Q5_1 and the non-linear IQ4_NL, read as stored
- * (kquant_kernels.c includes this file twice: the scalar dequantization once, the kernel once per vector width).
+ * (formats_int.c includes this file twice: the scalar dequantization once, the kernel once per vector width).
  *
  * GGUF, 32 weights a block: Q5_0 (22 bytes): fp16 d, 32 bits qh (bit t: weight t's fifth bit), 16 bytes qs (weight t
  *   low nibble, 16 + t high nibble), w = d (q - 16); Q4_0 (18): fp16 d, qs, w = d (q - 8); Q5_1 (24): fp16 d, fp16 m,
@@ -12,7 +12,7 @@
  *   i = sum(v[q_w] q_x) (on dpbusd: the table plus 128, then 128 (S_2b + S_2b+1) taken off; on AVX2 maddubs of |v|
  *   and x with v's sign).
  */
-#ifdef KQ_LANES /* ---- the kernel, once per vector width (kquant_kernels.c's template body) ---- */
+#ifdef KQ_LANES /* ---- the kernel, once per vector width (formats_int.c's template body) ---- */
 
 /* ---- the 32-weight blocks: Q5_0, Q4_0, Q5_1, IQ4_NL (W, a constant where inlined) ------------------------------- */
 /* The 16 IQ4 values as the byte table the shuffles read (one copy per 128-bit lane): plus 128 where the products run
@@ -45,11 +45,11 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
                                                            const float *xd, const float *xs, const int16_t *S, int K,
                                                            const uint8_t *g0, const uint8_t *g1, kvf *acc) {
     const int nb = K / QK;
-    const int rec = W == KW_Q5_0 ? REC_Q50 : W == KW_Q5_1 ? REC_Q51 : REC_Q40;
-    const int qoff = W == KW_Q5_0 ? 48 : W == KW_Q5_1 ? 64 : 16, foff = W == KW_Q5_0 ? 16 : 32;
-    const int fifth_bits = W == KW_Q5_0 || W == KW_Q5_1;
+    const int rec = W == W_Q5_0 ? REC_Q5_0 : W == W_Q5_1 ? REC_Q5_1 : W == W_IQ4_NL ? REC_IQ4_NL : REC_Q4_0;
+    const int qoff = W == W_Q5_0 ? 48 : W == W_Q5_1 ? 64 : 16, foff = W == W_Q5_0 ? 16 : 32;
+    const int fifth_bits = W == W_Q5_0 || W == W_Q5_1;
     const kvi low = V8(0x0F), bit4 = V8(0x10);
-    const kvi table = W == KW_IQ4_NL ? KQ(iq4_table)() : VZERO();
+    const kvi table = W == W_IQ4_NL ? KQ(iq4_table)() : VZERO();
 #if !KQ_VNNI
     const kvi ones = _mm256_set1_epi16(1);
 #endif
@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
                                                                                                : VSRL16(fifth, 3);
                 lo = VOR(lo, VAND(flo, bit4)), hi = VOR(hi, VAND(fhi, bit4));
             }
-            if (W == KW_IQ4_NL) lo = VSHUF(table, lo), hi = VSHUF(table, hi);
+            if (W == W_IQ4_NL) lo = VSHUF(table, lo), hi = VSHUF(table, hi);
             for (int i = 0; i < MB; ++i) {
                 const int8_t *xb = xq + (long)i * K + b * QK + 4 * c;
 #if KQ_VNNI
@@ -80,7 +80,7 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
                 else
                     a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
 #else
-                if (W == KW_IQ4_NL) {
+                if (W == W_IQ4_NL) {
                     a[i] = KQ(iq4_dot)(a[i], lo, hi, xb);
                 } else { /* int16 lanes: 8 products of at most 31 * 127 each */
                     plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
@@ -90,19 +90,19 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
             }
         }
         const kvf d = KQ(f16)(r0, r1);
-        const kvf mn = W == KW_Q5_1 ? KQ(f16)(r0 + 16, r1 + 16) : VZEROF();
+        const kvf mn = W == W_Q5_1 ? KQ(f16)(r0 + 16, r1 + 16) : VZEROF();
         for (int i = 0; i < MB; ++i) {
 #if KQ_VNNI
             if (KQ_SPLIT(MB)) a[i] = VADD32(a[i], plo[i]);
 #else
-            if (W != KW_IQ4_NL) a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
+            if (W != W_IQ4_NL) a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
 #endif
             const int16_t *sp = S ? S + (long)i * (K / 16) + 2 * b : 0;
             /* the weights' offset times the activations' sum: Q5_0 16, Q4_0 8; IQ4_NL 128 on dpbusd (the table's) */
-            const int offset = W == KW_Q5_0 ? 16 : W == KW_Q4_0 ? 8 : W == KW_IQ4_NL && KQ_VNNI ? 128 : 0;
+            const int offset = W == W_Q5_0 ? 16 : W == W_Q4_0 ? 8 : W == W_IQ4_NL && KQ_VNNI ? 128 : 0;
             const kvi isum = offset ? VSUB32(a[i], VSET32(offset * ((int)sp[0] + (int)sp[1]))) : a[i];
             acc[i] = VFMA(VCVT(isum), VMULF(d, VSETF(xd[(long)i * nb + b])), acc[i]);
-            if (W == KW_Q5_1) acc[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), acc[i]);
+            if (W == W_Q5_1) acc[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), acc[i]);
         }
     }
 }
@@ -111,8 +111,8 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
 
 /* Row j of a group's 32-weight blocks (Q5_0, Q4_0, Q5_1, IQ4_NL). */
 static void kq_dequant_q32(const uint8_t *group, int wtype, int K, int j, float *out) {
-    const int rec = wtype == KW_Q5_0 ? REC_Q50 : wtype == KW_Q5_1 ? REC_Q51 : REC_Q40;
-    const int qoff = wtype == KW_Q5_0 ? 48 : wtype == KW_Q5_1 ? 64 : 16, foff = wtype == KW_Q5_0 ? 16 : 32;
+    const int rec = wtype == W_Q5_0 ? REC_Q5_0 : wtype == W_Q5_1 ? REC_Q5_1 : wtype == W_IQ4_NL ? REC_IQ4_NL : REC_Q4_0;
+    const int qoff = wtype == W_Q5_0 ? 48 : wtype == W_Q5_1 ? 64 : 16, foff = wtype == W_Q5_0 ? 16 : 32;
     for (int b = 0; b < K / QK; ++b) {
         const uint8_t *r = group + (long)b * rec;
         const float d = kq_h2f(((const uint16_t *)r)[j]);
@@ -121,11 +121,11 @@ static void kq_dequant_q32(const uint8_t *group, int wtype, int K, int j, float 
             const uint8_t byte = r[qoff + 32 * c + 4 * j + t], nib = h ? byte >> 4 : byte & 0x0F;
             const int fifth = (r[foff + 4 * j + t] >> (2 * c + h)) & 1;
             float w;
-            if (wtype == KW_Q5_0)
+            if (wtype == W_Q5_0)
                 w = d * (float)((nib | (fifth << 4)) - 16);
-            else if (wtype == KW_Q5_1)
+            else if (wtype == W_Q5_1)
                 w = d * (float)(nib | (fifth << 4)) + kq_h2f(((const uint16_t *)(r + 16))[j]);
-            else if (wtype == KW_Q4_0)
+            else if (wtype == W_Q4_0)
                 w = d * (float)(nib - 8);
             else
                 w = d * (float)kq_iq4_values[nib];

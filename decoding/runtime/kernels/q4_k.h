@@ -1,4 +1,4 @@
-/* Q4_K and Q5_K, GGUF's 4- and 5-bit K-quants, read as stored (kquant_kernels.c includes this file twice: the scalar
+/* Q4_K and Q5_K, GGUF's 4- and 5-bit K-quants, read as stored (formats_int.c includes this file twice: the scalar
  * dequantization once, the kernel once per vector width).
  *
  * GGUF (ggml-common.h), 256 weights a super-block:
@@ -13,14 +13,14 @@
  * Per output element: per super-block, for each sub-block j in order: i = sc_j * sum(q_w q_x) (int32),
  *   T = fma(float(i), d_x, T), U = fma(float(m_j), s_x, U); then acc = fma(d, T, acc); acc = acc - dmin U (fused).
  */
-#ifdef KQ_LANES /* ---- the kernel, once per vector width (kquant_kernels.c's template body) ---- */
+#ifdef KQ_LANES /* ---- the kernel, once per vector width (formats_int.c's template body) ---- */
 
 /* ---- Q4_K and Q5_K (W, a constant where inlined): MB activation rows x one group (or pair) -> acc lanes -------- */
 static inline __attribute__((always_inline)) void KQ(q45k)(const int MB, const int W, const int8_t *xq,
                                                             const float *xd, const float *xs, int K,
                                                             const uint8_t *g0, const uint8_t *g1, kvf *acc) {
     const int nsb = K / QK_K, nb = K / QK;
-    const int rec = W == KW_Q5_K ? REC_Q5K : REC_Q4K, qoff = W == KW_Q5_K ? 416 : 160; /* Q5_K: fifth bits at 160 */
+    const int rec = W == W_Q5_K ? REC_Q5_K : REC_Q4_K, qoff = W == W_Q5_K ? 416 : 160; /* Q5_K: fifth bits at 160 */
     const kvi low = V8(0x0F), bit4 = V8(0x10);
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int s = 0; s < nsb; ++s) {
@@ -43,7 +43,7 @@ static inline __attribute__((always_inline)) void KQ(q45k)(const int MB, const i
             for (int c = 0; c < 8; ++c) {
                 const kvi raw = KQ(ld)(r0 + qoff + 32 * (8 * jj + c), r1 + qoff + 32 * (8 * jj + c));
                 kvi lo = VAND(raw, low), hi = VAND(VSRL16(raw, 4), low);
-                if (W == KW_Q5_K) { /* bits 2jj and 2jj + 1 of the chunk's qh bytes to bit 4 (16-bit shifts: bit 4 of a
+                if (W == W_Q5_K) { /* bits 2jj and 2jj + 1 of the chunk's qh bytes to bit 4 (16-bit shifts: bit 4 of a
                                        byte comes from its own) */
                     const kvi h = KQ(ld)(r0 + 160 + 32 * c, r1 + 160 + 32 * c);
                     const kvi flo = jj == 0 ? VSLL16(h, 4) : jj == 1 ? VSLL16(h, 2) : jj == 2 ? h : VSRL16(h, 2);
@@ -99,7 +99,7 @@ static inline __attribute__((always_inline)) void KQ(q45k)(const int MB, const i
 
 /* Row j of a group's Q4_K (fifth: Q5_K) super-blocks: w = (d sc) q - (dmin m). */
 static void kq_dequant_q45k(const uint8_t *group, int fifth, int K, int j, float *out) {
-    const int rec = fifth ? REC_Q5K : REC_Q4K, qoff = fifth ? 416 : 160;
+    const int rec = fifth ? REC_Q5_K : REC_Q4_K, qoff = fifth ? 416 : 160;
     for (int s = 0; s < K / QK_K; ++s) {
         const uint8_t *r = group + (long)s * rec;
         const float d = kq_h2f(((const uint16_t *)r)[j]), dmin = kq_h2f(((const uint16_t *)(r + 16))[j]);

@@ -1,4 +1,4 @@
-/* Q6_K, GGUF's 6-bit K-quant, read as stored (kquant_kernels.c includes this file twice: the scalar dequantization
+/* Q6_K, GGUF's 6-bit K-quant, read as stored (formats_int.c includes this file twice: the scalar dequantization
  * once, the kernel once per vector width).
  *
  * GGUF, 256 weights (210 bytes): ql[128], qh[64], int8 scales[16] (one per 16), fp16 d; in each half of 128, ql byte
@@ -13,7 +13,7 @@
  *   i = sc_2b (sum(q_w q_x) - 32 S_2b) + sc_2b+1 (the same over the second 16) (int32); T = fma(float(i), d_x, T);
  *   then acc = fma(d, T, acc).
  */
-#ifdef KQ_LANES /* ---- the kernel, once per vector width (kquant_kernels.c's template body) ---- */
+#ifdef KQ_LANES /* ---- the kernel, once per vector width (formats_int.c's template body) ---- */
 
 /* ---- Q6_K ------------------------------------------------------------------------------------------------------ */
 /* Block b (0..7) of the super-block at r0 (r1): weights 32b + 4c + t (sub-block 2b: c < 4; 2b + 1: c >= 4) of each
@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void KQ(q6k)(const int MB, const in
                                                            const uint8_t *g1, kvf *acc) {
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int s = 0; s < K / QK_K; ++s) {
-        const uint8_t *r0 = g0 + (long)s * REC_Q6K, *r1 = G1(g1 + (long)s * REC_Q6K);
+        const uint8_t *r0 = g0 + (long)s * REC_Q6_K, *r1 = G1(g1 + (long)s * REC_Q6_K);
         kvf T[KQ_MB];
         for (int i = 0; i < MB; ++i) T[i] = VZEROF();
         for (int b = 0; b < 8; ++b)
@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) void KQ(q6k)(const int MB, const in
 /* Row j of a group's Q6_K super-blocks: w = (d sc) (q - 32). */
 static void kq_dequant_q6k(const uint8_t *group, int K, int j, float *out) {
     for (int s = 0; s < K / QK_K; ++s) {
-        const uint8_t *r = group + (long)s * REC_Q6K;
+        const uint8_t *r = group + (long)s * REC_Q6_K;
         const float d = kq_h2f(((const uint16_t *)r)[j]);
         float *o = out + s * QK_K;
         for (int v = 0; v < QK_K; ++v) {

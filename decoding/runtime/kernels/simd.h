@@ -1,4 +1,4 @@
-/* Vector helpers both kernel files use (AVX2 + FMA). Each is elementwise or a fixed reduction tree, so a
+/* Vector helpers the kernel files use (AVX2 + FMA). Each is elementwise or a fixed reduction tree, so a
  * value's result never depends on its lane or on the call around it. */
 #ifndef RAGSPEC_SIMD_H
 #define RAGSPEC_SIMD_H
@@ -26,12 +26,12 @@ static inline void store_tile8(__m256 v, const float *bias, const float *res, fl
     }
 }
 
-/* Keys per block of the attention on the bf16 tiles (cpu_kernels.c); a cache keeps those blocks laid out for the
-   tiles (its "tiled" blocks) below the first row a forward rewrites (quant_kernels.c's layer_batch). The vector bf16
+/* Keys per block of the attention on the bf16 tiles (attention.c); a cache keeps those blocks laid out for the
+   tiles (its "tiled" blocks) below the first row a forward rewrites (forward.c's layer_batch). The vector bf16
    dot products keep blocks of 64 keys laid out the same way (rs_tile_keys says which a library keeps). */
 #define TILE_KEYS 128
 
-/* One sequence's attention in a forward (cpu_kernels.c's attention_seqs_part): query i's q[h] at q + h*q_sh + i*q_sn,
+/* One sequence's attention in a forward (attention.c's attention_seqs_part): query i's q[h] at q + h*q_sh + i*q_sn,
  * its output at out + i*o_sn + h*o_sh; query i sees cache rows 0..past-1, then path[path_off[i] .. path_off[i+1]).
  * Cache row j of key head g: j < split (a prefix other sequences may share, whole blocks of 64 keys) at element
  * g*sh0 + (j - pre0)*kv_sn of k0 / v0; j >= split at element g*kv_sh + (j - own0)*kv_sn of k / v (the sequence's own

@@ -17,10 +17,11 @@ from decoding.drafters.rapid import fit_width
 from decoding.drafters.registry import DraftingKit, DraftLM, RapidDrafter, build_drafters
 from decoding.errors import VocabularyMismatch
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
-from decoding.runtime.models import check_same_vocab, load_model
+from decoding.runtime.loader import check_same_vocab, load_model
 from decoding.runtime.quant import WeightType
+from decoding.runtime.quantized import QuantizedModel
 from decoding.runtime.torch_runtime import TorchRuntime
+from decoding.runtime.weights import weights_from_hf
 from decoding.speculative.drafter import DraftRequest, PromptInfo
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, SamplingParams
@@ -167,8 +168,9 @@ def _sampling_pair(target_width: int, drafter_width: int) -> tuple[Any, Any]:
     _pad_rows(target.model, IDS)  # padded rows (if any) have logit 0: the target samples them now and then
     drafter = _pad_rows(TorchRuntime(make_tiny_llama(4, vocab=drafter_width, peaked=8.0)), IDS)  # sure, often wrong
     if kernels.load() is not None:
-        target = dataclasses.replace(target, model=CpuLlama(weights_from_hf(target.model.module, WeightType.Q4_1)))
-        drafter = CpuLlama(weights_from_hf(drafter.module, WeightType.Q4_1))
+        quantized = QuantizedModel(weights_from_hf(target.model.module, WeightType.Q4_1))
+        target = dataclasses.replace(target, model=quantized)
+        drafter = QuantizedModel(weights_from_hf(drafter.module, WeightType.Q4_1))
     return target, drafter
 
 

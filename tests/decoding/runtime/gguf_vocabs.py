@@ -1,4 +1,4 @@
-"""The test vocabularies of the GGUF tokenizer (``decoding.runtime.gguf_tokenizer``) and the texts they tokenize.
+"""The test vocabularies of the GGUF tokenizer (``decoding.runtime.gguf.tokenizer``) and the texts they tokenize.
 
 Each is a GGUF file holding only tokenizer metadata, one per tokenizer model / ``pre`` the served models need:
 byte-level BPE with the bundled SmolLM2 vocabulary and merges (plus a few tokens and merges of our own that make the
@@ -190,7 +190,7 @@ def _spm_vocab(v: Vocab) -> tuple[list[str], list[float], list[int]]:
 def _bpe_vocab() -> tuple[list[str], list[int], list[str], str | None]:
     """The bundled SmolLM2 GGUF's tokens, types and merges with ``_BPE_EXTRA`` after them, and its chat template."""
     from decoding.runtime.bundled import bundled_gguf_path
-    from decoding.runtime.gguf_tokenizer import read_vocab
+    from decoding.runtime.gguf.tokenizer import read_vocab
 
     base = read_vocab(bundled_gguf_path())
     tokens, merges = list(base.tokens), list(base.merges)
@@ -259,7 +259,7 @@ def write_vocab(name: str, directory: Path) -> Path:
 
 def vocab_digest(path: Path) -> str:
     """A short hash of a vocabulary file's tokenizer metadata (what the ids depend on)."""
-    from decoding.runtime.gguf_tokenizer import read_vocab
+    from decoding.runtime.gguf.tokenizer import read_vocab
 
     v = read_vocab(path)
     blob = json.dumps([v.tokens, v.types, v.scores, v.merges, sorted(v.ids.items()), v.add_bos, v.add_eos,
@@ -273,7 +273,7 @@ def texts_of(name: str) -> list[str]:
 
 def ours(path: Path, texts: list[str]) -> dict[str, Any]:
     """``gguf_tokenizer``'s ids of ``texts`` (as ``llama_cpp_ids`` gives them) and end-of-generation ids."""
-    from decoding.runtime.gguf_tokenizer import end_of_turn_ids, tokenizer_from_gguf
+    from decoding.runtime.gguf.tokenizer import end_of_turn_ids, tokenizer_from_gguf
 
     tok = tokenizer_from_gguf(path)
     return {

@@ -18,10 +18,10 @@ from transformers import LlamaConfig, Phi3Config
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelFileError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_gguf, weights_from_hf
 from decoding.runtime.families import forward_plan, layer_windows
-from decoding.runtime.llama_weights import check_supported
 from decoding.runtime.quant import WeightType
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.weights import check_supported, weights_from_gguf, weights_from_hf
 from decoding.speculative.generation import Prompt
 from tests.decoding.conftest import (
     WINDOW,
@@ -53,7 +53,7 @@ def test_the_forward_equals_transformers_across_the_windows(arch: str) -> None:
     """F32 weights and KV: only fp32 summation order differs from transformers (eager attention, its own masks),
     over 200 tokens (the windows of 72 crossed), a chunked prefill and decoding steps alike."""
     hf = make_tiny_family(arch, seed=1, layers=3)
-    model = CpuLlama(weights_from_hf(hf, WeightType.F32), torch.float32)
+    model = QuantizedModel(weights_from_hf(hf, WeightType.F32), torch.float32)
     ids = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         want = hf(ids).logits[0]
@@ -71,7 +71,7 @@ def test_the_forward_equals_transformers_across_the_windows(arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_tokens_equal_transformers(arch: str) -> None:
     hf = make_tiny_family(arch, seed=4, layers=2)
-    model = CpuLlama(weights_from_hf(hf, WeightType.F32), torch.float32)
+    model = QuantizedModel(weights_from_hf(hf, WeightType.F32), torch.float32)
     prompt = torch.randint(0, 97, (1, 90), generator=torch.Generator().manual_seed(5)).tolist()[0]
     with torch.inference_mode():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24,
@@ -92,7 +92,7 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(arch: str, threads
     long_prompt = Prompt(prefix_ids=ids[:190], suffix_ids=ids[190:], prefix_key=None)
     tokens = {}
     for isa in HERE:
-        model = CpuLlama(weights, torch.float16)
+        model = QuantizedModel(weights, torch.float16)
         model.lib = kernels.library(isa)  # type: ignore[assignment]
         engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-{arch}-{isa}", torch.device("cpu"), (), 512))
         plain = run(engine, long_prompt, 40, [], None).token_ids
@@ -142,9 +142,9 @@ def test_a_gguf_as_llama_cpp_writes_it_runs_the_model(arch: str, tmp_path: Path)
     hf = make_tiny_family(arch, seed=2, layers=layers, window=None if arch == "mistral" else WINDOW)
     path = write_family_gguf(tmp_path / f"{arch}.gguf", hf, gguf.GGMLQuantizationType.F32)
     weights = weights_from_gguf(path)
-    model = CpuLlama(weights, torch.float32)
+    model = QuantizedModel(weights, torch.float32)
     assert weights.source == "gguf:F32" and model.plan == forward_plan(hf.config)
-    reference = CpuLlama(weights_from_hf(hf, WeightType.F32), torch.float32)
+    reference = QuantizedModel(weights_from_hf(hf, WeightType.F32), torch.float32)
     ids = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         got = model.forward(ids, SlotCache(model.num_layers, 200))
@@ -158,14 +158,14 @@ def test_rotary_tables_grow_as_positions_reach_them(monkeypatch: pytest.MonkeyPa
     """A long-window model starts with tables for 4096 positions (not its 128K's hundreds of MB), doubled when a
     forward reaches past them: the logits are those of tables made whole at load, bit for bit, on both of Gemma
     3's rope bases."""
-    import decoding.runtime.cpu_llama as cpu_llama
+    import decoding.runtime.quantized as quantized
 
     weights = weights_from_hf(make_tiny_family("gemma3", seed=5, layers=2, max_position_embeddings=20000),
                               WeightType.Q8_0)
-    lazy = CpuLlama(weights, torch.float16)
+    lazy = QuantizedModel(weights, torch.float16)
     assert lazy.rope_rows == 4096 and lazy.cos.shape[0] == 4096
-    monkeypatch.setattr(cpu_llama, "ROPE_ROWS", 20000)
-    whole = CpuLlama(weights, torch.float16)
+    monkeypatch.setattr(quantized, "ROPE_ROWS", 20000)
+    whole = QuantizedModel(weights, torch.float16)
     ids, pos = torch.tensor([[5, 9, 33, 2]]), torch.tensor([[9000, 9001, 9002, 9003]])
     with torch.inference_mode():
         got = lazy.forward(ids, SlotCache(lazy.num_layers, 8), position_ids=pos)

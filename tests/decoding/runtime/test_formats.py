@@ -27,20 +27,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from decoding.errors import ModelFileError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_gguf
+from decoding.runtime.formats import FORMATS as REGISTRY
+from decoding.runtime.formats.iq4_nl import IQ4_VALUES
+from decoding.runtime.formats.iq4_xs import iq4xs_pack_scales
+from decoding.runtime.formats.q4_k import q4k_pack_scales
 from decoding.runtime.kernels import available_isas
-from decoding.runtime.quant import (
-    BLOCK_BYTES,
-    BLOCK_WEIGHTS,
-    FLOATS,
-    IQ4_VALUES,
-    QuantMatrix,
-    WeightType,
-    iq4xs_pack_scales,
-    join_rows,
-    q4k_pack_scales,
-    quantize,
-)
+from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.weights import weights_from_gguf
 from decoding.speculative.engine import Engine
 from tests.decoding.conftest import (
     PROMPT,
@@ -54,18 +48,20 @@ from tests.decoding.conftest import (
     run,
 )
 
-BLOCKS = [WeightType.Q4_K, WeightType.Q5_K, WeightType.Q6_K, WeightType.Q5_0, WeightType.Q4_0, WeightType.Q5_1,
-          WeightType.IQ4_NL, WeightType.IQ4_XS]  # the quantized formats read here
-FLOAT_FORMATS = [WeightType.F16, WeightType.BF16, WeightType.F32]
-FORMATS = [*BLOCKS, *FLOAT_FORMATS]
-GGML = {kind: GGMLQuantizationType[kind.name] for kind in (*FORMATS, WeightType.Q8_0, WeightType.Q4_1)}
+OWN_TESTS = (WeightType.Q8_0, WeightType.Q4_1)  # made at load too: test_kernels tests them
+FORMATS = [kind for kind in REGISTRY if kind not in OWN_TESTS]  # every other registered format, a new one too
+BLOCKS = [kind for kind in FORMATS if not REGISTRY[kind].is_float]  # the quantized ones
+FLOATS = frozenset(kind for kind, f in REGISTRY.items() if f.is_float)
+GGML = {kind: GGMLQuantizationType[kind.name] for kind in REGISTRY}
 HERE = [isa for isa in kernels.ISAS if isa in available_isas()]  # the paths this CPU runs
-FP16_FIELDS = {WeightType.Q4_K: (0, 2), WeightType.Q5_K: (0, 2), WeightType.Q6_K: (208,), WeightType.Q5_0: (0,),
-               WeightType.Q4_0: (0,), WeightType.Q5_1: (0, 2), WeightType.IQ4_NL: (0,), WeightType.IQ4_XS: (0,),
-               WeightType.Q8_0: (0,), WeightType.Q4_1: (0, 2)}  # byte offsets of a block's fp16 scales
-# served bytes / file bytes: the packed records are the file's bytes, but for the K-quants' 6-bit scales (12 bytes
-# a super-block unpacked to 16) and IQ4_XS's (6 unpacked to 8)
-GROWTH = {WeightType.Q4_K: 148 / 144, WeightType.Q5_K: 180 / 176, WeightType.IQ4_XS: 138 / 136}
+
+
+def block_weights(kind: WeightType) -> int:
+    return REGISTRY[kind].block_weights
+
+
+def block_bytes(kind: WeightType) -> int:
+    return REGISTRY[kind].block_bytes
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +79,9 @@ def random_blocks(kind: WeightType, rows: int, cols: int, seed: int, scale: floa
     if kind in FLOATS:
         w = (rng.standard_normal((rows, cols)) * scale * 10).astype(np.float32)
         return np.asarray(gguf.quants.quantize(w, GGML[kind])).view(np.uint8).reshape(rows, -1)
-    nb = cols // BLOCK_WEIGHTS[kind]
-    raw = rng.integers(0, 256, (rows, nb, BLOCK_BYTES[kind]), dtype=np.uint8)
-    for off in FP16_FIELDS[kind]:
+    nb = cols // block_weights(kind)
+    raw = rng.integers(0, 256, (rows, nb, block_bytes(kind)), dtype=np.uint8)
+    for off in REGISTRY[kind].fp16_fields:
         d = (rng.standard_normal((rows, nb)) * scale).astype(np.float16)
         raw[..., off : off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, -1)
@@ -214,7 +210,7 @@ def test_served_bytes_stay_within_1_05x_of_the_file(kind: WeightType) -> None:
     unpacked)."""
     raw = random_blocks(kind, 64, 2048, seed=3)
     ratio = QuantMatrix.from_rows(kind, raw, 2048).nbytes / raw.nbytes
-    assert ratio == GROWTH.get(kind, 1.0)
+    assert ratio == REGISTRY[kind].record_bytes / (8 * block_bytes(kind))
     assert ratio <= 1.05
 
 
@@ -272,15 +268,15 @@ def test_extreme_blocks_stay_exact(libraries: dict[str, object], kind: WeightTyp
     activations at +-127: the widest integer sums the kernels form (AVX2's int16 lanes at their bound) come out
     exact."""
     rows, cols = 16, 512
-    raw = np.full((rows, cols // BLOCK_WEIGHTS[kind] * BLOCK_BYTES[kind]), 0xFF, dtype=np.uint8)
-    nb = cols // BLOCK_WEIGHTS[kind]
+    raw = np.full((rows, cols // block_weights(kind) * block_bytes(kind)), 0xFF, dtype=np.uint8)
+    nb = cols // block_weights(kind)
     blocks = raw.reshape(rows, nb, -1)
-    for off in FP16_FIELDS[kind]:
+    for off in REGISTRY[kind].fp16_fields:
         blocks[..., off : off + 2] = np.full((rows, nb), 0.001, dtype=np.float16).view(np.uint8).reshape(rows, nb, 2)
     if kind == WeightType.Q6_K:
         blocks[::2, :, 192:208] = 0x80  # int8 scales of -128 on half the rows, -1 on the others
     if kind in (WeightType.IQ4_NL, WeightType.IQ4_XS):
-        blocks[::2, :, BLOCK_BYTES[kind] - BLOCK_WEIGHTS[kind] // 2 :] = 0x00  # index 0: -127
+        blocks[::2, :, block_bytes(kind) - block_weights(kind) // 2 :] = 0x00  # index 0: -127
     qm = QuantMatrix.from_rows(kind, raw, cols)
     x = torch.ones(3, cols)
     x[1] = -1.0
@@ -457,7 +453,7 @@ def test_a_gguf_loads_with_its_types_as_stored(kquant_file: Any) -> None:
 
     def dense(name: str, heads: int = 0) -> torch.Tensor:
         raw, kind = written[name]
-        rows = oracle(raw, kind, int(raw.shape[1]) // BLOCK_BYTES[kind] * BLOCK_WEIGHTS[kind])
+        rows = oracle(raw, kind, int(raw.shape[1]) // block_bytes(kind) * block_weights(kind))
         if heads:
             rows = rows.reshape(heads, rows.shape[0] // heads // 2, 2, -1).transpose(1, 2).reshape(rows.shape)
         return rows
@@ -517,7 +513,7 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path(
     tokens, logits = {}, {}
     try:
         for isa, lib in libraries.items():
-            model = CpuLlama(weights_from_gguf(path), torch.float16)
+            model = QuantizedModel(weights_from_gguf(path), torch.float16)
             assert model.runtime_tag == f"cpu-quantized:gguf:{tag}/kv-float16"
             model.lib = lib  # type: ignore[assignment]
             engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-kquant-{isa}", torch.device("cpu"), (), 512))
@@ -544,7 +540,7 @@ def test_the_forward_matches_transformers_on_the_dequantized_weights(kquant_file
         pytest.skip("CPU kernels unavailable on this machine")
     path, hf, _, layout, _ = kquant_file
     weights = weights_from_gguf(path)
-    ours = CpuLlama(weights, torch.float32)
+    ours = QuantizedModel(weights, torch.float32)
     load_dequantized(hf, weights)
     linears = [(hf.lm_head, _kind(layout, "output", 0))]
     for i, layer in enumerate(hf.model.layers):

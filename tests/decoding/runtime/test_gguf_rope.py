@@ -16,7 +16,9 @@ import torch
 from transformers import LlamaConfig
 
 from decoding.errors import ModelLoadError
-from decoding.runtime.cpu_llama import CpuLlama, gguf_config, rotary_frequencies, rotary_tables, weights_from_gguf
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.rope import rotary_frequencies, rotary_tables
+from decoding.runtime.weights import gguf_config, weights_from_gguf
 from tests.decoding.conftest import make_tokenizer, needs_kernels
 
 ROPE = gguf.Keys.Rope
@@ -168,7 +170,7 @@ def test_rope_freqs_tensor_reaches_the_runtime(tmp_path: Path) -> None:
     theirs = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, head_dim=HEAD_DIM, rope_theta=500000.0,
                          max_position_embeddings=512, rope_scaling={"rope_type": "llama3", **llama3})
     assert torch.allclose(rotary_frequencies(config)[0], rotary_frequencies(theirs)[0], rtol=1e-6, atol=0)
-    model = CpuLlama(weights, torch.float32)
+    model = QuantizedModel(weights, torch.float32)
     assert torch.equal(model.cos, rotary_tables(config, 512)[0])
     assert (model.cos - rotary_tables(theirs, 512)[0]).abs().max() < 1e-4
     with torch.inference_mode():
@@ -202,7 +204,7 @@ def test_rope_freqs_with_a_rope_scaling_in_one_config_is_refused() -> None:
 def test_a_user_rope_scaling_replaces_the_ggufs_own(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """load_model(rope_scaling=...) wins over a GGUF's own scaling or rope_freqs, as over an HF config's, and
     says so; the two are never stacked."""
-    from decoding.runtime.models import LoadOptions, load_model
+    from decoding.runtime.loader import LoadOptions, load_model
 
     tokenizer = make_tokenizer()
     scaling = {"rope_type": "linear", "factor": 2.0}
@@ -212,7 +214,7 @@ def test_a_user_rope_scaling_replaces_the_ggufs_own(tmp_path: Path, caplog: pyte
         _write(tmp_path / name / "m.gguf", meta, rope_freqs=freqs, vocab=len(tokenizer))
         tokenizer.save_pretrained(tmp_path / name)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="decoding.runtime.models"):
+        with caplog.at_level(logging.WARNING, logger="decoding.runtime.loader"):
             loaded = load_model(str(tmp_path / name), LoadOptions(rope_scaling=scaling))
         assert "replaces the model's own rope scaling" in caplog.text, name
         config = loaded.model.config
@@ -239,7 +241,7 @@ def test_bundled_smollm2_gguf_config_is_unchanged(bundled_gguf_dir: Path) -> Non
 def test_the_torch_runtime_gets_a_ggufs_rope_scaling_or_refuses_it(tmp_path: Path) -> None:
     """transformers' GGUF reader drops the rope scaling: the torch runtime (GPU, or cpu_quant none) gets the
     GGUF's linear / yarn scaling written into its config, and a rope_freqs GGUF is refused, never run unscaled."""
-    from decoding.runtime.models import LoadOptions, load_model
+    from decoding.runtime.loader import LoadOptions, load_model
 
     tokenizer = make_tokenizer()
     cases = (("plain", None, None), ("linear", {ROPE.SCALING_TYPE: "linear", ROPE.SCALING_FACTOR: 2.0}, None),

@@ -1,4 +1,4 @@
-"""decoding.runtime.gguf_tokenizer: a GGUF file's tokenizer from its metadata alone, with llama.cpp's token ids.
+"""decoding.runtime.gguf.tokenizer: a GGUF file's tokenizer from its metadata alone, with llama.cpp's token ids.
 
 The vocabularies are ``gguf_vocabs.py``'s (byte-level BPE ones reuse the bundled SmolLM2 vocabulary: ``real_model``);
 the ids they must give are llama.cpp's, committed in ``gguf_tokenizer_ids.json`` beside this file
@@ -20,8 +20,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding.errors import ModelFileError
 from decoding.runtime import kernels
-from decoding.runtime.gguf_tokenizer import PRE_TOKENIZERS, end_of_turn_ids, read_vocab, tokenizer_from_gguf
-from decoding.runtime.models import LoadOptions, load_model, load_tokenizer
+from decoding.runtime.gguf.tokenizer import PRE_TOKENIZERS, end_of_turn_ids, read_vocab, tokenizer_from_gguf
+from decoding.runtime.loader import LoadOptions, load_model, load_tokenizer
 from decoding.speculative.prompt import build_prompt, render_chat
 from tests.decoding.runtime.gguf_vocabs import EXPECTED, VOCABS, add_vocab, ours, texts_of, vocab_digest, write_vocab
 
@@ -203,7 +203,7 @@ def test_a_gguf_alone_brings_its_tokenizer_and_end_of_turn_ids(tmp_path: Path, v
                          max_position_embeddings=256)
     path = tmp_path / "base.gguf"
     write_gguf(path, LlamaForCausalLM(config).eval(), metadata=lambda w: add_vocab(w, "mistral", chat_template=False))
-    with caplog.at_level(logging.INFO, logger="decoding.runtime.models"):
+    with caplog.at_level(logging.INFO, logger="decoding.runtime.loader"):
         loaded = load_model(str(path), LoadOptions(local_files_only=True))
     assert isinstance(loaded.tokenizer, PreTrainedTokenizerFast) and loaded.tokenizer.chat_template is None
     for case in WANT["mistral"]["cases"]:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.runtime import kernels
-from decoding.runtime.attention import _visibility
+from decoding.runtime.interface import visibility
 from decoding.runtime.kernels.building import _rename_soname
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import make_tiny_llama
@@ -101,7 +101,7 @@ def test_attention_matches_sdpa_on_trees(heads: int, groups: int, d: int, past: 
     tree = _random_tree(n, seed=n)
     visible = torch.cat([torch.ones(n, past, dtype=torch.bool), tree], dim=1)
     mask = torch.zeros(1, 1, n, past + n + 3).masked_fill_(~F.pad(visible, (0, 3)), torch.finfo(torch.float32).min)
-    vis = _visibility(mask, n, past + n)
+    vis = visibility(mask, n, past + n)
     assert vis is not None
     assert lib is not None
     got = kernels.attention(lib, q, k, v, *vis, scale=d**-0.5)
@@ -123,7 +123,7 @@ def test_attention_over_a_subset_of_the_cached_rows(half: bool) -> None:
         keep[a:b] = True
     visible = torch.cat([keep.expand(n, past), torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
     mask = torch.zeros(1, 1, n, past + n).masked_fill_(~visible, float("-inf"))
-    vis = _visibility(mask, n, past + n)
+    vis = visibility(mask, n, past + n)
     assert vis is not None and vis[0] == 70 and lib is not None
     got = kernels.attention(lib, q, k, v, *vis, scale=d**-0.5)
     want = _reference_attention(q, k.float(), v.float(), visible)
@@ -151,7 +151,7 @@ def _check_tree_equals_chain() -> None:
     tree = _random_tree(n, seed=5)
     mask = torch.zeros(1, 1, n, past + n)
     mask[0, 0, :, past:].masked_fill_(~tree, float("-inf"))
-    vis = _visibility(mask, n, past + n)
+    vis = visibility(mask, n, past + n)
     assert vis is not None and lib is not None
     together = kernels.attention(lib, q, k, v, *vis, scale=0.125)
     for i in range(n):
@@ -172,28 +172,28 @@ def _check_tree_equals_chain() -> None:
 
 
 def test_visibility_parsing() -> None:
-    past, path, off = _visibility(None, 3, 10)  # type: ignore[misc]
+    past, path, off = visibility(None, 3, 10)  # type: ignore[misc]
     assert past == 7 and path.tolist() == [7, 7, 8, 7, 8, 9] and off.tolist() == [0, 1, 3, 6]
     neg = torch.finfo(torch.float32).min
     mask = torch.zeros(1, 1, 2, 6)
     mask[0, 0, 0, 5] = neg
-    vis = _visibility(mask, 2, 6)
+    vis = visibility(mask, 2, 6)
     assert vis is not None and vis[0] == 4 and vis[1].tolist() == [4, 4, 5] and vis[2].tolist() == [0, 1, 3]
     hidden_prefix = mask.clone()
     hidden_prefix[0, 0, 1, 0] = neg  # query 1 does not see row 0: no prefix is seen whole, rows listed
-    vis = _visibility(hidden_prefix, 2, 6)
+    vis = visibility(hidden_prefix, 2, 6)
     assert vis is not None and vis[0] == 0
     assert vis[1].tolist() == [0, 1, 2, 3, 4, 1, 2, 3, 4, 5] and vis[2].tolist() == [0, 5, 10]
     hidden_prefix[0, 0, :, 2] = neg  # row 2 hidden from both: the whole prefix is [0, 2)
-    vis = _visibility(hidden_prefix, 2, 6)
+    vis = visibility(hidden_prefix, 2, 6)
     assert vis is not None and vis[0] == 0 and vis[1].tolist() == [0, 1, 3, 4, 1, 3, 4, 5]
     mask[0, 0, :, 3] = neg
-    assert _visibility(mask, 2, 6)[0] == 3  # type: ignore[index]
+    assert visibility(mask, 2, 6)[0] == 3  # type: ignore[index]
     bias = mask.clone()
     bias[0, 0, 0, 1] = -3.0  # an additive bias is not a visibility mask: fall back
-    assert _visibility(bias, 2, 6) is None
-    assert _visibility(torch.ones(1, 1, 2, 6, dtype=torch.bool), 2, 6) is not None
-    assert _visibility(torch.zeros(2, 1, 2, 6), 2, 6) is None  # batch of 2
+    assert visibility(bias, 2, 6) is None
+    assert visibility(torch.ones(1, 1, 2, 6, dtype=torch.bool), 2, 6) is not None
+    assert visibility(torch.zeros(2, 1, 2, 6), 2, 6) is None  # batch of 2
 
 
 @needs_kernels

@@ -16,8 +16,8 @@ import torch
 from decoding.cache.prefix import PrefixCache
 from decoding.drafters.prompt_lookup import PromptLookupDrafter
 from decoding.runtime import bundled, kernels
-from decoding.runtime.bundled_install import BundledAssets, install_bundled
-from decoding.runtime.models import LoadedModel, LoadOptions, load_model
+from decoding.runtime.bundled.install import BundledAssets, install_bundled
+from decoding.runtime.loader import LoadedModel, LoadOptions, load_model
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, TokenEvent
 from decoding.speculative.prompt import build_prompt
@@ -89,7 +89,7 @@ def test_bundled_conversion_is_verified_atomic_and_idempotent(installed: Install
     assert tok.tokenize(" 2024") == ["Ġ", "2", "0", "2", "4"]  # smollm pre-tokenizer: single digits
     assert loaded.max_context == 8192 and loaded.vocab_size == 49152
     model: Any = loaded.model.module  # the torch runtime's transformers model
-    from decoding.runtime.cpu_llama import weights_from_gguf
+    from decoding.runtime.weights import weights_from_gguf
 
     gguf = weights_from_gguf(assets.gguf_path)
     layer = model.model.layers[7]

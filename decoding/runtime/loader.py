@@ -3,7 +3,7 @@
 ``load_model(spec)`` accepts ``'bundled'`` (SmolLM2, see ``decoding.runtime.bundled``), a GGUF file, a local HF
 model dir, or a hub id (resolved from the local HF cache; downloads only where the caller allows it and a
 hub is reachable — transformers honours ``HF_HUB_OFFLINE`` itself). On a CPU the model runs on the
-quantized runtime (``decoding.runtime.cpu_llama``); on a GPU, or where the CPU kernels cannot be built, on
+quantized runtime (``decoding.runtime.quantized``); on a GPU, or where the CPU kernels cannot be built, on
 transformers (``decoding.runtime.torch_runtime``; on a GPU loaded there directly, not built in host memory first).
 Either way ``LoadedModel.model`` is a ``TargetRuntime`` (``decoding.runtime.interface``). ``rope_scaling`` rewrites the
 model's rotary scaling at load and raises its window to what that scaling supports (``apply_rope_scaling``);
@@ -46,7 +46,7 @@ KV_DTYPES = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16,
 class LoadedModel:
     """A causal LM ready for inference with its tokenizer and the facts the engine needs."""
 
-    model: TargetRuntime  # decoding.runtime.cpu_llama.CpuLlama, or a transformers model in a TorchRuntime
+    model: TargetRuntime  # decoding.runtime.quantized.QuantizedModel, or a transformers model in a TorchRuntime
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
     name: str
     device: torch.device
@@ -164,7 +164,8 @@ def _resolve_source(spec: str, models_dir: Path | None, quantized: bool) -> tupl
     """(a local path or hub id to load, a display name). A path that does not exist is a ``ModelFileError`` here:
     taken for a hub id it would fail later with the hub client's complaint about repo names."""
     if spec == BUNDLED:
-        from decoding.runtime import bundled, bundled_build
+        from decoding.runtime import bundled
+        from decoding.runtime.bundled import build as bundled_build
 
         if models_dir is None:
             raise ModelLoadError("model 'bundled' requested but no models_dir was given")
@@ -222,12 +223,12 @@ def _quantized_runtime(dev: torch.device, dt: torch.dtype, cpu_quant: str, cpu_k
 def _load_tokenizer(source: str, gguf: Path | None, local_files_only: bool) -> tuple[Any, tuple[int, ...]]:
     """The tokenizer of a model, and the ids its GGUF file says end a turn (empty where the tokenizer is not the
     GGUF's own). A GGUF without tokenizer files beside it brings its own tokenizer, built from its metadata with
-    llama.cpp's token ids (``decoding.runtime.gguf_tokenizer``; transformers' GGUF tokenizer splits Llama 3's and
+    llama.cpp's token ids (``decoding.runtime.gguf.tokenizer``; transformers' GGUF tokenizer splits Llama 3's and
     Qwen's text otherwise, and misses their end-of-turn tokens); tokenizer files beside a GGUF (the bundled
     SmolLM2's) are used as they are."""
     root = Path(source) if gguf is None or Path(source).is_dir() else gguf.parent
     if gguf is not None and not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
-        from decoding.runtime.gguf_tokenizer import end_of_turn_ids, read_vocab, tokenizer_from_gguf
+        from decoding.runtime.gguf.tokenizer import end_of_turn_ids, read_vocab, tokenizer_from_gguf
 
         vocab = read_vocab(gguf)
         return tokenizer_from_gguf(vocab), end_of_turn_ids(vocab)
@@ -280,7 +281,7 @@ def load_model(spec: str, options: LoadOptions | None = None) -> LoadedModel:
 
     ``spec``: ``'bundled'`` (SmolLM2 under ``models_dir``, see ``decoding.runtime.bundled``), a GGUF file or a dir
     holding one (with the tokenizer files beside it, or the GGUF's own tokenizer), a local HF dir, or a hub id.
-    On a CPU with fp32 activations the target runs on the quantized runtime (``decoding.runtime.cpu_llama``) unless
+    On a CPU with fp32 activations the target runs on the quantized runtime (``decoding.runtime.quantized``) unless
     ``options.cpu_quant`` is ``'none'``: a GGUF's tensors as stored (each in its own type), an HF
     model quantized at load. Elsewhere transformers runs the model, an fp32 CPU model's small forwards on
     ``decoding.runtime.kernels`` (unless ``cpu_kernels`` is off). A ``rope_scaling`` (e.g. ``{"rope_type":
@@ -361,7 +362,7 @@ def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_onl
     device for every module), where building it in host memory first would need the whole model there."""
     kwargs: dict[str, Any] = {"dtype": dt, "attn_implementation": "sdpa", "local_files_only": local_files_only}
     if gguf is not None and config is None:  # transformers' GGUF reader leaves the rope scaling out
-        from decoding.runtime.llama_weights import gguf_torch_config
+        from decoding.runtime.weights import gguf_torch_config
 
         config = gguf_torch_config(gguf)
     if config is not None:
@@ -378,9 +379,9 @@ def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any 
     """The quantized CPU runtime's model (an HF model built from ``config`` when given, ``rope_tag`` naming the
     rope scaling written into it); a GGUF's config gets ``o.rope_scaling`` here, before its rotary tables are
     made."""
-    from decoding.runtime.cpu_llama import CpuLlama
-    from decoding.runtime.llama_weights import weights_from_gguf, weights_from_hf
     from decoding.runtime.quant import NAMES, WeightType
+    from decoding.runtime.quantized import QuantizedModel
+    from decoding.runtime.weights import weights_from_gguf, weights_from_hf
 
     kind = NAMES.get(o.cpu_quant, WeightType.Q8_0)
     if gguf is not None:
@@ -393,7 +394,7 @@ def _load_quantized(source: str, gguf: Path | None, o: LoadOptions, config: Any 
                                                      **extra)
         weights = weights_from_hf(dense, kind)
         del dense
-    return CpuLlama(weights, KV_DTYPES[o.kv_dtype], rope_tag)
+    return QuantizedModel(weights, KV_DTYPES[o.kv_dtype], rope_tag)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

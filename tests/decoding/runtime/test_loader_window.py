@@ -14,8 +14,8 @@ from transformers import LlamaConfig, Qwen2Config, Qwen2ForCausalLM
 
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import rotary_tables
-from decoding.runtime.models import LoadOptions, apply_rope_scaling, load_model, with_context_window
+from decoding.runtime.loader import LoadOptions, apply_rope_scaling, load_model, with_context_window
+from decoding.runtime.rope import rotary_tables
 from tests.decoding.conftest import default_kv_name, make_tokenizer, save_tiny_model
 
 needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="no CPU kernels: no quantized runtime")

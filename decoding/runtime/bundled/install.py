@@ -22,7 +22,7 @@ from decoding.runtime.bundled import (
     has_gguf_dir,
     is_converted,
 )
-from decoding.runtime.bundled_build import convert_gguf, verify_converted, write_gguf_dir
+from decoding.runtime.bundled.build import convert_gguf, verify_converted, write_gguf_dir
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def verify_gguf_dir(gguf_dir: Path) -> None:
     import torch
 
     from decoding.cache.slot import SlotCache
-    from decoding.runtime.models import LoadOptions, load_model
+    from decoding.runtime.loader import LoadOptions, load_model
 
     try:
         loaded = load_model(str(gguf_dir), LoadOptions(device="cpu"))

@@ -1,5 +1,5 @@
 /* ragspec CPU kernels on unquantized GGUF weights, read as stored: F16, BF16 and F32 matrices (an "F16" or "BF16"
- * GGUF, or the odd F16 / F32 tensor of a quantized one). quant_kernels.c's qmatmul_part hands these formats here.
+ * GGUF, or the odd F16 / F32 tensor of a quantized one). matmul.c's dispatch hands these formats here.
  *
  * Layout: the file's rows as they are (row-major, K weights each), in groups of 8 rows (zero rows pad the last
  * group), so a group is 8 * K * (2 or 4) bytes; nothing is rearranged (decoding/runtime/quant.py's pack_rows).
@@ -13,18 +13,23 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "formats.h"
 #include "simd.h"
 
-enum { FW_F16 = 11, FW_BF16 = 12, FW_F32 = 13 }; /* WeightType in quant.py */
 #define FL_MB 4              /* activation rows per tile */
 #define FL_GROUPS_PER_TASK 4 /* 32 weight rows per task, as the other formats */
 
 static inline __m256 fl_load(const uint8_t *row, const int wtype, long k) {
-    if (wtype == FW_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
-    if (wtype == FW_BF16)
+    switch ((rs_wtype)wtype) {
+    case W_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
+    case W_BF16:
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * k))), 16));
-    return _mm256_loadu_ps((const float *)row + k);
+    case W_F32: return _mm256_loadu_ps((const float *)row + k);
+    case W_Q8_0: case W_Q4_1: case W_Q4_K: case W_Q6_K: case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL:
+    case W_IQ4_XS: case W_Q5_K: case W_PARTS: break; /* not a float format: qmatmul_part never sends it here */
+    }
+    rs_unknown_format(wtype);
 }
 
 /* out[i * 2 + r] = the dot products of MB activation rows and weight rows w0, w1 (w1 may be w0: its sums unused). */
@@ -87,14 +92,16 @@ void fl_matmul_part(const float *x, long ldx, int M, int K, const uint8_t *w, in
 void fl_dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j, float *out) {
     const uint8_t *row = group + j * (ldg / 8);
     for (int k = 0; k < K; ++k) {
-        if (wtype == FW_F16) {
-            out[k] = _cvtsh_ss(((const uint16_t *)row)[k]);
-        } else if (wtype == FW_BF16) {
-            const uint32_t u = (uint32_t)((const uint16_t *)row)[k] << 16;
-            union { uint32_t u; float f; } v = {u};
+        switch ((rs_wtype)wtype) {
+        case W_F16: out[k] = _cvtsh_ss(((const uint16_t *)row)[k]); break;
+        case W_BF16: {
+            union { uint32_t u; float f; } v = {(uint32_t)((const uint16_t *)row)[k] << 16};
             out[k] = v.f;
-        } else {
-            out[k] = ((const float *)row)[k];
+            break;
+        }
+        case W_F32: out[k] = ((const float *)row)[k]; break;
+        case W_Q8_0: case W_Q4_1: case W_Q4_K: case W_Q6_K: case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL:
+        case W_IQ4_XS: case W_Q5_K: case W_PARTS: rs_unknown_format(wtype);
         }
     }
 }

@@ -2,7 +2,7 @@
  * Q5_K), q6_k.h (Q6_K), q32.h (the 32-weight blocks Q5_0, Q4_0, Q5_1 and IQ4_NL), iq4_xs.h (IQ4_XS), each holding the
  * format's GGUF block, its packed layout, the order of its arithmetic, its kernel and its scalar dequantization; and
  * a "parts" matrix: rows of several formats, e.g. a fused q/k/v whose v is Q6_K and q, k Q4_K, each part computed in
- * its own format. quant_kernels.c's qmatmul_part and dequant_row hand these formats here (kq_matmul_part,
+ * its own format. matmul.c's qmatmul_part and dequant_row hand these formats here (kq_matmul_part,
  * kq_dequant_row).
  *
  * Packed ("x8") as the other formats are: rows in groups of 8 (zero rows pad the last), per group and block one
@@ -11,7 +11,7 @@
  * of each row in turn (bytes 4j..4j+3: row j). One integer instruction on a chunk against 4 activations broadcast to
  * every lane then adds 4 products to each of 8 rows' sums (16 rows on 512-bit vectors: two groups side by side).
  *
- * Activations are the same int8 rows every format reads (quant_kernels.c's quantize_row: per row and block of 32,
+ * Activations are the same int8 rows every format reads (rows.c's quantize_row: per row and block of 32,
  * d_x = max|x| / 127, q_x = round(x / d_x), s_x = d_x sum(q_x)); Q6_K, Q5_0, Q4_0 and the IQ4s also read the rows'
  * integer sums per 16 (S, made per thread from q_x). Per output element, each format runs its steps (in its file) in
  * one order whatever the batch, the tile, the lane or the path, every sum of integers exact, then y = acc (+ bias)
@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats.h"
 #include "simd.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -33,21 +34,12 @@
 
 #define QK 32
 #define QK_K 256
-enum { KW_Q4_1 = 2, KW_Q4_K = 3, KW_Q6_K = 4, KW_Q5_0 = 5, KW_Q4_0 = 6, KW_Q5_1 = 7, KW_IQ4_NL = 8, KW_IQ4_XS = 9,
-       KW_Q5_K = 10, KW_PARTS = 16 }; /* WeightType in quant.py */
-#define REC_Q4K 1184
-#define REC_Q6K 1680
-#define REC_Q5K 1440
-#define REC_IQ4XS 1104
-#define REC_Q50 176
-#define REC_Q40 144 /* IQ4_NL's too */
-#define REC_Q51 192
 
 /* IQ4_NL's and IQ4_XS's 16 weight values (ggml-common.h's kvalues_iq4nl), as int8 and plus 128 as uint8 (the VNNI
    paths multiply unsigned weights by signed activations, then take 128 times the activations' sum back off). */
 static const int8_t kq_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const uint8_t kq_iq4_plus128[16] __attribute__((unused)) = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
-#define GROUPS_PER_TASK 4 /* 32 weight rows per task, as quant_kernels.c */
+#define GROUPS_PER_TASK 4 /* 32 weight rows per task, as formats_q8_0_q4_1.c */
 #define KQ_PAIR_ROWS 6     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
 /* Tiles of at most this many rows sum a block's integer products on two chains each (even and odd chunks) on the
    VNNI paths: one dpbusd waits for the last one's result, so one chain a row leaves the units idle when a tile has
@@ -94,11 +86,11 @@ static inline int32_t kq_pair(const int16_t *s) { /* sums 2b, 2b + 1 as one int3
 
 /* ---- one instantiation per vector width: 8 lanes (one group) and, on AVX-512, 16 (two groups) ------------------ */
 #define KQ_LANES 8
-#include "kquant_kernels.c"
+#include "formats_int.c"
 #undef KQ_LANES
 #if KQ_VNNI
 #define KQ_LANES 16
-#include "kquant_kernels.c"
+#include "formats_int.c"
 #undef KQ_LANES
 #endif
 
@@ -133,11 +125,11 @@ static void kq_parts(const float *x, long ldx, const int8_t *xq, const float *xd
 void kq_matmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, const float *xs, int M, int K,
                     const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
                     long ldr) {
-    if (wtype == KW_PARTS) {
+    if (wtype == W_PARTS) {
         kq_parts(x, ldx, xq, xd, xs, M, K, (const int64_t *)w, y, ldy, bias, res, ldr);
         return;
     }
-    const int sums = wtype != KW_Q4_K && wtype != KW_Q5_K && wtype != KW_Q5_1;
+    const int sums = wtype != W_Q4_K && wtype != W_Q5_K && wtype != W_Q5_1;
     const int16_t *S = sums ? kq_bsums(xq, M, K) : 0; /* every thread its own */
     const int groups = (N + 7) / 8, tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
 #pragma omp for schedule(static)
@@ -155,12 +147,13 @@ void kq_matmul_part(const float *x, long ldx, const int8_t *xq, const float *xd,
 #include "iq4_xs.h"
 
 void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
-    switch (wtype) {
-    case KW_Q4_K: kq_dequant_q45k(group, 0, K, j, out); break;
-    case KW_Q5_K: kq_dequant_q45k(group, 1, K, j, out); break;
-    case KW_Q6_K: kq_dequant_q6k(group, K, j, out); break;
-    case KW_IQ4_XS: kq_dequant_iq4xs(group, K, j, out); break;
-    default: kq_dequant_q32(group, wtype, K, j, out); break;
+    switch ((rs_wtype)wtype) {
+    case W_Q4_K: kq_dequant_q45k(group, 0, K, j, out); break;
+    case W_Q5_K: kq_dequant_q45k(group, 1, K, j, out); break;
+    case W_Q6_K: kq_dequant_q6k(group, K, j, out); break;
+    case W_IQ4_XS: kq_dequant_iq4xs(group, K, j, out); break;
+    case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL: kq_dequant_q32(group, wtype, K, j, out); break;
+    case W_Q8_0: case W_Q4_1: case W_F16: case W_BF16: case W_F32: case W_PARTS: rs_unknown_format(wtype);
     }
 }
 
@@ -176,15 +169,16 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
 static inline __attribute__((always_inline)) void KQ(tile)(const int MB, int wtype, const int8_t *xq,
                                                             const float *xd, const float *xs, const int16_t *S,
                                                             int K, const uint8_t *g0, const uint8_t *g1, kvf *acc) {
-    switch (wtype) {
-    case KW_Q4_K: KQ(q45k)(MB, KW_Q4_K, xq, xd, xs, K, g0, g1, acc); break;
-    case KW_Q5_K: KQ(q45k)(MB, KW_Q5_K, xq, xd, xs, K, g0, g1, acc); break;
-    case KW_Q6_K: KQ(q6k)(MB, xq, xd, S, K, g0, g1, acc); break;
-    case KW_IQ4_XS: KQ(iq4xs)(MB, xq, xd, S, K, g0, g1, acc); break;
-    case KW_Q5_0: KQ(q32)(MB, KW_Q5_0, xq, xd, xs, S, K, g0, g1, acc); break;
-    case KW_Q4_0: KQ(q32)(MB, KW_Q4_0, xq, xd, xs, S, K, g0, g1, acc); break;
-    case KW_Q5_1: KQ(q32)(MB, KW_Q5_1, xq, xd, xs, S, K, g0, g1, acc); break;
-    default: KQ(q32)(MB, KW_IQ4_NL, xq, xd, xs, S, K, g0, g1, acc); break;
+    switch ((rs_wtype)wtype) {
+    case W_Q4_K: KQ(q45k)(MB, W_Q4_K, xq, xd, xs, K, g0, g1, acc); break;
+    case W_Q5_K: KQ(q45k)(MB, W_Q5_K, xq, xd, xs, K, g0, g1, acc); break;
+    case W_Q6_K: KQ(q6k)(MB, xq, xd, S, K, g0, g1, acc); break;
+    case W_IQ4_XS: KQ(iq4xs)(MB, xq, xd, S, K, g0, g1, acc); break;
+    case W_Q5_0: KQ(q32)(MB, W_Q5_0, xq, xd, xs, S, K, g0, g1, acc); break;
+    case W_Q4_0: KQ(q32)(MB, W_Q4_0, xq, xd, xs, S, K, g0, g1, acc); break;
+    case W_Q5_1: KQ(q32)(MB, W_Q5_1, xq, xd, xs, S, K, g0, g1, acc); break;
+    case W_IQ4_NL: KQ(q32)(MB, W_IQ4_NL, xq, xd, xs, S, K, g0, g1, acc); break;
+    case W_Q8_0: case W_Q4_1: case W_F16: case W_BF16: case W_F32: case W_PARTS: rs_unknown_format(wtype);
     }
 }
 

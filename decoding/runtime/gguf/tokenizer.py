@@ -228,7 +228,7 @@ def read_vocab(source: str | Path | Any) -> GGUFVocab:
         try:
             meta = _metadata(Path(source))
         except (OSError, ValueError, KeyError, IndexError, struct.error, RecursionError):
-            from decoding.runtime.llama_weights import read_gguf
+            from decoding.runtime.gguf.meta import read_gguf
 
             try:
                 meta = _reader_metadata(read_gguf(Path(source)))  # names what is wrong with the file

@@ -13,9 +13,10 @@ import torch
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelLoadError
 from decoding.runtime import kernels
-from decoding.runtime.cpu_llama import CpuLlama, _unpermute_rows, weights_from_gguf
 from decoding.runtime.interface import BatchItem
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.weights import _unpermute_rows, weights_from_gguf
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import (
     fake_quantized_activations,
@@ -484,7 +485,7 @@ def test_gguf_weights_are_read_as_stored_and_unpermuted(tmp_path: Path) -> None:
     qkv = torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
     step = (qkv.detach().view(-1, 2, 32).amax(-1) - qkv.detach().view(-1, 2, 32).amin(-1)).max() / 15
     assert (lw.qkv.dequantize() - qkv).abs().max() <= step  # right rows in the right order
-    model = CpuLlama(weights, torch.float32)
+    model = QuantizedModel(weights, torch.float32)
     ids = torch.randint(0, 97, (1, 20), generator=_gen(1))
     with torch.inference_mode():
         got = model(ids).logits[0, -1]
@@ -497,7 +498,7 @@ def test_unsupported_architectures_say_why() -> None:
     from transformers import LlamaConfig
 
     from decoding.errors import ModelLoadError
-    from decoding.runtime.cpu_llama import check_supported
+    from decoding.runtime.weights import check_supported
 
     with pytest.raises(ModelLoadError, match="SiLU"):
         check_supported(LlamaConfig(hidden_act="gelu"))
@@ -509,7 +510,7 @@ def test_bad_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     import gguf
 
     from decoding.errors import ModelFileError, ModelLoadError
-    from decoding.runtime.models import LoadOptions, load_model
+    from decoding.runtime.loader import LoadOptions, load_model
 
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"not a gguf file at all" * 10)

@@ -1,4 +1,4 @@
-"""The quantized CPU runtime's weights (``LlamaWeights``): read from a GGUF file as stored, or quantized from a loaded
+"""The quantized CPU runtime's weights (``ModelWeights``): read from a GGUF file as stored, or quantized from a loaded
 transformers model, of any family ``decoding.runtime.families`` lists, and the check that the runtime can run a
 config at all.
 
@@ -24,11 +24,11 @@ from transformers import PretrainedConfig
 
 from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.families import Family, common_config, family_of, forward_plan, gguf_family
-from decoding.runtime.gguf_meta import field, gguf_rope, read_gguf, required
+from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, required
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
 
-__all__ = ["LayerWeights", "LlamaWeights", "check_supported", "gguf_config", "gguf_rope", "llama_dims", "read_gguf",
-           "weights_from_gguf", "weights_from_hf"]
+__all__ = ["LayerWeights", "ModelWeights", "check_supported", "gguf_config", "model_dims", "weights_from_gguf",
+           "weights_from_hf"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +51,7 @@ class LayerWeights:
 
 
 @dataclass(frozen=True, eq=False)
-class LlamaWeights:
+class ModelWeights:
     config: PretrainedConfig  # a transformers config (of the family's class, from a GGUF file too)
     embed: QuantMatrix  # [V, E]
     layers: list[LayerWeights]
@@ -71,7 +71,7 @@ class LlamaWeights:
 # ---- shapes the kernels accept ------------------------------------------------------------------------
 
 
-def llama_dims(config: PretrainedConfig) -> tuple[int, int, int, int, int]:
+def model_dims(config: PretrainedConfig) -> tuple[int, int, int, int, int]:
     e = int(config.hidden_size)
     h = int(config.num_attention_heads)
     g = int(getattr(config, "num_key_value_heads", None) or h)
@@ -90,7 +90,7 @@ def check_supported(config: PretrainedConfig) -> Family:
     rope = getattr(config, "rope_scaling", None) or {}
     if "dynamic" in str(rope.get("rope_type", rope.get("type", ""))):
         raise ModelFileError("the quantized CPU runtime needs rotary frequencies fixed at load (no dynamic RoPE)")
-    e, h, g, d, i = llama_dims(config)
+    e, h, g, d, i = model_dims(config)
     if e % 32 or i % 32 or (h * d) % 32 or d % 8 or d > 256 or h % g:
         raise ModelFileError(f"shapes not supported by the quantized kernels (hidden {e}, head dim {d}, ffn {i})")
     return family
@@ -101,7 +101,7 @@ def check_supported(config: PretrainedConfig) -> Family:
 
 def gguf_config(reader: Any) -> PretrainedConfig:
     """A transformers config of the file's family (``decoding.runtime.families``) from a GGUF file's metadata, its
-    rope scaling included (``gguf_meta.gguf_rope``); an architecture the runtime does not run raises
+    rope scaling included (``gguf.meta.gguf_rope``); an architecture the runtime does not run raises
     ``ModelFileError`` naming it and the ones it runs."""
     family = gguf_family(reader)
     return family.config(reader, common_config(reader, family.gguf_arch))
@@ -166,8 +166,8 @@ def gguf_torch_config(path: Path) -> Any:
     return config
 
 
-def weights_from_gguf(path: Path) -> LlamaWeights:
-    """Read a GGUF file of any family the runtime runs into ``LlamaWeights``, each tensor as stored in its own type
+def weights_from_gguf(path: Path) -> ModelWeights:
+    """Read a GGUF file of any family the runtime runs into ``ModelWeights``, each tensor as stored in its own type
     (see the module's docstring); a tensor of a type the kernels do not read raises ``ModelFileError``."""
     from gguf import quants
 
@@ -175,7 +175,7 @@ def weights_from_gguf(path: Path) -> LlamaWeights:
     config = gguf_config(reader)
     family = check_supported(config)
     tensors = {t.name: t for t in reader.tensors}
-    _, h, g, _, _ = llama_dims(config)
+    _, h, g, _, _ = model_dims(config)
 
     def tensor(name: str) -> Any:
         if name not in tensors:
@@ -221,13 +221,13 @@ def weights_from_gguf(path: Path) -> LlamaWeights:
     held = {k for m in (embed, head, *(m for lw in layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)))
             for k in m.kinds}
     tag = "+".join(sorted(k.name for k in held))
-    return LlamaWeights(config, embed, layers, vec("output_norm.weight"), head, "gguf:" + tag)
+    return ModelWeights(config, embed, layers, vec("output_norm.weight"), head, "gguf:" + tag)
 
 
 # ---- weights from a transformers model --------------------------------------------------------------------
 
 
-def weights_from_hf(model: Any, kind: WeightType) -> LlamaWeights:
+def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
     """Quantize a loaded transformers model of a family the runtime runs: linear layers to ``kind``, embedding /
     head Q8_0 (F32 when ``kind`` is), norms as the runtime multiplies by them (Gemma's w + 1)."""
     config = model.config
@@ -273,4 +273,4 @@ def weights_from_hf(model: Any, kind: WeightType) -> LlamaWeights:
     out = model.get_output_embeddings().weight
     tied = out.data_ptr() == inner.embed_tokens.weight.data_ptr()
     head = embed if tied else q(out, outer)
-    return LlamaWeights(config, embed, layers, norm(inner.norm), head, f"quantized:{kind.name.lower()}")
+    return ModelWeights(config, embed, layers, norm(inner.norm), head, f"quantized:{kind.name.lower()}")

@@ -1,6 +1,6 @@
 """Reading a GGUF file's metadata: the reader, typed fields, and the rotary scaling a file asks for.
 
-Shared by the weights' loader (``decoding.runtime.llama_weights``), the architectures' configs
+Shared by the weights' loader (``decoding.runtime.weights``), the architectures' configs
 (``decoding.runtime.families``) and the tokenizer; nothing here knows an architecture.
 """
 
@@ -70,7 +70,7 @@ def gguf_rope(reader: Any, arch: str, head_dim: int, context: int) -> dict[str, 
     ``original_context_length`` (else its context length, as llama.cpp takes it), and
     ``max_position_embeddings`` stays the GGUF's context length (the positions the model supports).
     A ``rope_freqs.weight`` tensor (Llama-3.1: llama.cpp divides rotary frequency i by ``rope_freqs[i]``) becomes
-    ``config.rope_freqs``, a list of D/2 floats that ``decoding.runtime.cpu_llama.rotary_tables`` divides its default
+    ``config.rope_freqs``, a list of D/2 floats that ``decoding.runtime.quantized.rotary_tables`` divides its default
     inverse frequencies by. Anything the runtime would not reproduce (another type, both at once, a yarn knob
     away from its default) raises ``ModelLoadError``: a wrong rope gives fluent, wrong output past short contexts.
     """
