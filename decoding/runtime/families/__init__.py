@@ -12,7 +12,9 @@ embeddings (Gemma), fused tensors (Phi-3), and q / k rows permuted by llama.cpp'
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +67,14 @@ def common_config(reader: Any, arch: str) -> dict[str, Any]:
 
 
 def _families() -> dict[str, Family]:
-    from decoding.runtime.families import gemma, llama, phi3, qwen  # each imports base, not this module
-
-    return {f.gguf_arch: f for module in (llama, qwen, gemma, phi3) for f in module.FAMILIES}
+    """Every module of this package but ``base`` declares its ``FAMILIES`` (each imports base, not this module): a
+    new family is a new module, no list to edit."""
+    found: dict[str, Family] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name != "base":
+            for family in importlib.import_module(f"{__name__}.{info.name}").FAMILIES:
+                found[family.gguf_arch] = family
+    return found
 
 
 FAMILIES: dict[str, Family] = {}  # by GGUF architecture (filled below, once the modules can import this one)
