@@ -18,17 +18,20 @@ CPU); ``load`` loads the configured one.
 The C files (every ``*.c`` here is compiled for each path and linked into its library; the library's cache key
 hashes them and every ``*.h``):
 
-- ``quant_kernels.c``: the quantized CPU runtime's building blocks (``decoding.runtime.quantized``): linear layers
-  on Q8_0 / Q4_1 weights with int8 activations (and the dispatch of every other format), RMSNorm, RoPE + KV store,
-  SiLU, and one call per decoder layer;
-- ``cpu_kernels.c``: attention over the cached prefix plus each query's tree path (fp32, fp16, bf16 or int8 KV),
-  used by both CPU runtimes, and fp32 small-batch linear layers for the torch fallback (``cpu_quant="none"``);
-- ``kquant_kernels.c``: the linear layers on GGUF's other block formats and on matrices whose parts are of several
-  formats (called by ``quant_kernels.c``), one header per format holding its layout, kernel and dequantization:
-  ``q4_k.h`` (Q4_K, Q5_K), ``q6_k.h``, ``q32.h`` (Q5_0, Q4_0, Q5_1, IQ4_NL), ``iq4_xs.h``; ``kq_lanes.h`` their
-  vector layer (8 or 16 lanes);
-- ``float_kernels.c``: the linear layers on F16 / BF16 / F32 weights, on the fp32 activations;
-- ``simd.h``: the vector helpers they share.
+- ``forward.c``: the quantized runtime's forward (``decoding.runtime.quantized``), one call for every layer, and
+  the LM head; ``forward.h`` its structs;
+- ``rows.c``: the row operations between the matrix products (activation quantization, RMSNorm, RoPE + KV store,
+  the gated MLP's activation, post-norms, soft-capping);
+- ``matmul.c``: the one dispatch by weight format (``formats.h``: every format's id and sizes, checked against
+  ``decoding.runtime.formats`` at load) to the format files: ``formats_q8_0_q4_1.c`` (Q8_0 / Q4_1, with the AMX
+  tiles), ``formats_int.c`` (the other block formats, one header each: ``q4_k.h`` Q4_K / Q5_K, ``q6_k.h``,
+  ``q32.h`` Q5_0 / Q4_0 / Q5_1 / IQ4_NL, ``iq4_xs.h``; ``kq_lanes.h`` their vector layer; and parts matrices),
+  ``formats_float.c`` (F16 / BF16 / F32 on the fp32 activations);
+- ``attention.c``: attention over the cached prefix plus each query's tree path (fp32, fp16, bf16 or int8 KV),
+  used by both CPU runtimes; ``linear_f32.c``: fp32 small-batch linear layers for the torch path
+  (``cpu_quant="none"``);
+- ``api.h``: every entry point Python calls; ``abi.c``: the structs' layout for the load-time check; ``formats.c``:
+  the formats' table as the check reads it; ``simd.h``: the vector helpers they share.
 
 The Python modules, one concern each (this package re-exports their public names; the mutable state lives in
 the module named, so read or patch it there):
@@ -38,8 +41,9 @@ the module named, so read or patch it there):
 - ``configuration``: ``KernelConfig``, ``config``, ``cache_dir`` (state: ``_config``, written by ``configure``);
 - ``building``: the sources and headers, compiler flags, the library's cache key and path, the private OpenMP
   runtime, ``build`` / ``build_all`` / ``build_jobs`` / ``built_isas`` (an flock on the cache dir);
-- ``loading``: ``configure``, ``load`` / ``loaded`` / ``unavailable_reason`` / ``library`` and the ctypes
-  signatures (state: ``_lib``, ``_tried``, ``_why_not``, ``_paths``);
+- ``loading``: ``configure``, ``load`` / ``loaded`` / ``unavailable_reason`` / ``library``, each library checked as
+  it loads (state: ``_lib``, ``_tried``, ``_why_not``, ``_paths``);
+- ``abi``: the structs and entry points crossing into C, declared once (checked at load; ``call`` by name);
 - ``kernel_thread``: ``run_on_kernel_thread``, the one thread every quantized forward runs on;
 - ``ops``: the Python wrappers of the C entry points (``linear``, ``qlinear``, ``dequant_rows``, ``attention`` and
   its workspace) and the KV storage helpers;
