@@ -1,11 +1,11 @@
-/* ragspec CPU kernels on quantized weights (AVX2 + FMA + F16C; AVX-512 VNNI and the AMX int8 tiles where compiled
- * for them): the lean Llama forward's building blocks.
+/* ragspec CPU kernels for the Q8_0 and Q4_1 formats (AVX2 + FMA + F16C; AVX-512 VNNI and the AMX int8 tiles where
+ * compiled for them), the formats a safetensors model is quantized to at load; matmul.c's dispatch hands them here.
  *
  * Weights stay in the GGUF block formats they were stored in (or that they were quantized to at load):
  *   Q8_0: blocks of 32 weights = fp16 scale d + 32 int8 q            (34 bytes),  w = d * q
  *   Q4_1: blocks of 32 weights = fp16 scale d + fp16 min m + 16 bytes (20 bytes), w = d * q + m, q in 0..15
  *         (byte t holds weight t in its low nibble and weight t + 16 in its high nibble)
- * Activations are quantized per row and per block of 32 to int8 (d_x = max|x| / 127, q_x = round(x / d_x)),
+ * Activations are quantized per row and per block of 32 to int8 (rows.c: d_x = max|x| / 127, q_x = round(x / d_x)),
  * so a block's dot product is an exact integer sum (maddubs + madd), scaled once in fp32:
  *   Q8_0: d_w d_x sum(q_w q_x);   Q4_1: d_w d_x sum(q_w q_x) + m_w (d_x sum(q_x)).
  *
