@@ -6,8 +6,8 @@ llama.cpp from the same file, side by side in one run (issue 43).
 
 Formats (``--formats``): the bundled SmolLM2-135M-Instruct GGUF as shipped (Q4_1, its embedding Q8_0) and
 requantized from it by llama.cpp's own quantizer (``llama_model_quantize``, requantizing allowed: Q4_K_M, Q5_K_M,
-Q6_K, Q8_0, Q4_0, IQ4_XS; llama.cpp falls back to other types for rows that are not a multiple of 256, so each
-file's tensor-type histogram is recorded). Per format, on a ~3.5K-token document (``--context``), with the same
+Q6_K, Q8_0, Q4_0, IQ4_XS, Q3_K_M, Q2_K; llama.cpp falls back to other types for rows that are not a multiple of 256,
+so each file's tensor-type histogram is recorded). Per format, on a ~3.5K-token document (``--context``), with the same
 threads: decode tokens/s (fixed length, end of sequence ignored) and cold prefill tokens/s, ours against
 llama.cpp's best build here and its AVX2 build (``scripts/build-llama-cpp``), runs interleaved (rep -> runtime)
 after one warm-up each, medians and every repetition; the first 32 greedy tokens ours against each build's (equal,
@@ -72,6 +72,8 @@ FORMATS: dict[str, str | None] = {
     "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
     "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
     "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+    "Q3_K_M": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+    "Q2_K": "LLAMA_FTYPE_MOSTLY_Q2_K",
 }
 SHAPE_FTYPE = "LLAMA_FTYPE_MOSTLY_Q4_K_M"
 DOC = "mpl-2.0"  # a QA document of the benchmark set longer than the contexts used here

@@ -5,7 +5,7 @@ A matrix is ``rows`` weight rows (output features) of ``cols`` weights (input fe
 These are the exact block layouts of GGUF (ggml-common.h), so a GGUF tensor is used without changing a value: its
 bytes are only rearranged, 8 rows interleaved into records (``pack_rows``, by each format's ``pack``; the float
 formats' rows stay as they are), into what ``decoding/runtime/kernels`` reads (the K-quants' and IQ4_XS's 6-bit
-scales unpacked, the one growth: at most 1.028x). ``quantize`` makes Q8_0 / Q4_1 from fp32 weights at load (a
+scales unpacked, the one growth: at most 1.036x). ``quantize`` makes Q8_0 / Q4_1 from fp32 weights at load (a
 safetensors model on the CPU), the way llama.cpp's reference quantizers do; the other formats come only from GGUF
 files. ``dequantize`` is the fp32 reference (tests), GGUF's own arithmetic. ``join_rows`` keeps rows of several
 formats together as one "parts" matrix (a fused q/k/v whose parts a file stores in different types), each part

@@ -2,14 +2,14 @@
 transformers model, of any family ``decoding.runtime.families`` lists, and the check that the runtime can run a
 config at all.
 
-A GGUF file's tensors are used as stored, each in its own type (``GGUF_AS_STORED``: the K-quants Q4_K, Q5_K, Q6_K;
-the 32-weight blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL, IQ4_XS; and F16, BF16, F32): the kernels read every one
-of them, so nothing is dequantized or requantized at load, and a file holding a type they lack (Q2_K, Q3_K, the
-other IQ types, ...) is refused at load naming the tensor and its type. Fused matrices (q/k/v, gate/up) whose parts
-a file stores in different types (a Q4_K_M's Q6_K attn_v beside Q4_K q and k) stay as stored too: a parts matrix
-(``quant.join_rows``), each part computed in its own format. A Llama's q / k rows are put back in transformers'
-order (llama.cpp permutes them for its RoPE); norms are used as stored (Gemma's hold w + 1). A transformers
-model's linear layers are quantized to the requested format, its embedding and LM head to Q8_0.
+A GGUF file's tensors are used as stored, each in its own type (``GGUF_AS_STORED``: every format of
+``decoding.runtime.formats``, the K-quants Q2_K to Q6_K, the 32-weight blocks, IQ4_NL, IQ4_XS, F16, BF16, F32): the
+kernels read every one of them, so nothing is dequantized or requantized at load, and a file holding a type they lack
+(IQ1, IQ2 and IQ3 types, TQ, ...) is refused at load naming the tensor and its type. Fused matrices (q/k/v, gate/up)
+whose parts a file stores in different types (a Q4_K_M's Q6_K attn_v beside Q4_K q and k) stay as stored too: a parts
+matrix (``quant.join_rows``), each part computed in its own format. A Llama's q / k rows are put back in transformers'
+order (llama.cpp permutes them for its RoPE); norms are used as stored (Gemma's hold w + 1). A transformers model's
+linear layers are quantized to the requested format, its embedding and LM head to Q8_0.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from decoding.runtime.families import Family, common_config, family_of, forward_
 from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, required
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
 
-__all__ = ["LayerWeights", "ModelWeights", "check_supported", "gguf_config", "model_dims", "weights_from_gguf",
-           "weights_from_hf"]
+__all__ = ["LayerWeights", "ModelWeights", "check_supported", "gguf_config", "model_dims", "unpermute_rows",
+           "weights_from_gguf", "weights_from_hf"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,7 +138,7 @@ def _gguf_fused(path: Path, parts: list[tuple[Any, np.ndarray | None]]) -> Quant
                       for kind, raws in runs])
 
 
-def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
+def unpermute_rows(rows: int, heads: int) -> np.ndarray:
     """GGUF stores Llama's q / k rows permuted for llama.cpp's RoPE; the row order of transformers' layout."""
     idx = np.arange(rows)
     return idx.reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(rows)
@@ -185,7 +185,7 @@ def weights_from_gguf(path: Path) -> ModelWeights:
     def part(name: str, heads: int = 0) -> tuple[Any, np.ndarray | None]:
         """``heads``: q / k rows, un-permuted (on the stored bytes: a row's blocks move as they are)."""
         t = tensor(name)
-        return t, _unpermute_rows(int(t.shape[1]), heads) if heads and family.permuted_qk else None
+        return t, unpermute_rows(int(t.shape[1]), heads) if heads and family.permuted_qk else None
 
     def mat(*names: str | tuple[str, int]) -> QuantMatrix:
         return _gguf_fused(path, [part(n) if isinstance(n, str) else part(*n) for n in names])

@@ -36,6 +36,8 @@ class WeightType(IntEnum):
     F16 = 11
     BF16 = 12
     F32 = 13
+    Q2_K = 14
+    Q3_K = 15
     PARTS = 16  # rows of several matrices, one after the other (``quant.join_rows``): not a format
 
 
@@ -110,12 +112,12 @@ def apart(a: np.ndarray, n: int) -> np.ndarray:
 
 
 def by_sub_block(v: np.ndarray) -> np.ndarray:
-    """Per-sub-block bytes ``[G, 8 rows, blocks, 8]`` -> ``[G, blocks, 64]`` with sub-block s of row j at 8s + j."""
-    g, _, nb, _ = v.shape
-    return v.transpose(0, 2, 3, 1).reshape(g, nb, 64)
+    """Per-sub-block bytes ``[G, 8 rows, blocks, S]`` -> ``[G, blocks, 8 S]`` with sub-block s of row j at 8s + j."""
+    g, _, nb, subs = v.shape
+    return v.transpose(0, 2, 3, 1).reshape(g, nb, GROUP * subs)
 
 
 def by_row(v: np.ndarray) -> np.ndarray:
     """The inverse of ``by_sub_block``."""
-    g, nb, _ = v.shape
-    return v.reshape(g, nb, 8, GROUP).transpose(0, 3, 1, 2)
+    g, nb, n = v.shape
+    return v.reshape(g, nb, n // GROUP, GROUP).transpose(0, 3, 1, 2)

@@ -20,7 +20,9 @@
     X(Q5_K, 10, 256, 176, 1440)      \
     X(F16, 11, 1, 2, 16)             \
     X(BF16, 12, 1, 2, 16)            \
-    X(F32, 13, 1, 4, 32)
+    X(F32, 13, 1, 4, 32)             \
+    X(Q2_K, 14, 256, 84, 672)        \
+    X(Q3_K, 15, 256, 110, 912)
 
 typedef enum {
 #define RS_FORMAT_ID(name, id, weights, bytes, record) W_##name = id,

@@ -1,13 +1,13 @@
-/* ragspec CPU kernels on GGUF's block formats beyond Q8_0 / Q4_1, read as stored, one file per format: q4_k.h (Q4_K,
- * Q5_K), q6_k.h (Q6_K), q32.h (the 32-weight blocks Q5_0, Q4_0, Q5_1 and IQ4_NL), iq4_xs.h (IQ4_XS), each holding the
- * format's GGUF block, its packed layout, the order of its arithmetic, its kernel and its scalar dequantization; and
- * a "parts" matrix: rows of several formats, e.g. a fused q/k/v whose v is Q6_K and q, k Q4_K, each part computed in
- * its own format. matmul.c's qmatmul_part and dequant_row hand these formats here (kq_matmul_part,
- * kq_dequant_row).
+/* ragspec CPU kernels on GGUF's block formats beyond Q8_0 / Q4_1, read as stored, one file per format: q2_k.h (Q2_K,
+ * Q3_K), q4_k.h (Q4_K, Q5_K), q6_k.h (Q6_K), q32.h (the 32-weight blocks Q5_0, Q4_0, Q5_1 and IQ4_NL), iq4_xs.h
+ * (IQ4_XS), each holding the format's GGUF block, its packed layout, the order of its arithmetic, its kernel and its
+ * scalar dequantization; and a "parts" matrix: rows of several formats, e.g. a fused q/k/v whose v is Q6_K and q, k
+ * Q4_K, each part computed in its own format. matmul.c's qmatmul_part and dequant_row hand these formats here
+ * (kq_matmul_part, kq_dequant_row).
  *
  * Packed ("x8") as the other formats are: rows in groups of 8 (zero rows pad the last), per group and block one
  * record of the 8 rows' bytes rearranged (decoding/runtime/quant.py's pack_rows; no value changes, the same bytes
- * but for the 6-bit scales the K-quants and IQ4_XS unpack: at most 1.028x), where a "chunk" of 32 bytes holds 4 bytes
+ * but for the 6-bit scales Q3_K to Q5_K and IQ4_XS unpack: at most 1.036x), where a "chunk" of 32 bytes holds 4 bytes
  * of each row in turn (bytes 4j..4j+3: row j). One integer instruction on a chunk against 4 activations broadcast to
  * every lane then adds 4 products to each of 8 rows' sums (16 rows on 512-bit vectors: two groups side by side).
  *
@@ -141,6 +141,7 @@ void kq_matmul_part(const float *x, long ldx, const int8_t *xq, const float *xd,
 
 /* ---- dequantization of one packed row (embedding rows, references): each format's own, in fp32 ---------------- */
 
+#include "q2_k.h"
 #include "q4_k.h"
 #include "q6_k.h"
 #include "q32.h"
@@ -153,6 +154,8 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
     case W_Q6_K: kq_dequant_q6k(group, K, j, out); break;
     case W_IQ4_XS: kq_dequant_iq4xs(group, K, j, out); break;
     case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL: kq_dequant_q32(group, wtype, K, j, out); break;
+    case W_Q2_K: kq_dequant_q23k(group, 0, K, j, out); break;
+    case W_Q3_K: kq_dequant_q23k(group, 1, K, j, out); break;
     case W_Q8_0: case W_Q4_1: case W_F16: case W_BF16: case W_F32: case W_PARTS: rs_unknown_format(wtype);
     }
 }
@@ -160,6 +163,7 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
 #else /* ---- the body, once per KQ_LANES: each format's kernel, then a tile and a group's rows ------------------- */
 
 #include "kq_lanes.h"
+#include "q2_k.h"
 #include "q4_k.h"
 #include "q6_k.h"
 #include "q32.h"
@@ -178,6 +182,8 @@ static inline __attribute__((always_inline)) void KQ(tile)(const int MB, int wty
     case W_Q4_0: KQ(q32)(MB, W_Q4_0, xq, xd, xs, S, K, g0, g1, acc); break;
     case W_Q5_1: KQ(q32)(MB, W_Q5_1, xq, xd, xs, S, K, g0, g1, acc); break;
     case W_IQ4_NL: KQ(q32)(MB, W_IQ4_NL, xq, xd, xs, S, K, g0, g1, acc); break;
+    case W_Q2_K: KQ(q23k)(MB, W_Q2_K, xq, xd, S, K, g0, g1, acc); break;
+    case W_Q3_K: KQ(q23k)(MB, W_Q3_K, xq, xd, S, K, g0, g1, acc); break;
     case W_Q8_0: case W_Q4_1: case W_F16: case W_BF16: case W_F32: case W_PARTS: rs_unknown_format(wtype);
     }
 }

@@ -16,6 +16,7 @@
 #define VSRL16 _mm512_srli_epi16
 #define VSLL16 _mm512_slli_epi16
 #define VSLL32 _mm512_slli_epi32
+#define VSRL32 _mm512_srli_epi32
 #define VSRA32 _mm512_srai_epi32
 #define VADD32 _mm512_add_epi32
 #define VSUB32 _mm512_sub_epi32
@@ -67,6 +68,7 @@ static inline kvi KQ(bc4)(const int8_t *x) {
 #define VSRL16 _mm256_srli_epi16
 #define VSLL16 _mm256_slli_epi16
 #define VSLL32 _mm256_slli_epi32
+#define VSRL32 _mm256_srli_epi32
 #define VSRA32 _mm256_srai_epi32
 #define VADD32 _mm256_add_epi32
 #define VSUB32 _mm256_sub_epi32
@@ -123,6 +125,7 @@ static inline kvi KQ(bc4)(const int8_t *x) {
 #undef VSRL16
 #undef VSLL16
 #undef VSLL32
+#undef VSRL32
 #undef VSRA32
 #undef VADD32
 #undef VSUB32

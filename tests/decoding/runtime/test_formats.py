@@ -30,6 +30,7 @@ from decoding.runtime import kernels
 from decoding.runtime.formats import FORMATS as REGISTRY
 from decoding.runtime.formats.iq4_nl import IQ4_VALUES
 from decoding.runtime.formats.iq4_xs import iq4xs_pack_scales
+from decoding.runtime.formats.q3_k import q3k_pack_scales
 from decoding.runtime.formats.q4_k import q4k_pack_scales
 from decoding.runtime.kernels import available_isas
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
@@ -162,9 +163,53 @@ def quantize_iq4_xs(w: np.ndarray) -> np.ndarray:
     return blocks.reshape(n, -1)
 
 
+def _two_bit_bytes(q: np.ndarray) -> np.ndarray:
+    """2-bit quants ``[n, S, 256]`` -> Q2_K's / Q3_K's 64 bytes ``[n, S, 64]`` (in each 128 weights, byte l: weights
+    l, 32 + l, 64 + l, 96 + l in bits 0-1, 2-3, 4-5, 6-7)."""
+    n = q.shape[0]
+    parts = q.reshape(n, -1, 2, 4, 32)
+    return sum(parts[:, :, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(n, -1, 64)
+
+
+def quantize_q2_k(w: np.ndarray) -> np.ndarray:
+    """A simple Q2_K quantizer (per 16 min / max, 4-bit scales and mins of a super-block's d, dmin): GGUF rows."""
+    n, cols = w.shape
+    x = w.astype(np.float32).reshape(n, cols // 256, 16, 16)
+    mn_f = np.maximum(-x.min(-1), 0.0)
+    sc_f = (x.max(-1) + mn_f) / 3
+    d = (sc_f.max(-1, keepdims=True) / 15).astype(np.float16)
+    dmin = (mn_f.max(-1, keepdims=True) / 15).astype(np.float16)
+    df, dmf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(np.rint(np.divide(sc_f, df, out=np.zeros_like(sc_f), where=df > 0)), 0, 15).astype(np.uint8)
+    m = np.clip(np.rint(np.divide(mn_f, dmf, out=np.zeros_like(mn_f), where=dmf > 0)), 0, 15).astype(np.uint8)
+    step = (df * sc)[..., None]
+    q = np.divide(x + (dmf * m)[..., None], step, out=np.zeros_like(x), where=step > 0)
+    q = np.clip(np.rint(q), 0, 3).astype(np.uint8).reshape(n, -1, 256)
+    blocks = np.concatenate([sc | (m << 4), _two_bit_bytes(q), d.view(np.uint8), dmin.view(np.uint8)], axis=-1)
+    return blocks.reshape(n, -1)
+
+
+def quantize_q3_k(w: np.ndarray) -> np.ndarray:
+    """A simple Q3_K quantizer (per 16 a 6-bit signed scale of a super-block's d, q in -4..3): GGUF rows."""
+    n, cols = w.shape
+    x = w.astype(np.float32).reshape(n, cols // 256, 16, 16)
+    sub = np.abs(x).max(-1) / 4
+    d = (sub.max(-1, keepdims=True) / 31).astype(np.float16)
+    df = d.astype(np.float32)
+    sc = np.clip(np.rint(np.divide(sub, df, out=np.zeros_like(sub), where=df > 0)), -32, 31).astype(np.int8)
+    step = (df * sc)[..., None]
+    q = np.clip(np.rint(np.divide(x, step, out=np.zeros_like(x), where=step > 0)), -4, 3).astype(np.int8)
+    q = q.reshape(n, -1, 256)
+    high = (q >= 0).astype(np.uint8)  # the bit set: no offset; clear: q = low bits - 4
+    low = (q + 4 * (1 - high.astype(np.int8))).astype(np.uint8)
+    hmask = sum(high.reshape(n, -1, 8, 32)[:, :, b] << b for b in range(8)).astype(np.uint8)
+    blocks = np.concatenate([hmask, _two_bit_bytes(low), q3k_pack_scales(sc), d.view(np.uint8)], axis=-1)
+    return blocks.reshape(n, -1)
+
+
 TEST_QUANTIZERS = {WeightType.Q4_K: quantize_q45_k, WeightType.Q5_K: lambda w: quantize_q45_k(w, fifth=True),
                    WeightType.Q6_K: quantize_q6_k, WeightType.IQ4_NL: quantize_iq4_nl,
-                   WeightType.IQ4_XS: quantize_iq4_xs}
+                   WeightType.IQ4_XS: quantize_iq4_xs, WeightType.Q2_K: quantize_q2_k, WeightType.Q3_K: quantize_q3_k}
 
 
 def to_blocks(w: np.ndarray, kind: WeightType) -> np.ndarray:
@@ -218,7 +263,8 @@ def test_the_test_quantizers_make_close_weights() -> None:
     """The reference quantizers above: within a step of the weights (what gguf-py dequantizes them to)."""
     w = np.random.default_rng(2).standard_normal((16, 512)).astype(np.float32)
     for kind, tol in ((WeightType.Q4_K, 0.25), (WeightType.Q5_K, 0.12), (WeightType.Q6_K, 0.07),
-                      (WeightType.Q5_0, 0.15), (WeightType.IQ4_NL, 0.25), (WeightType.IQ4_XS, 0.25)):
+                      (WeightType.Q5_0, 0.15), (WeightType.IQ4_NL, 0.25), (WeightType.IQ4_XS, 0.25),
+                      (WeightType.Q2_K, 0.6), (WeightType.Q3_K, 0.4)):
         back = oracle(to_blocks(w, kind), kind, 512).numpy()
         assert np.abs(back - w).max() < tol * np.abs(w).max(), kind
 
@@ -277,6 +323,9 @@ def test_extreme_blocks_stay_exact(libraries: dict[str, object], kind: WeightTyp
         blocks[::2, :, 192:208] = 0x80  # int8 scales of -128 on half the rows, -1 on the others
     if kind in (WeightType.IQ4_NL, WeightType.IQ4_XS):
         blocks[::2, :, block_bytes(kind) - block_weights(kind) // 2 :] = 0x00  # index 0: -127
+    if kind == WeightType.Q3_K:
+        blocks[::2, :, :96] = 0x00  # q = -4 on half the rows (high bits clear, low bits 0)
+        blocks[1::4, :, 96:108] = 0x00  # and scales of -32 on a quarter
     qm = QuantMatrix.from_rows(kind, raw, cols)
     x = torch.ones(3, cols)
     x[1] = -1.0
@@ -352,7 +401,9 @@ Layout = dict[str, WeightType | tuple[WeightType, WeightType]]
 # per tensor the GGUF type (a tuple: per layer), as llama.cpp's mixes hold them: a Q4_K_M puts Q6_K on v and down in
 # one layer of two and on the output, and Q5_0 where rows are not whole super-blocks (here in layer 1's o and up);
 # a Q5_K_M the same with Q5_K / Q5_1 (and Q8_0 for Q6_K); an IQ4_XS falls back on IQ4_NL (and Q4_0 here); an F16 /
-# BF16 file may hold F32 tensors too. Each mix: its layout and the runtime tag it loads as.
+# BF16 file may hold F32 tensors too; a Q2_K file keeps Q3_K / Q4_K on the tensors that matter most (here also the
+# embedding and the gate: rows of so few levels put activations exactly halfway between two int8 steps, where the
+# reference's rounding of a last bit picks the other step). Each mix: its layout and the runtime tag it loads as.
 LAYOUTS: dict[str, tuple[Layout, str]] = {
     "Q4_K_M": ({"token_embd": W.Q4_K, "output": W.Q6_K, "attn_q": W.Q4_K, "attn_k": W.Q4_K,
                 "attn_v": (W.Q6_K, W.Q4_K), "attn_output": (W.Q4_K, W.Q5_0), "ffn_gate": W.Q4_K,
@@ -363,6 +414,9 @@ LAYOUTS: dict[str, tuple[Layout, str]] = {
     "IQ4_XS": ({"token_embd": W.IQ4_XS, "output": W.Q6_K, "attn_q": W.IQ4_XS, "attn_k": W.IQ4_XS,
                 "attn_v": (W.IQ4_NL, W.IQ4_XS), "attn_output": (W.IQ4_XS, W.Q4_0), "ffn_gate": W.IQ4_XS,
                 "ffn_up": (W.IQ4_XS, W.IQ4_NL), "ffn_down": (W.Q4_0, W.IQ4_XS)}, "IQ4_NL+IQ4_XS+Q4_0+Q6_K"),
+    "Q2_K": ({"token_embd": W.Q4_K, "output": W.Q6_K, "attn_q": W.Q2_K, "attn_k": W.Q2_K,
+              "attn_v": (W.Q4_K, W.Q3_K), "attn_output": (W.Q3_K, W.Q5_0), "ffn_gate": W.Q3_K,
+              "ffn_up": (W.Q2_K, W.Q5_0), "ffn_down": (W.Q3_K, W.Q4_K)}, "Q2_K+Q3_K+Q4_K+Q5_0+Q6_K"),
     "F16": ({"token_embd": W.F16, "output": W.BF16, "attn_q": W.F16, "attn_k": W.BF16, "attn_v": W.F32,
              "attn_output": (W.F16, W.BF16), "ffn_gate": W.F16, "ffn_up": (W.F16, W.F32), "ffn_down": W.BF16},
             "BF16+F16+F32"),
@@ -478,27 +532,27 @@ def test_a_gguf_loads_with_its_types_as_stored(kquant_file: Any) -> None:
 
 
 def test_a_type_the_kernels_lack_is_refused_naming_the_tensor(tmp_path: Path) -> None:
-    """A Q3_K tensor (no kernel reads it): one ModelFileError naming the file, the tensor, its type and the types
+    """An IQ3_XXS tensor (no kernel reads it): one ModelFileError naming the file, the tensor, its type and the types
     read; nothing is requantized behind the user's back."""
     layout: Layout = {**LAYOUTS["Q4_K_M"][0], "ffn_down": (W.Q4_K, W.Q6_K)}
-    path = tmp_path / "tiny-q3_k.gguf"
+    path = tmp_path / "tiny-iq3_xxs.gguf"
     hf = tiny_kquant_llama(3)
     write_kquant_gguf(path, hf, layout)
     reader = gguf.GGUFReader(str(path))
     down = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
-    assert down.tensor_type == GGMLQuantizationType.Q6_K  # rewrite its type in the header: Q3_K blocks, 110 bytes
+    assert down.tensor_type == GGMLQuantizationType.Q6_K  # rewrite its type in the header: IQ3_XXS blocks, 98 bytes
     raw = bytearray(path.read_bytes())
     # the tensor infos follow the metadata: name, n_dims (u32), dims (u64 each), type (u32), offset (u64)
     name = b"blk.1.ffn_down.weight"
     at = raw.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
     at += 4 + 8 * int.from_bytes(raw[at : at + 4], "little")
     assert int.from_bytes(raw[at : at + 4], "little") == int(GGMLQuantizationType.Q6_K)
-    raw[at : at + 4] = int(GGMLQuantizationType.Q3_K).to_bytes(4, "little")  # Q3_K: 110 bytes < Q6_K's 210: fits
+    raw[at : at + 4] = int(GGMLQuantizationType.IQ3_XXS).to_bytes(4, "little")  # 98 bytes < Q6_K's 210: fits
     path.write_bytes(bytes(raw))
     with pytest.raises(ModelFileError) as caught:
         weights_from_gguf(path)
     message = str(caught.value)
-    assert "blk.1.ffn_down.weight is Q3_K" in message and "tiny-q3_k.gguf" in message and "\n" not in message
+    assert "blk.1.ffn_down.weight is IQ3_XXS" in message and "tiny-iq3_xxs.gguf" in message and "\n" not in message
     assert "Q4_K" in message and "IQ4_XS" in message  # the types it reads
 
 

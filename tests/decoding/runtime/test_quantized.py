@@ -16,7 +16,7 @@ from decoding.runtime import kernels
 from decoding.runtime.interface import BatchItem
 from decoding.runtime.quant import QuantMatrix, WeightType, quantize, stack_rows
 from decoding.runtime.quantized import QuantizedModel
-from decoding.runtime.weights import _unpermute_rows, weights_from_gguf
+from decoding.runtime.weights import unpermute_rows, weights_from_gguf
 from decoding.speculative.tree import ROOT, DraftTree, tree_layout
 from tests.decoding.conftest import (
     fake_quantized_activations,
@@ -113,7 +113,7 @@ def test_gguf_row_unpermutation_matches_llama_cpp_permutation() -> None:
     rows, heads = 24, 3
     w = np.arange(rows)
     permuted = w.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
-    assert permuted[_unpermute_rows(rows, heads)].tolist() == w.tolist()
+    assert permuted[unpermute_rows(rows, heads)].tolist() == w.tolist()
 
 
 # ---- quantized linear ------------------------------------------------------------------------------------
