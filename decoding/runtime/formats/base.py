@@ -38,6 +38,7 @@ class WeightType(IntEnum):
     F32 = 13
     Q2_K = 14
     Q3_K = 15
+    MXFP4 = 17  # 16: PARTS
     PARTS = 16  # rows of several matrices, one after the other (``quant.join_rows``): not a format
 
 
@@ -64,6 +65,7 @@ class Format:
     dequantize: Callable[[Blocks], np.ndarray]
     kernel: str  # the C file computing it (decoding/runtime/kernels)
     fp16_fields: tuple[int, ...] = ()  # byte offsets of a block's fp16 scales / minimums
+    e8m0_fields: tuple[int, ...] = ()  # byte offsets of a block's power-of-two scales (E8M0: 2^(e - 127))
     is_float: bool = False  # rows kept as they are, multiplied by fp32 activations (no quantized activations)
 
     @property

@@ -22,7 +22,8 @@
     X(BF16, 12, 1, 2, 16)            \
     X(F32, 13, 1, 4, 32)             \
     X(Q2_K, 14, 256, 84, 672)        \
-    X(Q3_K, 15, 256, 110, 912)
+    X(Q3_K, 15, 256, 110, 912)       \
+    X(MXFP4, 17, 32, 17, 136)
 
 typedef enum {
 #define RS_FORMAT_ID(name, id, weights, bytes, record) W_##name = id,

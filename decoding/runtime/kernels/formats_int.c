@@ -39,6 +39,16 @@
    paths multiply unsigned weights by signed activations, then take 128 times the activations' sum back off). */
 static const int8_t kq_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const uint8_t kq_iq4_plus128[16] __attribute__((unused)) = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+/* MXFP4's 16 E2M1 values, doubled to integers (ggml's kvalues_mxfp4), likewise. */
+static const int8_t kq_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const uint8_t kq_mxfp4_plus128[16] __attribute__((unused)) = {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116};
+/* An E8M0 scale byte as the float 2^(e - 128), half the scale (the values are doubled): ggml's bits exactly. */
+static inline float kq_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task, as formats_q8_0_q4_1.c */
 #define KQ_PAIR_ROWS 6     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
 /* Tiles of at most this many rows sum a block's integer products on two chains each (even and odd chunks) on the
@@ -153,7 +163,7 @@ void kq_dequant_row(const uint8_t *group, int wtype, int K, int j, float *out) {
     case W_Q5_K: kq_dequant_q45k(group, 1, K, j, out); break;
     case W_Q6_K: kq_dequant_q6k(group, K, j, out); break;
     case W_IQ4_XS: kq_dequant_iq4xs(group, K, j, out); break;
-    case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL: kq_dequant_q32(group, wtype, K, j, out); break;
+    case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL: case W_MXFP4: kq_dequant_q32(group, wtype, K, j, out); break;
     case W_Q2_K: kq_dequant_q23k(group, 0, K, j, out); break;
     case W_Q3_K: kq_dequant_q23k(group, 1, K, j, out); break;
     case W_Q8_0: case W_Q4_1: case W_F16: case W_BF16: case W_F32: case W_PARTS: rs_unknown_format(wtype);
@@ -182,6 +192,7 @@ static inline __attribute__((always_inline)) void KQ(tile)(const int MB, int wty
     case W_Q4_0: KQ(q32)(MB, W_Q4_0, xq, xd, xs, S, K, g0, g1, acc); break;
     case W_Q5_1: KQ(q32)(MB, W_Q5_1, xq, xd, xs, S, K, g0, g1, acc); break;
     case W_IQ4_NL: KQ(q32)(MB, W_IQ4_NL, xq, xd, xs, S, K, g0, g1, acc); break;
+    case W_MXFP4: KQ(q32)(MB, W_MXFP4, xq, xd, xs, S, K, g0, g1, acc); break;
     case W_Q2_K: KQ(q23k)(MB, W_Q2_K, xq, xd, S, K, g0, g1, acc); break;
     case W_Q3_K: KQ(q23k)(MB, W_Q3_K, xq, xd, S, K, g0, g1, acc); break;
     case W_Q8_0: case W_Q4_1: case W_F16: case W_BF16: case W_F32: case W_PARTS: rs_unknown_format(wtype);

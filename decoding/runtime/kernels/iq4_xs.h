@@ -15,7 +15,7 @@ static inline __attribute__((always_inline)) void KQ(iq4xs)(const int MB, const 
                                                              const int16_t *S, int K, const uint8_t *g0,
                                                              const uint8_t *g1, kvf *acc) {
     const int nsb = K / QK_K, nb = K / QK;
-    const kvi low = V8(0x0F), table = KQ(iq4_table)();
+    const kvi low = V8(0x0F), table = KQ(iq4_table)(W_IQ4_XS);
     for (int i = 0; i < MB; ++i) acc[i] = VZEROF();
     for (int s = 0; s < nsb; ++s) {
         const uint8_t *r0 = g0 + (long)s * REC_IQ4_XS, *r1 = G1(g1 + (long)s * REC_IQ4_XS);

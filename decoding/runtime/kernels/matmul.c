@@ -25,7 +25,7 @@ void qmatmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, c
     case W_Q8_0: case W_Q4_1: q8_q41_matmul_part(xq, xd, xs, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr); return;
     case W_F16: case W_BF16: case W_F32: fl_matmul_part(x, ldx, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr); return;
     case W_Q4_K: case W_Q5_K: case W_Q6_K: case W_IQ4_XS: case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL:
-    case W_Q2_K: case W_Q3_K:
+    case W_Q2_K: case W_Q3_K: case W_MXFP4:
     case W_PARTS: kq_matmul_part(x, ldx, xq, xd, xs, M, K, w, wtype, ldg, N, y, ldy, bias, res, ldr); return;
     }
     rs_unknown_format(wtype);
@@ -48,7 +48,7 @@ static void dequant_row(const uint8_t *group, int wtype, long ldg, int K, int j,
     case W_Q8_0: case W_Q4_1: q8_q41_dequant_row(group, wtype, K, j, out); return;
     case W_F16: case W_BF16: case W_F32: fl_dequant_row(group, wtype, ldg, K, j, out); return;
     case W_Q4_K: case W_Q5_K: case W_Q6_K: case W_IQ4_XS: case W_Q5_0: case W_Q4_0: case W_Q5_1: case W_IQ4_NL:
-    case W_Q2_K: case W_Q3_K:
+    case W_Q2_K: case W_Q3_K: case W_MXFP4:
         kq_dequant_row(group, wtype, K, j, out);
         return;
     case W_PARTS: break; /* a parts matrix is dequantized part by part (Python) */

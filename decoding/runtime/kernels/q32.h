@@ -1,27 +1,29 @@
-/* The 32-weight blocks beyond Q8_0 / Q4_1: Q5_0, Q4_0, Q5_1 and the non-linear IQ4_NL, read as stored
+/* The 32-weight blocks beyond Q8_0 / Q4_1: Q5_0, Q4_0, Q5_1 and the non-linear IQ4_NL and MXFP4, read as stored
  * (formats_int.c includes this file twice: the scalar dequantization once, the kernel once per vector width).
  *
  * GGUF, 32 weights a block: Q5_0 (22 bytes): fp16 d, 32 bits qh (bit t: weight t's fifth bit), 16 bytes qs (weight t
  *   low nibble, 16 + t high nibble), w = d (q - 16); Q4_0 (18): fp16 d, qs, w = d (q - 8); Q5_1 (24): fp16 d, fp16 m,
- *   qh, qs, w = d q + m; IQ4_NL (18): as Q4_0, q indexing 16 values v[q] from -127 to 113, w = d v[q].
+ *   qh, qs, w = d q + m; IQ4_NL (18): as Q4_0, q indexing 16 values v[q] from -127 to 113, w = d v[q]; MXFP4 (17):
+ *   an E8M0 byte e, qs as Q4_0's indexing the 16 doubled E2M1 values v[q] from -12 to 12, w = 2^(e - 128) v[q].
  * Packed, 8 rows: Q5_0 (176 bytes): d[8] (fp16), a chunk of fifth bits (byte 4j + t, bit 2c + h: row j's weight
  *   16h + 4c + t), 4 chunks of qs (chunk c: each row's qs bytes 4c..4c+3); Q4_0, IQ4_NL (144): d[8], 4 chunks of qs;
+ *   MXFP4 (136): e[8], 4 chunks of qs;
  *   Q5_1 (192): d[8], m[8], the fifth bits and qs chunks as Q5_0's.
  * Per output element, per block in order: Q5_0, Q4_0: i = sum(q_w q_x) - 16 (Q4_0: 8) (S_2b + S_2b+1),
  *   acc = fma(float(i), d d_x, acc); Q5_1: i = sum(q_w q_x), then also acc = fma(m, s_x, acc); IQ4_NL: as Q5_0 with
  *   i = sum(v[q_w] q_x) (on dpbusd: the table plus 128, then 128 (S_2b + S_2b+1) taken off; on AVX2 maddubs of |v|
- *   and x with v's sign).
+ *   and x with v's sign); MXFP4 as IQ4_NL with its table and d = 2^(e - 128).
  */
 #ifdef KQ_LANES /* ---- the kernel, once per vector width (formats_int.c's template body) ---- */
 
 /* ---- the 32-weight blocks: Q5_0, Q4_0, Q5_1, IQ4_NL (W, a constant where inlined) ------------------------------- */
 /* The 16 IQ4 values as the byte table the shuffles read (one copy per 128-bit lane): plus 128 where the products run
    on dpbusd (unsigned x signed), as int8 where they run on maddubs with the signs moved onto the activations. */
-static inline kvi KQ(iq4_table)(void) {
+static inline kvi KQ(iq4_table)(const int W) {
 #if KQ_VNNI
-    const __m128i t = _mm_loadu_si128((const __m128i *)kq_iq4_plus128);
+    const __m128i t = _mm_loadu_si128((const __m128i *)(W == W_MXFP4 ? kq_mxfp4_plus128 : kq_iq4_plus128));
 #else
-    const __m128i t = _mm_loadu_si128((const __m128i *)kq_iq4_values);
+    const __m128i t = _mm_loadu_si128((const __m128i *)(W == W_MXFP4 ? kq_mxfp4_values : kq_iq4_values));
 #endif
 #if KQ_LANES == 16
     return _mm512_broadcast_i32x4(t);
@@ -41,15 +43,29 @@ static inline kvi KQ(iq4_dot)(kvi acc, kvi lo, kvi hi, const int8_t *x) {
 }
 #endif
 
+/* MXFP4's E8M0 scale bytes of a group (or pair) as floats, one per lane. */
+static inline kvf KQ(e8m0)(const uint8_t *a, const uint8_t *b) {
+    float v[KQ_LANES];
+    for (int t = 0; t < 8; ++t) v[t] = kq_e8m0_half(a[t]);
+#if KQ_LANES == 16
+    for (int t = 0; t < 8; ++t) v[8 + t] = kq_e8m0_half(b[t]);
+    return _mm512_loadu_ps(v);
+#else
+    (void)b;
+    return _mm256_loadu_ps(v);
+#endif
+}
+
 static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const int W, const int8_t *xq,
                                                            const float *xd, const float *xs, const int16_t *S, int K,
                                                            const uint8_t *g0, const uint8_t *g1, kvf *acc) {
     const int nb = K / QK;
-    const int rec = W == W_Q5_0 ? REC_Q5_0 : W == W_Q5_1 ? REC_Q5_1 : W == W_IQ4_NL ? REC_IQ4_NL : REC_Q4_0;
-    const int qoff = W == W_Q5_0 ? 48 : W == W_Q5_1 ? 64 : 16, foff = W == W_Q5_0 ? 16 : 32;
-    const int fifth_bits = W == W_Q5_0 || W == W_Q5_1;
+    const int rec = W == W_Q5_0 ? REC_Q5_0 : W == W_Q5_1 ? REC_Q5_1 : W == W_IQ4_NL ? REC_IQ4_NL
+                  : W == W_MXFP4 ? REC_MXFP4 : REC_Q4_0;
+    const int qoff = W == W_Q5_0 ? 48 : W == W_Q5_1 ? 64 : W == W_MXFP4 ? 8 : 16, foff = W == W_Q5_0 ? 16 : 32;
+    const int fifth_bits = W == W_Q5_0 || W == W_Q5_1, tabled = W == W_IQ4_NL || W == W_MXFP4;
     const kvi low = V8(0x0F), bit4 = V8(0x10);
-    const kvi table = W == W_IQ4_NL ? KQ(iq4_table)() : VZERO();
+    const kvi table = tabled ? KQ(iq4_table)(W) : VZERO();
 #if !KQ_VNNI
     const kvi ones = _mm256_set1_epi16(1);
 #endif
@@ -71,7 +87,7 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
                                                                                                : VSRL16(fifth, 3);
                 lo = VOR(lo, VAND(flo, bit4)), hi = VOR(hi, VAND(fhi, bit4));
             }
-            if (W == W_IQ4_NL) lo = VSHUF(table, lo), hi = VSHUF(table, hi);
+            if (tabled) lo = VSHUF(table, lo), hi = VSHUF(table, hi);
             for (int i = 0; i < MB; ++i) {
                 const int8_t *xb = xq + (long)i * K + b * QK + 4 * c;
 #if KQ_VNNI
@@ -80,7 +96,7 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
                 else
                     a[i] = VDOT(VDOT(a[i], lo, KQ(bc4)(xb)), hi, KQ(bc4)(xb + 16));
 #else
-                if (W == W_IQ4_NL) {
+                if (tabled) {
                     a[i] = KQ(iq4_dot)(a[i], lo, hi, xb);
                 } else { /* int16 lanes: 8 products of at most 31 * 127 each */
                     plo[i] = _mm256_add_epi16(plo[i], _mm256_maddubs_epi16(lo, KQ(bc4)(xb)));
@@ -89,17 +105,17 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
 #endif
             }
         }
-        const kvf d = KQ(f16)(r0, r1);
+        const kvf d = W == W_MXFP4 ? KQ(e8m0)(r0, r1) : KQ(f16)(r0, r1);
         const kvf mn = W == W_Q5_1 ? KQ(f16)(r0 + 16, r1 + 16) : VZEROF();
         for (int i = 0; i < MB; ++i) {
 #if KQ_VNNI
             if (KQ_SPLIT(MB)) a[i] = VADD32(a[i], plo[i]);
 #else
-            if (W != W_IQ4_NL) a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
+            if (!tabled) a[i] = VADD32(VMADD16(plo[i], ones), VMADD16(phi[i], ones));
 #endif
             const int16_t *sp = S ? S + (long)i * (K / 16) + 2 * b : 0;
-            /* the weights' offset times the activations' sum: Q5_0 16, Q4_0 8; IQ4_NL 128 on dpbusd (the table's) */
-            const int offset = W == W_Q5_0 ? 16 : W == W_Q4_0 ? 8 : W == W_IQ4_NL && KQ_VNNI ? 128 : 0;
+            /* the weights' offset times the activations' sum: Q5_0 16, Q4_0 8; the tables' 128 on dpbusd */
+            const int offset = W == W_Q5_0 ? 16 : W == W_Q4_0 ? 8 : tabled && KQ_VNNI ? 128 : 0;
             const kvi isum = offset ? VSUB32(a[i], VSET32(offset * ((int)sp[0] + (int)sp[1]))) : a[i];
             acc[i] = VFMA(VCVT(isum), VMULF(d, VSETF(xd[(long)i * nb + b])), acc[i]);
             if (W == W_Q5_1) acc[i] = VFMA(mn, VSETF(xs[(long)i * nb + b]), acc[i]);
@@ -109,13 +125,15 @@ static inline __attribute__((always_inline)) void KQ(q32)(const int MB, const in
 
 #else /* ---- the scalar dequantization of one packed row: GGUF's arithmetic in fp32 ---- */
 
-/* Row j of a group's 32-weight blocks (Q5_0, Q4_0, Q5_1, IQ4_NL). */
+/* Row j of a group's 32-weight blocks (Q5_0, Q4_0, Q5_1, IQ4_NL, MXFP4). */
 static void kq_dequant_q32(const uint8_t *group, int wtype, int K, int j, float *out) {
-    const int rec = wtype == W_Q5_0 ? REC_Q5_0 : wtype == W_Q5_1 ? REC_Q5_1 : wtype == W_IQ4_NL ? REC_IQ4_NL : REC_Q4_0;
-    const int qoff = wtype == W_Q5_0 ? 48 : wtype == W_Q5_1 ? 64 : 16, foff = wtype == W_Q5_0 ? 16 : 32;
+    const int rec = wtype == W_Q5_0 ? REC_Q5_0 : wtype == W_Q5_1 ? REC_Q5_1 : wtype == W_IQ4_NL ? REC_IQ4_NL
+                    : wtype == W_MXFP4 ? REC_MXFP4 : REC_Q4_0;
+    const int qoff = wtype == W_Q5_0 ? 48 : wtype == W_Q5_1 ? 64 : wtype == W_MXFP4 ? 8 : 16;
+    const int foff = wtype == W_Q5_0 ? 16 : 32;
     for (int b = 0; b < K / QK; ++b) {
         const uint8_t *r = group + (long)b * rec;
-        const float d = kq_h2f(((const uint16_t *)r)[j]);
+        const float d = wtype == W_MXFP4 ? kq_e8m0_half(r[j]) : kq_h2f(((const uint16_t *)r)[j]);
         for (int v = 0; v < QK; ++v) {
             const int h = v / 16, c = (v % 16) / 4, t = v % 4;
             const uint8_t byte = r[qoff + 32 * c + 4 * j + t], nib = h ? byte >> 4 : byte & 0x0F;
@@ -127,6 +145,8 @@ static void kq_dequant_q32(const uint8_t *group, int wtype, int K, int j, float 
                 w = d * (float)(nib | (fifth << 4)) + kq_h2f(((const uint16_t *)(r + 16))[j]);
             else if (wtype == W_Q4_0)
                 w = d * (float)(nib - 8);
+            else if (wtype == W_MXFP4)
+                w = d * (float)kq_mxfp4_values[nib];
             else
                 w = d * (float)kq_iq4_values[nib];
             out[b * QK + v] = w;

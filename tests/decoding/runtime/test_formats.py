@@ -1,17 +1,18 @@
-"""GGUF's weight formats read as stored (the K-quants Q4_K, Q5_K, Q6_K; Q5_0, Q4_0, Q5_1; IQ4_NL, IQ4_XS; F16, BF16,
-F32; Q8_0 / Q4_1 have tests of their own in test_kernels), against gguf-py as the oracle: the packed layout gives
-back the file's bytes and gguf-py's ``quants.dequantize`` bit for bit (in Python and in the kernels), the kernels'
-matmul equals the float product of the dequantized weights and the same activations (quantized as the kernels
-quantize them, or fp32 for the float formats) within fp32 rounding, a row alone equals the same row among 64
-shuffled ones bit for bit on every ISA path this CPU has (and every path gives the avx2 path's bits), a fused matrix
-of mixed formats computes each part in its own, and tiny Llamas written as GGUFs of llama.cpp's mixes (Q4_K_M,
-Q5_K_M, IQ4_XS, F16) load with those types as stored, match transformers on the same weights and decode
-speculatively exactly as greedily; a type the kernels lack is refused by name.
+"""GGUF's weight formats read as stored (every format of ``decoding.runtime.formats``, a new one included: the K-quants
+Q2_K to Q6_K; Q5_0, Q4_0, Q5_1; IQ4_NL, IQ4_XS, MXFP4; F16, BF16, F32; Q8_0 / Q4_1 have tests of their own in
+test_kernels), against gguf-py as the oracle: the packed layout gives back the file's bytes and gguf-py's
+``quants.dequantize`` bit for bit (in Python and in the kernels), the kernels' matmul equals the float product of the
+dequantized weights and the same activations (quantized as the kernels quantize them, or fp32 for the float formats)
+within fp32 rounding, a row alone equals the same row among 64 shuffled ones bit for bit on every ISA path this CPU
+has (and every path gives the avx2 path's bits), a fused matrix of mixed formats computes each part in its own, and
+tiny Llamas written as GGUFs of llama.cpp's mixes (Q4_K_M, Q5_K_M, IQ4_XS, Q2_K, an MXFP4 MLP, F16) load with those
+types as stored, match transformers on the same weights and decode speculatively exactly as greedily; a type the
+kernels lack is refused by name.
 
-gguf-py quantizes Q4_0, Q5_0, Q5_1 and the float formats but not the K-quants or IQ4: their blocks here are random
-bytes (every bit pattern the format has, scales and mins included, with finite fp16 fields) or made by the small
-reference quantizers below, which only need to give sensible weights (gguf-py's dequantize is what every value is
-checked against)."""
+gguf-py quantizes Q4_0, Q5_0, Q5_1, MXFP4 and the float formats but not the K-quants or IQ4: their blocks here are
+random bytes (every bit pattern the format has, scales and mins included, with finite fp16 fields) or made by the
+small reference quantizers below, which only need to give sensible weights (gguf-py's dequantize is what every value
+is checked against)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,8 @@ def random_blocks(kind: WeightType, rows: int, cols: int, seed: int, scale: floa
     for off in REGISTRY[kind].fp16_fields:
         d = (rng.standard_normal((rows, nb)) * scale).astype(np.float16)
         raw[..., off : off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
+    for off in REGISTRY[kind].e8m0_fields:  # powers of two around scale / 10 (the values reach 12)
+        raw[..., off] = rng.integers(118, 124, (rows, nb))
     return raw.reshape(rows, -1)
 
 
@@ -319,6 +322,10 @@ def test_extreme_blocks_stay_exact(libraries: dict[str, object], kind: WeightTyp
     blocks = raw.reshape(rows, nb, -1)
     for off in REGISTRY[kind].fp16_fields:
         blocks[..., off : off + 2] = np.full((rows, nb), 0.001, dtype=np.float16).view(np.uint8).reshape(rows, nb, 2)
+    for off in REGISTRY[kind].e8m0_fields:
+        blocks[..., off] = 118  # 2^-10
+    if kind == WeightType.MXFP4:
+        blocks[::2, :, 1:] = 0x77  # value 12 on half the rows (-12, all bits set, on the others)
     if kind == WeightType.Q6_K:
         blocks[::2, :, 192:208] = 0x80  # int8 scales of -128 on half the rows, -1 on the others
     if kind in (WeightType.IQ4_NL, WeightType.IQ4_XS):
@@ -417,6 +424,9 @@ LAYOUTS: dict[str, tuple[Layout, str]] = {
     "Q2_K": ({"token_embd": W.Q4_K, "output": W.Q6_K, "attn_q": W.Q2_K, "attn_k": W.Q2_K,
               "attn_v": (W.Q4_K, W.Q3_K), "attn_output": (W.Q3_K, W.Q5_0), "ffn_gate": W.Q3_K,
               "ffn_up": (W.Q2_K, W.Q5_0), "ffn_down": (W.Q3_K, W.Q4_K)}, "Q2_K+Q3_K+Q4_K+Q5_0+Q6_K"),
+    "MXFP4": ({"token_embd": W.Q8_0, "output": W.Q6_K, "attn_q": W.Q8_0, "attn_k": W.Q8_0, "attn_v": W.Q8_0,
+               "attn_output": W.Q8_0, "ffn_gate": W.MXFP4, "ffn_up": W.MXFP4, "ffn_down": (W.MXFP4, W.Q8_0)},
+              "MXFP4+Q6_K+Q8_0"),
     "F16": ({"token_embd": W.F16, "output": W.BF16, "attn_q": W.F16, "attn_k": W.BF16, "attn_v": W.F32,
              "attn_output": (W.F16, W.BF16), "ffn_gate": W.F16, "ffn_up": (W.F16, W.F32), "ffn_down": W.BF16},
             "BF16+F16+F32"),
