@@ -42,6 +42,7 @@ from decoding.runtime.families import ForwardPlan, family_of, forward_plan
 from decoding.runtime.interface import CHUNK_ROWS, BatchItem, additive_tree_mask, visibility
 from decoding.runtime.kernels import abi
 from decoding.runtime.kernels.abi import CKvLayer, CLayer, CScratch, CSequence, CShape
+from decoding.runtime.quant import QuantMatrix
 from decoding.runtime.rope import rotary_tables
 from decoding.runtime.weights import LayerWeights, ModelWeights, check_supported, model_dims
 
@@ -64,14 +65,21 @@ def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else int(t.data_ptr())
 
 
+def _matrix(m: QuantMatrix | None) -> tuple[int | None, int, int]:
+    """A matrix as a layer struct holds it: (address, format, bytes per group of 8 rows); (NULL, 0, 0) for none."""
+    return (None, 0, 0) if m is None else (_addr(m.data), int(m.kind), m.group_bytes)
+
+
 def _layer_struct(lw: LayerWeights, rope: tuple[torch.Tensor, torch.Tensor], window: int) -> CLayer:
+    mats = {name: _matrix(getattr(lw, attr)) for name, attr in (
+        ("qkv", "qkv"), ("o", "o"), ("gu", "gate_up"), ("down", "down"), ("router", "router"),
+        ("exp_gate", "experts_gate"), ("exp_up", "experts_up"), ("exp_down", "experts_down"))}
     return CLayer(
-        attn_norm=_addr(lw.attn_norm), ffn_norm=_addr(lw.ffn_norm), wqkv=_addr(lw.qkv.data), wo=_addr(lw.o.data),
-        wgu=_addr(lw.gate_up.data), wdown=_addr(lw.down.data), t_qkv=int(lw.qkv.kind), t_o=int(lw.o.kind),
-        t_gu=int(lw.gate_up.kind), t_down=int(lw.down.kind), ld_qkv=lw.qkv.group_bytes, ld_o=lw.o.group_bytes,
-        ld_gu=lw.gate_up.group_bytes, ld_down=lw.down.group_bytes, b_qkv=_addr(lw.qkv_bias), q_norm=_addr(lw.q_norm),
+        attn_norm=_addr(lw.attn_norm), ffn_norm=_addr(lw.ffn_norm), b_qkv=_addr(lw.qkv_bias), q_norm=_addr(lw.q_norm),
         k_norm=_addr(lw.k_norm), post_attn_norm=_addr(lw.post_attn_norm), post_ffn_norm=_addr(lw.post_ffn_norm),
         cos_t=_addr(rope[0]), sin_t=_addr(rope[1]), window=window,
+        **{f"w{name}": m[0] for name, m in mats.items()}, **{f"t_{name}": m[1] for name, m in mats.items()},
+        **{f"ld_{name}": m[2] for name, m in mats.items()},
     )
 
 
@@ -81,16 +89,32 @@ class _Buffers:
     def __init__(self) -> None:
         self.rows = 0
         self.work_floats = 0
+        self.experts = (0, 0, 0)
         self.tensors: dict[str, torch.Tensor] = {}
         self.struct = CScratch()
 
-    def ensure(self, rows: int, work_floats: int, e: int, qkv: int, hd: int, inter: int) -> CScratch:
-        if rows <= self.rows and work_floats <= self.work_floats:
+    def ensure(self, rows: int, work_floats: int, e: int, qkv: int, hd: int, inter: int,
+               experts: tuple[int, int, int] = (0, 0, 0)) -> CScratch:
+        """``experts``: (experts, experts a row, an expert's MLP size) of a mixture of experts, (0, 0, 0) without."""
+        if rows <= self.rows and work_floats <= self.work_floats and experts == self.experts:
             return self.struct
         self.rows, self.work_floats = max(rows, self.rows), max(work_floats, self.work_floats)
+        self.experts = experts
         r, widest = self.rows, max(e, hd, inter)
         f32 = torch.float32
-        t = {
+        n, k, j = experts
+        moe = {
+            "router": torch.empty(r * n, dtype=f32), "moe_h": torch.empty(r * e, dtype=f32),
+            "moe_xd": torch.empty(r * max(e, j) // 32, dtype=f32),
+            "moe_xs": torch.empty(r * max(e, j) // 32, dtype=f32),
+            "moe_gu": torch.empty(r * 2 * j, dtype=f32), "moe_act": torch.empty(r * j, dtype=f32),
+            "moe_y": torch.empty(r * e, dtype=f32), "moe_out": torch.empty(r * k * e, dtype=f32),
+            "moe_w": torch.empty(r * k, dtype=f32),
+            "moe_xq": torch.empty(kernels.tile_rows(r) * max(e, j), dtype=torch.int8),
+            "moe_sel": torch.empty(r * k, dtype=torch.int32), "moe_rows": torch.empty(r * k, dtype=torch.int32),
+            "moe_start": torch.empty(n + 1, dtype=torch.int32),
+        } if n else {}  # fmt: skip
+        t = {**moe,
             "h": torch.empty(r * e, dtype=f32), "qkv": torch.empty(r * qkv, dtype=f32),
             "q": torch.empty(r * hd, dtype=f32), "att": torch.empty(r * hd, dtype=f32),
             "gu": torch.empty(r * 2 * inter, dtype=f32), "act": torch.empty(r * inter, dtype=f32),
@@ -99,7 +123,7 @@ class _Buffers:
             "xq": torch.empty(kernels.tile_rows(r) * widest, dtype=torch.int8),  # whole tiles of rows (AMX)
         }  # fmt: skip
         self.tensors = t
-        self.struct = CScratch(**{entry[0]: _addr(t[entry[0]]) for entry in CScratch._fields_})
+        self.struct = CScratch(**{entry[0]: _addr(t.get(entry[0])) for entry in CScratch._fields_})
         return self.struct
 
 
@@ -138,8 +162,10 @@ class QuantizedModel:
         self.plan = plan
         eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
         self.eps = eps
+        self.experts = plan.experts  # (experts, a row's, an expert's MLP size); (0, 0, 0): a dense MLP
         self.shape = CShape(E=e, H=h, G=g, D=d, I=inter, eps=eps, scale=plan.query_scale, act=plan.activation,
-                           softcap=plan.attn_softcap, tiles=int(self._tiles_allowed()))
+                            softcap=plan.attn_softcap, tiles=int(self._tiles_allowed()), n_expert=plan.experts[0],
+                            n_expert_used=plan.experts[1], I_expert=plan.experts[2], norm_topk=int(plan.norm_topk))
         self._rope_tables(min(self.max_positions, ROPE_ROWS))
         self._local = threading.local()
 
@@ -406,7 +432,7 @@ class QuantizedModel:
             self._rope_tables(min(self.max_positions, max(reach, 2 * self.rope_rows)))
         work = sum(kernels.attention_work_floats(h, p.rows, d, p.vis[0] + int((p.vis[2][1:] - p.vis[2][:-1]).max()))
                    for p in parts)
-        scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter)
+        scratch = self._buffers().ensure(m, work, e, (h + 2 * g) * d, h * d, inter, self.experts)
         assert x.is_contiguous(), "rows are updated in place"
         seqs = (CSequence * len(parts))()
         for seq, p in zip(seqs, parts, strict=True):
@@ -427,7 +453,7 @@ class QuantizedModel:
         head = self.weights.head
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
         _, h, g, d, inter = self.dims
-        scratch = self._buffers().ensure(keep, 0, e, (h + 2 * g) * d, h * d, inter)
+        scratch = self._buffers().ensure(keep, 0, e, (h + 2 * g) * d, h * d, inter, self.experts)
         abi.call(self.lib, "rs_head", x=_addr(x), M=n, keep=keep, E=e, norm=_addr(self.weights.norm), eps=self.eps,
                  w=_addr(head.data), wtype=int(head.kind), ldw=head.group_bytes, V=self.vocab,
                  softcap=self.plan.final_softcap, logits=_addr(logits), scratch=scratch,

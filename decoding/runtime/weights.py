@@ -37,13 +37,21 @@ class LayerWeights:
     ffn_norm: torch.Tensor  # fp32 [E]
     qkv: QuantMatrix  # [(H + 2G) * D, E]: q heads, then k heads, then v heads (HF rotate-half layout)
     o: QuantMatrix  # [E, H * D]
-    gate_up: QuantMatrix  # [2I, E]: gate rows, then up rows
-    down: QuantMatrix  # [E, I]
+    gate_up: QuantMatrix | None  # [2I, E]: gate rows, then up rows (None: a mixture of experts instead)
+    down: QuantMatrix | None  # [E, I]
     qkv_bias: torch.Tensor | None = None  # fp32 [(H + 2G) * D] (Qwen2)
     q_norm: torch.Tensor | None = None  # fp32 [D]: per-head RMSNorm of q and k before the rope (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None  # fp32 [E]: the attention's / MLP's output normed (Gemma)
     post_ffn_norm: torch.Tensor | None = None
+    router: QuantMatrix | None = None  # [N, E]: a mixture of experts' router (its logits per expert)
+    experts_gate: QuantMatrix | None = None  # [N * J, E]: every expert's gate rows, expert e's from row e * J
+    experts_up: QuantMatrix | None = None  # [N * J, E]
+    experts_down: QuantMatrix | None = None  # [N * E, J]: expert e's from row e * E
+
+    def matrices(self) -> list[QuantMatrix]:
+        return [m for m in (self.qkv, self.o, self.gate_up, self.down, self.router, self.experts_gate,
+                            self.experts_up, self.experts_down) if m is not None]
 
     def vectors(self) -> list[torch.Tensor]:
         return [v for v in (self.attn_norm, self.ffn_norm, self.qkv_bias, self.q_norm, self.k_norm,
@@ -61,7 +69,7 @@ class ModelWeights:
 
     @property
     def nbytes(self) -> int:
-        mats = [self.embed, *(m for lw in self.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down))]
+        mats = [self.embed, *(m for lw in self.layers for m in lw.matrices())]
         if self.head is not self.embed:
             mats.append(self.head)
         return sum(m.nbytes for m in mats) + 4 * (self.norm.numel() + sum(v.numel() for lw in self.layers
@@ -197,11 +205,18 @@ def weights_from_gguf(path: Path) -> ModelWeights:
     layers = []
     for i in range(config.num_hidden_layers):
         b = f"blk.{i}."
+        experts: dict[str, QuantMatrix] = {}
+        gate_up = down = None
         if family.fused:  # Phi-3: q, k, v rows in one tensor; gate and up rows in ffn_up
             qkv, gate_up = mat(b + "attn_qkv.weight"), mat(b + "ffn_up.weight")
         else:
             qkv = mat((b + "attn_q.weight", h), (b + "attn_k.weight", g), b + "attn_v.weight")
-            gate_up = mat(b + "ffn_gate.weight", b + "ffn_up.weight")
+        if family.experts:  # the router, then every expert's matrices stacked (3-D tensors: expert, rows, row)
+            experts = {"router": mat(b + "ffn_gate_inp.weight"), "experts_gate": mat(b + "ffn_gate_exps.weight"),
+                       "experts_up": mat(b + "ffn_up_exps.weight"), "experts_down": mat(b + "ffn_down_exps.weight")}
+        else:
+            gate_up = gate_up or mat(b + "ffn_gate.weight", b + "ffn_up.weight")
+            down = mat(b + "ffn_down.weight")
         bias = (torch.cat([vec(b + f"attn_{x}.bias") for x in "qkv"]) if family.qkv_bias else None)
         layers.append(LayerWeights(
             attn_norm=vec(b + "attn_norm.weight"),
@@ -209,17 +224,17 @@ def weights_from_gguf(path: Path) -> ModelWeights:
             qkv=qkv,
             o=mat(b + "attn_output.weight"),
             gate_up=gate_up,
-            down=mat(b + "ffn_down.weight"),
+            down=down,
             qkv_bias=bias,
             q_norm=vec(b + "attn_q_norm.weight") if family.qk_norm else None,
             k_norm=vec(b + "attn_k_norm.weight") if family.qk_norm else None,
             post_attn_norm=vec(b + "post_attention_norm.weight") if family.post_norms else None,
             post_ffn_norm=vec(b + "post_ffw_norm.weight") if family.post_norms else None,
+            **experts,
         ))  # fmt: skip
     embed = mat("token_embd.weight")
     head = embed if config.tie_word_embeddings else mat("output.weight")
-    held = {k for m in (embed, head, *(m for lw in layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)))
-            for k in m.kinds}
+    held = {k for m in (embed, head, *(m for lw in layers for m in lw.matrices())) for k in m.kinds}
     tag = "+".join(sorted(k.name for k in held))
     return ModelWeights(config, embed, layers, vec("output_norm.weight"), head, "gguf:" + tag)
 
@@ -246,11 +261,17 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
     layers = []
     for layer in inner.layers:
         at, mlp = layer.self_attn, layer.mlp
+        experts: dict[str, QuantMatrix] = {}
+        if family.experts:  # the router kept in fp32 (as llama.cpp's converter keeps ffn_gate_inp), experts stacked
+            experts = {"router": q(mlp.gate.weight, WeightType.F32),
+                       "experts_gate": q(torch.cat([x.gate_proj.weight for x in mlp.experts])),
+                       "experts_up": q(torch.cat([x.up_proj.weight for x in mlp.experts])),
+                       "experts_down": q(torch.cat([x.down_proj.weight for x in mlp.experts]))}
         if family.fused:
             qkv, gate_up, bias = at.qkv_proj.weight, mlp.gate_up_proj.weight, None
         else:
             qkv = torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            gate_up = None if experts else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
             bias = None
             if at.q_proj.bias is not None:
                 bias = f32(torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]))
@@ -260,13 +281,14 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
             ffn_norm=norm(layer.pre_feedforward_layernorm if post else layer.post_attention_layernorm),
             qkv=q(qkv),
             o=q(at.o_proj.weight),
-            gate_up=q(gate_up),
-            down=q(mlp.down_proj.weight),
+            gate_up=None if gate_up is None else q(gate_up),
+            down=None if experts else q(mlp.down_proj.weight),
             qkv_bias=bias,
             q_norm=norm(at.q_norm) if family.qk_norm else None,
             k_norm=norm(at.k_norm) if family.qk_norm else None,
             post_attn_norm=norm(layer.post_attention_layernorm) if post else None,
             post_ffn_norm=norm(layer.post_feedforward_layernorm) if post else None,
+            **experts,
         ))  # fmt: skip
     outer = WeightType.F32 if kind == WeightType.F32 else WeightType.Q8_0  # F32: the model unquantized (tests)
     embed = q(inner.embed_tokens.weight, outer)

@@ -1,5 +1,5 @@
 """Bring your own model, every family through the real API: a tiny random model of each architecture the CPU
-runtime runs (``make_tiny_family``: Llama, Mistral, Qwen 2 / 3, Gemma 2 / 3, Phi-3) written to a GGUF as
+runtime runs (``make_tiny_family``: Llama, Mistral, Qwen 2 / 3, Qwen3-MoE, Gemma 2 / 3, Phi-3) written to a GGUF as
 llama.cpp's converter writes it (``tests/decoding/gguf_families.py``, Q8_0) with a tokenizer of the family's kind
 in it (Llama 3's, Qwen's, Gemma's, Mistral's, Phi-3's: ``gguf_vocabs``) and served with
 ``RAGSPEC_TARGET_MODEL=file.gguf`` alone: a document uploaded and indexed, a question answered over SSE, a
@@ -27,7 +27,7 @@ from tests.decoding.runtime.gguf_vocabs import FAMILY_VOCAB, write_vocab
 
 pytestmark = pytest.mark.real_model
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"]
 DOCUMENT = ("The lighthouse on the northern cape was built in 1874 from granite quarried nearby. Its lamp burned "
             "whale oil until 1902, then kerosene, and an electric beam since 1951. The keeper's house holds a small "
             "museum of charts, logbooks and the original Fresnel lens.")

@@ -94,7 +94,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
     """A random-weight model of a family the runtime runs (``decoding.runtime.families``), from transformers' own
     class, as small as ``make_tiny_llama``'s: ``gemma2`` (soft-capped at 20 / 10 so the caps bend, alternate
     sliding layers), ``gemma3`` (q / k norms, sliding layers with their own rope base, a linear-scaled global one),
-    ``qwen2``, ``qwen3``, ``phi3`` (every layer sliding), ``mistral`` (every layer sliding, from an HF config);
+    ``qwen2``, ``qwen3``, ``qwen3moe`` (8 experts, 2 a token), ``phi3`` (every layer sliding), ``mistral`` (every layer
+    sliding, from an HF config);
     norms and biases moved off their initial values so a misplaced one shows, weights wide enough that greedy
     decoding does not fall into a one-token loop."""
     from transformers import (
@@ -110,6 +111,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     torch.manual_seed(seed)
@@ -123,6 +126,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         "mistral": lambda: MistralForCausalLM(MistralConfig(**shape, sliding_window=window)),
         "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**shape)),
         "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**shape)),
+        "qwen3moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            **shape, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
         "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(
             **shape, sliding_window=window, query_pre_attn_scalar=32, attn_logit_softcapping=20.0,
             final_logit_softcapping=10.0)),

@@ -9,7 +9,10 @@ gguf-py's writer: the file's architecture name and metadata keys, its tensor nam
   ``output.weight`` (tied), ``<arch>.attention.sliding_window``; Gemma 2's ``attn_logit_softcapping`` /
   ``final_logit_softcapping``; Gemma 3's linear rope scaling as ``rope.scaling.type`` / ``factor``;
 - ``phi3``: ``attn_qkv.weight`` (q, k, v rows) and ``ffn_up.weight`` (gate rows, then up rows: transformers'
-  ``gate_up_proj``), ``rope.dimension_count``, ``attention.sliding_window``.
+  ``gate_up_proj``), ``rope.dimension_count``, ``attention.sliding_window``;
+- ``qwen3moe``: Qwen 3's attention; ``ffn_gate_inp.weight`` (the router, F32) and the experts' matrices stacked as
+  3-D tensors ``ffn_{gate,up,down}_exps.weight`` [expert, rows, row], ``expert_count``, ``expert_used_count``,
+  ``expert_feed_forward_length``.
 
 2-D weights are stored in ``kind`` (any type gguf-py quantizes), norms and biases F32 as the converter keeps them.
 The vocabulary is one of the tokenizer tests' (``vocab``), or none (the tests' tokenizer files beside the file)."""
@@ -25,8 +28,9 @@ import torch
 
 from tests.decoding.conftest import gguf_writer, permute
 
+# transformers model_type -> the converter's architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-             "gemma3_text": "gemma3", "phi3": "phi3"}  # transformers model_type -> the converter's architecture
+             "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe"}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -57,6 +61,10 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
         w.add_float32(f"{arch}.final_logit_softcapping", float(c.final_logit_softcapping))
     if arch == "phi3":
         w.add_rope_dimension_count(head_dim)
+    if arch == "qwen3moe":
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     scaling = getattr(c, "rope_scaling", None)
     if scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -96,8 +104,13 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             put(b + "attn_q.weight", q)
             put(b + "attn_k.weight", k)
             put(b + "attn_v.weight", _np(at.v_proj.weight))
-            put(b + "ffn_gate.weight", _np(mlp.gate_proj.weight))
-            put(b + "ffn_up.weight", _np(mlp.up_proj.weight))
+            if arch == "qwen3moe":
+                put(b + "ffn_gate_inp.weight", _np(mlp.gate.weight), quantized=False)
+                for name, proj in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                    put(b + f"ffn_{name}_exps.weight", np.stack([_np(getattr(x, proj).weight) for x in mlp.experts]))
+            else:
+                put(b + "ffn_gate.weight", _np(mlp.gate_proj.weight))
+                put(b + "ffn_up.weight", _np(mlp.up_proj.weight))
             if arch == "qwen2":
                 for x in "qkv":
                     put(b + f"attn_{x}.bias", _np(getattr(at, f"{x}_proj").bias), quantized=False)
@@ -105,7 +118,8 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             norm(b + "attn_q_norm.weight", at.q_norm)
             norm(b + "attn_k_norm.weight", at.k_norm)
         put(b + "attn_output.weight", _np(at.o_proj.weight))
-        put(b + "ffn_down.weight", _np(mlp.down_proj.weight))
+        if arch != "qwen3moe":
+            put(b + "ffn_down.weight", _np(mlp.down_proj.weight))
     norm("output_norm.weight", inner.norm)
     if not c.tie_word_embeddings:
         put("output.weight", _np(hf.lm_head.weight))

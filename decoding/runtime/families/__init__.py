@@ -37,6 +37,8 @@ class ForwardPlan:
     embed_scale: float  # embeddings times this (1: none)
     windows: tuple[int, ...]  # per layer: keys a query sees (0: all)
     local_rope: tuple[bool, ...]  # per layer: the local rope base (Gemma 3's sliding layers)
+    experts: tuple[int, int, int] = (0, 0, 0)  # a mixture of experts: (experts, chosen a row, an expert's MLP size)
+    norm_topk: bool = False  # the chosen experts' softmax weights renormalized to sum 1
 
 
 def common_config(reader: Any, arch: str) -> dict[str, Any]:
@@ -136,7 +138,23 @@ def forward_plan(config: PretrainedConfig) -> ForwardPlan:
         embed_scale=float(np.float32(e**0.5)) if family.norm_offset else 1.0,
         windows=windows,
         local_rope=tuple(local and w > 0 for w in windows),
+        experts=_experts(config) if family.experts else (0, 0, 0),
+        norm_topk=bool(getattr(config, "norm_topk_prob", False)),
     )
+
+
+def _experts(config: PretrainedConfig) -> tuple[int, int, int]:
+    """A mixture-of-experts config's (experts, experts a token, an expert's MLP size), or ``ModelFileError`` for one
+    the runtime cannot run: dense layers among the sparse ones, an expert's MLP not a whole number of row groups."""
+    n, k = int(config.num_experts), int(config.num_experts_per_tok)
+    size = int(config.moe_intermediate_size)
+    if getattr(config, "mlp_only_layers", None) or int(getattr(config, "decoder_sparse_step", 1)) != 1:
+        raise ModelFileError("the quantized CPU runtime runs a mixture of experts on every layer (no mlp_only_layers, "
+                             "decoder_sparse_step 1)")
+    if size % 32 or not 0 < k <= n:
+        raise ModelFileError(f"an expert MLP of {size} rows (a multiple of 32 is needed) with {k} of {n} experts a "
+                             "token is not supported")
+    return n, k, size
 
 
 FAMILIES.update(_families())

@@ -24,3 +24,4 @@ class Family:
     norm_offset: float = 0.0  # transformers' RMSNorm multiplies by w + offset (Gemma: 1; a GGUF stores w + 1)
     # the config whose rope the layers of ``ForwardPlan.local_rope`` rotate with (Gemma 3's sliding layers); None: one
     local_rope: Callable[[PretrainedConfig], PretrainedConfig] | None = None
+    experts: bool = False  # a mixture of experts for the MLP: ffn_gate_inp (the router), ffn_{gate,up,down}_exps

@@ -58,9 +58,9 @@ def unpack(rec: np.ndarray) -> np.ndarray:
 def dequantize(b: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     dl = (f16(b[..., 108:110]) * q3k_scales(b[..., 96:108]).astype(np.float32))[..., None]  # [n, S, 16, 1]
-    high = b[..., :32].reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-    high = (high & 1).reshape(n, -1, 16, 16) ^ 1  # the offset 4 applies where the bit is clear
-    q = two_bits(b[..., 32:96]).astype(np.int8) - (high << 2).astype(np.int8)
+    bits = b[..., :32].reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+    clear = ((bits & 1) ^ 1).reshape(n, -1, 16, 16)  # the offset 4 applies where the high bit is clear
+    q = two_bits(b[..., 32:96]).astype(np.int8) - (clear << 2).astype(np.int8)
     return dl * q.astype(np.float32)
 
 

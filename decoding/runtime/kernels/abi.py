@@ -27,6 +27,9 @@ class CLayer(Struct):
         ("ld_qkv", _l), ("ld_o", _l), ("ld_gu", _l), ("ld_down", _l), ("b_qkv", _p),
         ("q_norm", _p), ("k_norm", _p), ("post_attn_norm", _p), ("post_ffn_norm", _p), ("cos_t", _p), ("sin_t", _p),
         ("window", _i),
+        ("wrouter", _p), ("wexp_gate", _p), ("wexp_up", _p), ("wexp_down", _p),
+        ("t_router", _i), ("t_exp_gate", _i), ("t_exp_up", _i), ("t_exp_down", _i),
+        ("ld_router", _l), ("ld_exp_gate", _l), ("ld_exp_up", _l), ("ld_exp_down", _l),
     ]  # fmt: skip
 
 
@@ -36,7 +39,7 @@ class CShape(Struct):
     c_name = "rs_shape"
     _fields_ = [
         ("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f), ("act", _i),
-        ("softcap", _f), ("tiles", _i),
+        ("softcap", _f), ("tiles", _i), ("n_expert", _i), ("n_expert_used", _i), ("I_expert", _i), ("norm_topk", _i),
     ]  # fmt: skip
 
 
@@ -67,6 +70,8 @@ class CScratch(Struct):
     _fields_ = [
         ("h", _p), ("qkv", _p), ("q", _p), ("att", _p), ("gu", _p), ("act", _p), ("xd", _p), ("xs", _p),
         ("work", _p), ("xq", _p),
+        ("router", _p), ("moe_h", _p), ("moe_xd", _p), ("moe_xs", _p), ("moe_gu", _p), ("moe_act", _p), ("moe_y", _p),
+        ("moe_out", _p), ("moe_w", _p), ("moe_xq", _p), ("moe_sel", _p), ("moe_rows", _p), ("moe_start", _p),
     ]  # fmt: skip
 
 

@@ -2,7 +2,8 @@
  *
  *   per layer, in one OpenMP parallel region: norm + quantize, fused qkv (+ biases), rope (q / k norms) + KV store,
  *   attention (attention.c), o (+ post-norm), norm + quantize, fused gate / up, act * up + quantize, down
- *   (+ post-norm); then the LM head (rs_head): final norm, the vocabulary's matrix product, soft-capping.
+ *   (+ post-norm), or a mixture of experts in its place (moe_part); then the LM head (rs_head): final norm, the
+ *   vocabulary's matrix product, soft-capping.
  *
  * A family's options (biases, q / k norms, post-norms, GELU, soft-capping, sliding windows) are fields of
  * rs_layer_weights / rs_shape (forward.h), set by its plan in decoding/runtime/families. The matrix products go
@@ -29,10 +30,81 @@ void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, 
                          int);
 
 
+/* A row's router logits -> its K experts (the largest softmax probabilities, ties to the lower index, in that order)
+   and their weights (the probabilities, renormalized to sum 1 where norm): Qwen3-MoE's and Mixtral's routing. */
+static void route_row(const float *logits, int N, int K, int norm, int32_t *sel, float *w) {
+    float p[N];
+    float mx = logits[0], sum = 0.0f, kept = 0.0f;
+    for (int e = 1; e < N; ++e) mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < N; ++e) sum += (p[e] = expf(logits[e] - mx));
+    for (int k = 0; k < K; ++k) {
+        int best = 0;
+        for (int e = 1; e < N; ++e) best = p[e] > p[best] ? e : best;
+        sel[k] = best, w[k] = p[best] / sum, kept += w[k], p[best] = -1.0f;
+    }
+    for (int k = 0; k < K && norm; ++k) w[k] = w[k] / kept;
+}
+
+/* x [M, E] += the mixture of experts of h (the normed rows, T->h / xq / xd / xs): the router, each row's K experts,
+   then expert by expert the rows routed to it gathered into one matrix product (an expert's weights are read once
+   for all of them; an expert no row chose is not read), and each row's K outputs summed in its own top-K order, so
+   a row's result does not depend on the rows beside it. Inside the layer's parallel region. */
+static void moe_part(const rs_layer_weights *L, const rs_shape *S, float *x, int M, const rs_scratch *T) {
+    const int E = S->E, N = S->n_expert, K = S->n_expert_used, J = S->I_expert, nbE = E / QK;
+    qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wrouter, L->t_router, L->ld_router, N, T->router, N, 0, 0, 0);
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; ++m)
+        route_row(T->router + (long)m * N, N, K, S->norm_topk, T->moe_sel + (long)m * K, T->moe_w + (long)m * K);
+#pragma omp single
+    { /* the (row, slot) entries by expert, each expert's in row order */
+        int32_t *start = T->moe_start, fill[N];
+        for (int e = 0; e <= N; ++e) start[e] = 0;
+        for (int i = 0; i < M * K; ++i) ++start[T->moe_sel[i] + 1];
+        for (int e = 0; e < N; ++e) fill[e] = start[e], start[e + 1] += start[e];
+        for (int i = 0; i < M * K; ++i) T->moe_rows[fill[T->moe_sel[i]]++] = i;
+    }
+    for (int e = 0; e < N; ++e) {
+        const int n = T->moe_start[e + 1] - T->moe_start[e];
+        if (!n) continue;
+        const int32_t *at = T->moe_rows + T->moe_start[e];
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; ++r) { /* the routed rows' normed activations, fp32 and quantized */
+            const long m = at[r] / K;
+            memcpy(T->moe_h + (long)r * E, T->h + m * E, sizeof(float) * E);
+            memcpy(T->moe_xq + (long)r * E, T->xq + m * E, (size_t)E);
+            memcpy(T->moe_xd + (long)r * nbE, T->xd + m * nbE, sizeof(float) * nbE);
+            memcpy(T->moe_xs + (long)r * nbE, T->xs + m * nbE, sizeof(float) * nbE);
+        }
+        const uint8_t *wg = L->wexp_gate + (long)e * (J / 8) * L->ld_exp_gate;
+        const uint8_t *wu = L->wexp_up + (long)e * (J / 8) * L->ld_exp_up;
+        const uint8_t *wd = L->wexp_down + (long)e * (E / 8) * L->ld_exp_down;
+        qmatmul_part(T->moe_h, E, T->moe_xq, T->moe_xd, T->moe_xs, n, E, wg, L->t_exp_gate, L->ld_exp_gate, J,
+                     T->moe_gu, 2 * J, 0, 0, 0);
+        qmatmul_part(T->moe_h, E, T->moe_xq, T->moe_xd, T->moe_xs, n, E, wu, L->t_exp_up, L->ld_exp_up, J,
+                     T->moe_gu + J, 2 * J, 0, 0, 0);
+        act_mul_quantize_part(T->moe_gu, n, J, S->act, T->moe_act, T->moe_xq, T->moe_xd, T->moe_xs);
+        qmatmul_part(T->moe_act, J, T->moe_xq, T->moe_xd, T->moe_xs, n, J, wd, L->t_exp_down, L->ld_exp_down, E,
+                     T->moe_y, E, 0, 0, 0);
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; ++r) memcpy(T->moe_out + (long)at[r] * E, T->moe_y + (long)r * E, sizeof(float) * E);
+    }
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; ++m) { /* x += sum over the row's experts, in its top-K order, of weight x output */
+        float *xr = x + (long)m * E;
+        const float *w = T->moe_w + (long)m * K, *o = T->moe_out + (long)m * K * E;
+        for (int t = 0; t < E; ++t) {
+            float acc = w[0] * o[t];
+            for (int k = 1; k < K; ++k) acc += w[k] * o[(long)k * E + t];
+            xr[t] += acc;
+        }
+    }
+}
+
 /* x [M, E] <- layer l (weights L) of x for the rows of n sequences one after the other (M: their rows in all): the
    linear layers run once over every row (a weight is read once for all of them), rope and the KV store per
    sequence into its own cache, attention of every sequence at once (a prefix several sequences read in place is
-   read once for all of them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, float *x, int n, const rs_sequence *seq,
+   read once for all of them; on the tiles, per sequence). A row's result does not depend on the rows beside it. */
+static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, float *x, int n, const rs_sequence *seq,
                         int kv_mode, const rs_scratch *T, int threads) {
     const int E = S->E, H = S->H, G = S->G, D = S->D, I = S->I;
     const int QKV = (H + 2 * G) * D;
@@ -88,13 +160,17 @@ void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, 
             qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
         }
         norm_quantize_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
-        qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
-        act_mul_quantize_part(T->gu, M, I, S->act, T->act, T->xq, T->xd, T->xs);
-        if (L->post_ffn_norm) {
-            qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, T->h, E, 0, 0, 0);
-            norm_add_part(T->h, M, E, L->post_ffn_norm, S->eps, x);
+        if (S->n_expert) {
+            moe_part(L, S, x, M, T);
         } else {
-            qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
+            qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wgu, L->t_gu, L->ld_gu, 2 * I, T->gu, 2 * I, 0, 0, 0);
+            act_mul_quantize_part(T->gu, M, I, S->act, T->act, T->xq, T->xd, T->xs);
+            if (L->post_ffn_norm) {
+                qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, T->h, E, 0, 0, 0);
+                norm_add_part(T->h, M, E, L->post_ffn_norm, S->eps, x);
+            } else {
+                qmatmul_part(T->act, I, T->xq, T->xd, T->xs, M, I, L->wdown, L->t_down, L->ld_down, E, x, E, 0, x, E);
+            }
         }
     }
     for (int i = 0; i < n && tk; ++i) { /* the attention laid out every whole block below past */

@@ -15,6 +15,12 @@ typedef struct {
                                                     the residual add */
     const float *cos_t, *sin_t;                 /* the layer's rotary tables [positions, D/2] */
     int window;                                 /* sliding-window attention: keys a query sees (0: all) */
+    /* a mixture of experts in place of the MLP (rs_shape.n_expert > 0; wgu / wdown unused): the router [n_expert, E]
+       and every expert's gate and up rows [n_expert * I_expert, E] and down rows [n_expert * E, I_expert], stacked
+       by expert (expert e's rows start at row e * I_expert, e * E: whole groups of 8) */
+    const uint8_t *wrouter, *wexp_gate, *wexp_up, *wexp_down;
+    int t_router, t_exp_gate, t_exp_up, t_exp_down;
+    long ld_router, ld_exp_gate, ld_exp_up, ld_exp_down;
 } rs_layer_weights;
 
 typedef struct {
@@ -23,13 +29,22 @@ typedef struct {
     int act;           /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh) */
     float softcap;     /* attention scores soft-capped at this (Gemma 2; 0: none) */
     int tiles;         /* a bf16 cache's attention may run on the tiles (0: a model with windows or soft-capping) */
+    int n_expert, n_expert_used, I_expert; /* a mixture of experts: experts, experts per row, an expert's MLP size */
+    int norm_topk;     /* the chosen experts' weights renormalized to sum 1 (Qwen3-MoE) */
 } rs_shape;
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],
-   gu [M*2I], act [M*I], xq (int8) [M*max(E,I)], xd / xs [M*max(E,I)/32], work (attention). */
+   gu [M*2I], act [M*I], xq (int8) [M*max(E,I)], xd / xs [M*max(E,I)/32], work (attention); with experts (N of them,
+   K a row, size J): router [M*N], an expert's rows gathered: moe_h [M*E], moe_xq (int8) [M*max(E,J)], moe_xd /
+   moe_xs [M*max(E,J)/32], moe_gu [M*2J], moe_act [M*J], moe_y [M*E]; every (row, slot)'s output moe_out [M*K*E],
+   moe_w [M*K]; int32: moe_sel [M*K] (the experts chosen), moe_rows [M*K] (the (row, slot)s by expert), moe_start
+   [N+1]. */
 typedef struct {
     float *h, *qkv, *q, *att, *gu, *act, *xd, *xs, *work;
     int8_t *xq;
+    float *router, *moe_h, *moe_xd, *moe_xs, *moe_gu, *moe_act, *moe_y, *moe_out, *moe_w;
+    int8_t *moe_xq;
+    int32_t *moe_sel, *moe_rows, *moe_start;
 } rs_scratch;
 
 /* One layer of a sequence's cache: rows below split (whole blocks of 64) are a prefix read in place (k0 / v0, sh0

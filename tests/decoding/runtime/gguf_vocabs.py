@@ -73,8 +73,9 @@ MISTRAL = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant'
            "{% endfor %}")
 
 _CHATML_TEXT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi <|im_end|>x<|endoftext|>"
-FAMILY_VOCAB = {"llama": "llama-bpe", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen2", "gemma2": "gemma",
-                "gemma3": "gemma", "phi3": "phi3"}  # each family's kind of tokenizer (the test name -> a vocabulary)
+# each family's kind of tokenizer (the test name -> a vocabulary)
+FAMILY_VOCAB = {"llama": "llama-bpe", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2",
+                "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
 VOCABS = {v.name: v for v in (
     Vocab("llama-bpe", "gpt2", "llama", pre="llama-bpe", template=LLAMA3,
           meta={"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "eot": "<|eot_id|>"},

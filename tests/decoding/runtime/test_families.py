@@ -36,7 +36,7 @@ from tests.decoding.conftest import (
 )
 from tests.decoding.gguf_families import write_family_gguf
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"]
 HERE = [isa for isa in kernels.ISAS if isa in kernels.available_isas()]
 
 
@@ -120,8 +120,8 @@ def test_each_family_plans_its_forward() -> None:
 def test_what_the_runtime_cannot_run_is_refused_saying_why() -> None:
     falcon = LlamaConfig()
     falcon.model_type = "falcon"
-    with pytest.raises(ModelFileError, match="runs gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3 models, "
-                                             "not 'falcon'"):
+    with pytest.raises(ModelFileError, match="runs gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, "
+                                             "qwen3_moe models, not 'falcon'"):
         check_supported(falcon)
     with pytest.raises(ModelFileError, match="SiLU or GELU"):
         check_supported(LlamaConfig(hidden_act="relu"))

@@ -150,7 +150,7 @@ def test_a_model_that_is_itself_wrong_is_a_model_file_error(tmp_path: Path) -> N
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelFileError, match=r"^GGUF architecture 'falcon' is not supported by the quantized CPU "
-                       r"runtime \(supported: gemma2, gemma3, llama, phi3, qwen2, qwen3\)$"):
+                       r"runtime \(supported: gemma2, gemma3, llama, phi3, qwen2, qwen3, qwen3moe\)$"):
         load_model(str(foreign), LoadOptions(local_files_only=True))
 
 

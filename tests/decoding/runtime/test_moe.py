@@ -1,0 +1,154 @@
+"""A mixture of experts on the quantized CPU runtime (Qwen3-MoE, issue 54): the router's softmax, each token's top-k
+experts and their renormalized weights, the experts' MLPs read from their stacked tensors, each expert's weights
+read once for every row routed to it. Checked on a tiny random ``Qwen3MoeForCausalLM`` from transformers' own class
+(and the same model written to GGUF as llama.cpp's converter writes it): logits against transformers on the same
+weights, every row of a forward what it is alone (a batch, a draft tree), speculative decoding equal to plain greedy
+decoding on every ISA path this CPU has, every path giving the avx2 path's bits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from decoding.runtime import kernels
+from decoding.runtime.interface import BatchItem
+from decoding.runtime.kernels import available_isas
+from decoding.runtime.quant import WeightType
+from decoding.runtime.quantized import QuantizedModel
+from decoding.runtime.weights import weights_from_gguf, weights_from_hf
+from decoding.speculative.engine import Engine
+from tests.decoding.conftest import (
+    PROMPT,
+    RandomTreeDrafter,
+    TinyTarget,
+    TinyTokenizer,
+    fake_quantized_activations,
+    run,
+)
+from tests.decoding.gguf_families import write_family_gguf
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="CPU kernels unavailable on this machine")
+HERE = [isa for isa in kernels.ISAS if isa in available_isas()]
+EXPERTS, USED = 8, 2
+
+
+def tiny_moe(seed: int = 0) -> Qwen3MoeForCausalLM:
+    """A random Qwen3-MoE: 2 layers, 8 experts of 32, 2 a token; weights 4x transformers' init (a greedy path that
+    wanders), the router's 8x (decided routes: a near-tie between two experts would flip on a last bit)."""
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(vocab_size=97, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=EXPERTS, num_experts_per_tok=USED, norm_topk_prob=True,
+                            decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=512,
+                            attn_implementation="sdpa")
+    model = Qwen3MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.mul_(8.0 if name.endswith("mlp.gate.weight") else 4.0)
+    return model
+
+
+def dequantized_reference(hf: Qwen3MoeForCausalLM, weights: object) -> None:
+    """Copy ``weights`` (the runtime's, dequantized) into ``hf``, experts split again."""
+    inner = hf.model
+    with torch.no_grad():
+        inner.embed_tokens.weight.copy_(weights.embed.dequantize())  # type: ignore[attr-defined]
+        hf.lm_head.weight.copy_(weights.head.dequantize())  # type: ignore[attr-defined]
+        for layer, lw in zip(inner.layers, weights.layers, strict=True):  # type: ignore[attr-defined]
+            at, mlp = layer.self_attn, layer.mlp
+            qkv, q, k = lw.qkv.dequantize(), at.q_proj.out_features, at.k_proj.out_features
+            at.q_proj.weight.copy_(qkv[:q])
+            at.k_proj.weight.copy_(qkv[q : q + k])
+            at.v_proj.weight.copy_(qkv[q + k :])
+            at.o_proj.weight.copy_(lw.o.dequantize())
+            mlp.gate.weight.copy_(lw.router.dequantize())
+            gate, up, down = (m.dequantize().chunk(EXPERTS) for m in (lw.experts_gate, lw.experts_up, lw.experts_down))
+            for x, g, u, d in zip(mlp.experts, gate, up, down, strict=True):
+                x.gate_proj.weight.copy_(g)
+                x.up_proj.weight.copy_(u)
+                x.down_proj.weight.copy_(d)
+
+
+def _against_transformers(ours: QuantizedModel, hf: Qwen3MoeForCausalLM, runs: int = 8) -> torch.Tensor:
+    """Per position: max |ours - transformers| / std of transformers' logits, every linear layer's input quantized as
+    the kernels quantize it (but the router's: fp32, as stored)."""
+    hooks = [m.register_forward_pre_hook(lambda _m, args: (fake_quantized_activations(args[0]),))
+             for name, m in hf.named_modules() if isinstance(m, torch.nn.Linear) and not name.endswith("mlp.gate")]
+    g = torch.Generator().manual_seed(4)
+    per = []
+    try:
+        with torch.inference_mode():
+            for _ in range(runs):
+                ids = torch.randint(0, 97, (1, 16), generator=g)
+                want = hf(ids).logits[0]
+                per.append((ours(ids).logits[0] - want).abs().amax(-1) / want.std())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.cat(per)
+
+
+@pytest.mark.parametrize("kind", [WeightType.Q8_0, WeightType.Q4_1])
+def test_the_experts_match_transformers_on_the_same_weights(kind: WeightType) -> None:
+    hf = tiny_moe(1)
+    weights = weights_from_hf(hf, kind)
+    assert weights.layers[0].gate_up is None and weights.layers[0].experts_down.rows == EXPERTS * 64
+    ours = QuantizedModel(weights, torch.float32)
+    assert ours.experts == (EXPERTS, USED, 32)
+    dequantized_reference(hf, weights)
+    per = _against_transformers(ours, hf)
+    assert float(per.median()) < 1e-5  # fp32 summation order (a rare near-tie of two experts or an int8 step aside)
+    assert float(per.max()) < 0.2
+
+
+def test_a_gguf_as_llama_cpp_writes_it_serves_the_same_model(tmp_path: Path) -> None:
+    hf = tiny_moe(2)
+    path = write_family_gguf(tmp_path / "tiny-qwen3moe.gguf", hf)
+    weights = weights_from_gguf(path)
+    assert weights.config.model_type == "qwen3_moe" and weights.config.num_experts == EXPERTS
+    assert weights.source == "gguf:F32+Q8_0"  # the router as the converter keeps it, the rest Q8_0
+    ours = QuantizedModel(weights, torch.float32)
+    dequantized_reference(hf, weights)
+    assert float(_against_transformers(ours, hf).median()) < 1e-5
+
+
+def test_a_row_is_what_it_is_alone_in_a_batch() -> None:
+    """Rows routed to different experts, batched: each item's logits equal its own forward's, bit for bit."""
+    model = QuantizedModel(weights_from_hf(tiny_moe(3), WeightType.Q4_1))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 97, (1, n), generator=g) for n in (7, 1, 12, 3)]
+    alone = []
+    for ids in prompts:
+        cache = model.new_cache(64)
+        alone.append(model.forward(ids, cache))
+    caches = [model.new_cache(64) for _ in prompts]
+    batched = model.forward_batch([BatchItem(ids, cache) for ids, cache in zip(prompts, caches, strict=True)])
+    for a, b in zip(alone, batched, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_speculative_greedy_equals_plain_greedy_on_every_path() -> None:
+    weights = weights_from_hf(tiny_moe(6), WeightType.Q4_1)
+    before = torch.get_num_threads()
+    tokens, logits = {}, {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for isa in HERE:
+                model = QuantizedModel(weights, torch.float16)
+                model.lib = kernels.library(isa)
+                engine = Engine(TinyTarget(model, TinyTokenizer(), f"tiny-moe-{isa}", torch.device("cpu"), (), 512))
+                plain = run(engine, PROMPT, 40, [], None).token_ids
+                assert len(set(plain)) > 10  # not a degenerate repetition
+                assert run(engine, PROMPT, 40, [RandomTreeDrafter(plain, seed=1)], 16).token_ids == plain, isa
+                tokens[isa, threads] = plain
+                with torch.inference_mode():
+                    logits[isa, threads] = model(torch.tensor([PROMPT.ids])).logits
+    finally:
+        torch.set_num_threads(before)
+    for key in tokens:
+        assert tokens[key] == tokens["avx2", 1] and torch.equal(logits[key], logits["avx2", 1]), key
