@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
+from decoding.runtime.families import GGUF_ARCHITECTURES
 from tests.app.test_cli import ragspec_command
 from tests.conftest import free_port
 
@@ -72,7 +73,7 @@ def test_a_gguf_of_another_architecture(tmp_path: Path) -> None:
     line = one_line(serve(tmp_path, RAGSPEC_TARGET_MODEL=str(model)))
     assert line.startswith(f"ragspec: cannot load the target model {model}: GGUF architecture 'falcon' is not "
                            "supported"), line
-    assert "(supported: gemma2, gemma3, llama, phi3, qwen2, qwen3, qwen3moe)" in line
+    assert f"(supported: {', '.join(GGUF_ARCHITECTURES)})" in line
     assert "set RAGSPEC_TARGET_MODEL to a GGUF file (llama, qwen2" in line
 
 

@@ -13,6 +13,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from decoding.errors import ModelFileError, ModelLoadError, VocabularyMismatch
 from decoding.runtime import bundled, kernels
 from decoding.runtime.bundled import build as bundled_build
+from decoding.runtime.families import GGUF_ARCHITECTURES
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.loader import LoadedModel, LoadOptions, check_same_vocab, load_model, tokenizer_fingerprint
 from decoding.runtime.torch_runtime import TorchRuntime
@@ -150,7 +151,7 @@ def test_a_model_that_is_itself_wrong_is_a_model_file_error(tmp_path: Path) -> N
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelFileError, match=r"^GGUF architecture 'falcon' is not supported by the quantized CPU "
-                       r"runtime \(supported: gemma2, gemma3, llama, phi3, qwen2, qwen3, qwen3moe\)$"):
+                       rf"runtime \(supported: {', '.join(GGUF_ARCHITECTURES)}\)$"):
         load_model(str(foreign), LoadOptions(local_files_only=True))
 
 
