@@ -199,6 +199,10 @@ class ModelSettings(BaseModel):
         '"factor": 4.0, "original_max_position_embeddings": 32768}: linear, yarn or llama3; the window becomes '
         "factor x original positions"
     )
+    thinking: bool = Field(
+        False, description="A model with a thinking mode (Qwen3's enable_thinking in its chat template) writes its "
+        "reasoning before answering; off by default: document questions are answered straight"
+    )
 
     @field_validator("rope_scaling", mode="before")
     @classmethod

@@ -36,6 +36,14 @@ so a session can run pieces):
   drafted tokens each accepted with probability a gives 1 + a + .. + a^g tokens per step at g drafter forwards and
   one verify, against plain decoding, for a = 0.6 / 0.7 / 0.8 and g = 1..8, and the acceptance where each g breaks
   even.
+- ``verify``: per architecture, ours: a verify forward over 1 / 2 / 4 / 8 / 16 rows (a chain after the root) on a
+  ``--drafter-context`` cache, in units of one plain step (``decoding.speculative.calibration.verify_costs``,
+  medians of ``--verify-repeats``): what one more verified row costs, on a mixture of experts (its rows route to
+  more experts) beside the dense shapes.
+
+A mixture of experts too big to write whole here (``MOE_LAYERS``: Qwen3-30B-A3B's 48 layers of 128 experts would be
+60 GB of F16) is written with its first layers only; its rows record the layers written and the model's, and the
+decode time per layer.
 
 The JSON records the machine (CPU flags, the kernel path) and the llama.cpp build. ``table()`` gives the README's
 markdown rows. Known differences between the two runtimes on these files: llama.cpp disables Phi-3's sliding window
@@ -99,7 +107,8 @@ logger = logging.getLogger("bench.architectures")
 MIN_CONTEXT = 36864  # every file's context length at least: a 32K-token document, its question and answer fit
 GREEDY_TOKENS = 32  # the greedy prefix compared with llama.cpp's
 LOGIT_TOP = 8  # llama.cpp's top logits compared with ours after the prompt
-SECTIONS = ("decode", "prefill", "long", "drafter")
+SECTIONS = ("decode", "prefill", "long", "drafter", "verify")
+VERIFY_ROWS = (1, 2, 4, 8, 16)  # rows of the timed verify forwards (a chain of rows - 1 draft nodes after the root)
 # llama.cpp as compared: the builds of bench.llama_ref, and each with its flash attention on (llama-cpp-python leaves it
 # off unless asked, llama.cpp's own tools turn it on where it runs: it changes long contexts most)
 LLAMA_BUILDS = ("llama_cpp", "llama_cpp_fa", "llama_cpp_avx2", "llama_cpp_avx2_fa")
@@ -143,7 +152,13 @@ ARCHS: dict[str, Arch] = {
     "phi3": _arch("Phi-3-mini-4k", Shape(hidden=3072, layers=32, heads=32, kv_heads=32, head_dim=96, ffn=8192,
                                          vocab=32064, context=4096, rope_theta=1e4, arch="phi3", tied=False,
                                          sliding_window=2047)),
+    # Qwen3-30B-A3B: 48 layers of 128 experts (8 a token, 768 rows each) would be 60 GB of F16 to write here; its
+    # first MOE_LAYERS layers are, and the per-layer time is reported beside the runs
+    "qwen3moe": _arch("Qwen3-30B-A3B", Shape(hidden=2048, layers=6, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                                             vocab=151936, context=40960, rope_theta=1e6, arch="qwen3moe",
+                                             rms_eps=1e-6, tied=False, experts=128, experts_used=8, expert_ffn=768)),
 }  # fmt: skip
+MOE_LAYERS = {"qwen3moe": (6, 48)}  # layers written / the model's
 LONG_ARCH = "gemma3"  # the long-document section's model
 DRAFTER_ARCH = "llama"  # RAPID's drafter: the Llama-3.2-1B shape
 TARGET = _arch("Llama-3.1-8B", Shape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
@@ -343,10 +358,24 @@ def measure_context(target: LoadedModel | None, gguf: Path, plan: Plan, text: Te
     return result
 
 
+def verify_curve(target: LoadedModel, plan: Plan) -> dict[str, Any]:
+    """Ours: a verify forward over each of ``VERIFY_ROWS`` rows on a ``plan.drafter_context`` cache, against a plain
+    step (medians of ``plan.verify_repeats``, the sizes round-robin)."""
+    from decoding.speculative.calibration import verify_costs
+
+    engine = Engine(dataclasses.replace(target, eos_token_ids=()), None)
+    context, seconds = verify_costs(engine, plan.drafter_context, [rows - 1 for rows in VERIFY_ROWS],
+                                    plan.verify_repeats)
+    return {"context_tokens": context, "step_ms": round(1000 * seconds[0], 2),
+            "rows_vs_step": {str(rows): round(seconds[rows - 1] / seconds[0], 3) for rows in VERIFY_ROWS}}
+
+
 def measure_arch(name: str, arch: Arch, model_dir: Path, plan: Plan, text: Text, decode: bool,
                  prefill: bool) -> dict[str, Any]:
     """One architecture's file at every context of the plan (decode) and the prefill length (prefill)."""
     row = file_row(arch, model_dir)
+    if name in MOE_LAYERS:
+        row["layers_written"], row["model_layers"] = MOE_LAYERS[name]
     gguf = model_gguf(model_dir)
     target: LoadedModel | None = None
     try:
@@ -673,6 +702,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         out(f"long document: {ARCHS[LONG_ARCH].model} shape, {args.long_tokens} tokens")
         result["long_document"] = long_document(dir_of(ARCHS[LONG_ARCH]), plan, text)
         save()
+    if "verify" in args.sections:
+        for name in args.archs:
+            out(f"verify cost: {ARCHS[name].model} shape")
+            target = load_ours(dir_of(ARCHS[name]), args.threads)
+            result.setdefault("verify", {})[name] = {"measured_at": _now(), **verify_curve(target, plan)}
+            del target
+            gc.collect()
+            save()
     if "drafter" in args.sections:
         target_dir, drafter_dir = dir_of(TARGET), dir_of(ARCHS[DRAFTER_ARCH])
         out(f"drafter: {ARCHS[DRAFTER_ARCH].model} shape for a {TARGET.model} shape")

@@ -100,6 +100,9 @@ class Shape:
     attn_softcap: float = 0.0  # Gemma 2's <arch>.attn_logit_softcapping (0: not written)
     final_softcap: float = 0.0  # Gemma 2's <arch>.final_logit_softcapping (0: not written)
     rms_eps: float = 1e-5
+    experts: int = 0  # a mixture of experts (Qwen3-MoE): <arch>.expert_count (0: a dense MLP)
+    experts_used: int = 0  # <arch>.expert_used_count
+    expert_ffn: int = 0  # <arch>.expert_feed_forward_length
 
 
 SHAPES = {
@@ -236,11 +239,16 @@ def shape_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], str]]:
         if family.post_norms:
             out.append((b + "post_attention_norm.weight", (s.hidden,), "norm"))
         out.append((b + "ffn_norm.weight", (s.hidden,), "norm"))
-        if family.fused:  # gate rows, then up rows
+        if family.experts:  # the router, then the experts' matrices stacked [expert, rows, row]
+            out.append((b + "ffn_gate_inp.weight", (s.experts, s.hidden), "matrix"))
+            out += [(b + f"ffn_{x}_exps.weight", (s.experts, s.expert_ffn, s.hidden), "matrix") for x in ("gate", "up")]
+            out.append((b + "ffn_down_exps.weight", (s.experts, s.hidden, s.expert_ffn), "matrix"))
+        elif family.fused:  # gate rows, then up rows
             out.append((b + "ffn_up.weight", (2 * s.ffn, s.hidden), "matrix"))
         else:
             out += [(b + f"ffn_{x}.weight", (s.ffn, s.hidden), "matrix") for x in ("gate", "up")]
-        out.append((b + "ffn_down.weight", (s.hidden, s.ffn), "matrix"))
+        if not family.experts:
+            out.append((b + "ffn_down.weight", (s.hidden, s.ffn), "matrix"))
         if family.post_norms:
             out.append((b + "post_ffw_norm.weight", (s.hidden,), "norm"))
     out.append(("output_norm.weight", (s.hidden,), "norm"))
@@ -280,6 +288,10 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
         w.add_attn_logit_softcapping(s.attn_softcap)
     if s.final_softcap:
         w.add_final_logit_softcapping(s.final_softcap)
+    if s.experts:
+        w.add_expert_count(s.experts)
+        w.add_expert_used_count(s.experts_used)
+        w.add_expert_feed_forward_length(s.expert_ffn)
     w.add_vocab_size(s.vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
@@ -304,14 +316,15 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
         if kind == "bias":
             w.write_tensor_data(rng.standard_normal(dims, dtype=np.float32) * np.float32(0.5))
             continue
-        rows, cols = dims
-        data = np.empty(dims, dtype=np.float16)
+        cols = dims[-1]
+        rows = int(np.prod(dims[:-1]))  # an expert tensor's experts one after the other
+        data = np.empty((rows, cols), dtype=np.float16)
         step = max(1, (1 << 24) // cols)  # ~64 MB of fp32 at a time
         for r in range(0, rows, step):
             chunk = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32)
             chunk *= scale
             data[r : r + len(chunk)] = chunk
-        w.write_tensor_data(data)
+        w.write_tensor_data(data.reshape(dims))
     w.close()
     tmp.replace(path)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import threading
 from array import array
@@ -88,8 +89,12 @@ class PromptBuilder:
         cache_items: int = 16,
         long_budget: int = 0,
         lead_tokens: int = 0,
+        chat_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = copy.deepcopy(tokenizer)
+        self.chat_options = dict(chat_options or {})
+        # a prefix's KV depends on the template's options too (a template may read them anywhere): in every key
+        self._key_name = model_name + (json.dumps(self.chat_options, sort_keys=True) if self.chat_options else "")
         self.model_name = model_name
         self.max_context = max_context
         self.long_budget = long_budget
@@ -97,6 +102,10 @@ class PromptBuilder:
         self._lock = threading.Lock()
         self._prefixes: OrderedDict[str, array[int]] = OrderedDict()  # prefix key -> prefix ids
         self._cache_items = cache_items
+
+    def key_for(self, system: str, doc_ids: Sequence[str]) -> str:
+        """The prefix key of ``system`` over ``doc_ids`` for this model and its template's options."""
+        return prefix_key(self._key_name, system, doc_ids)
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -119,6 +128,7 @@ class PromptBuilder:
                 question=question,
                 history=history,
                 prefix_key=key,
+                chat_options=self.chat_options,
             )
 
     def _prompt(
@@ -201,7 +211,7 @@ class PromptBuilder:
     ) -> Prompt | None:
         """The prompt whose prefix a first question over ``docs`` will reuse: the whole documents, or for
         documents longer than the window their lead (``lead_tokens``); None if there is nothing to reuse."""
-        key = prefix_key(self.model_name, system, [d.id for d in docs])
+        key = self.key_for(system, [d.id for d in docs])
         if sum(d.n_tokens for d in docs) + max_tokens + 64 <= self.max_context:
             prompt = self._prompt(system, docs, "", (), key)
             if len(prompt.prefix_ids) + max_tokens + 64 <= self.max_context:
@@ -237,13 +247,13 @@ class PromptBuilder:
         budget = room - len(bare.ids)
         # Far too long by the indexing token count: skip tokenizing the whole text, go to the chunks.
         if sum(d.n_tokens for d in docs) <= budget + LENGTH_SLACK:
-            key = prefix_key(self.model_name, system, [d.id for d in docs])
+            key = self.key_for(system, [d.id for d in docs])
             prompt = self._prompt(system, docs, question, history, key)
             if len(prompt.ids) <= room:
                 return prompt
         if ranking is None:
             raise ContextTooLong(f"the documents do not fit the {room} tokens left in the window")
-        key = prefix_key(self.model_name, system, [d.id for d in docs])
+        key = self.key_for(system, [d.id for d in docs])
         return self._fit_chunks(ranking, key, system, question, history, room, budget, self.lead_tokens, None)
 
     def fit_chunks(
@@ -261,7 +271,7 @@ class PromptBuilder:
         from); ``key_parts`` name the prefix (the collections at their versions). Marked ``context_truncated``."""
         room = self.max_context - max_tokens
         history, bare = self._question_part(system, question, history, max_tokens)
-        key = prefix_key(self.model_name, system, key_parts)
+        key = self.key_for(system, key_parts)
         return self._fit_chunks(ranking, key, system, question, history, room, room - len(bare.ids), 0, titles)
 
     def _question_part(

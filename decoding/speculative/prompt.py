@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from decoding.errors import DecodingError
@@ -60,13 +60,16 @@ def render_chat(
     document: str,
     question: str,
     history: Sequence[tuple[str, str]] = (),
+    chat_options: Mapping[str, Any] | None = None,
 ) -> str:
     """The full prompt as the chat template renders it, or the plain layout where the tokenizer has no template
-    (what ``build_prompt``'s ids decode to)."""
+    (what ``build_prompt``'s ids decode to). ``chat_options``: variables the template may read (e.g. Qwen3's
+    ``enable_thinking``); a template that reads none ignores them."""
     if getattr(tokenizer, "chat_template", None) is None:
         return _plain(tokenizer, system, document, question, history)
     return str(tokenizer.apply_chat_template(
-        _messages(system, document, question, history), tokenize=False, add_generation_prompt=True
+        _messages(system, document, question, history), tokenize=False, add_generation_prompt=True,
+        **dict(chat_options or {}),
     ))
 
 
@@ -104,6 +107,7 @@ def build_prompt(
     question: str,
     history: Sequence[tuple[str, str]] = (),
     prefix_key: str | None,
+    chat_options: Mapping[str, Any] | None = None,
 ) -> Prompt:
     """Token ids of the chat, split into the cacheable ``[system][document]`` prefix and the rest.
 
@@ -112,7 +116,7 @@ def build_prompt(
     ``document`` given as pieces (retrieved chunks, separators included) is their concatenation, each piece
     tokenized on its own: the prefix is then cut into segments (``Prompt.segment_ends``: everything before
     the document, then each piece) whose ids do not depend on the pieces after them, so their KV can be
-    shared by every prompt that starts with the same pieces.
+    shared by every prompt that starts with the same pieces. ``chat_options``: as ``render_chat``'s.
     """
     pieces = None if isinstance(document, str) else list(document)
     tag = uuid.uuid4().hex
@@ -123,7 +127,7 @@ def build_prompt(
     slots = [f"\x00slot{tag}{i}\x00" for i in range(len(texts))]
     history_slots = [(slots[1 + 2 * i], slots[2 + 2 * i]) for i in range(len(history))]
     rendered = render_chat(tokenizer, system=system, document=slots[0], question=slots[-1],
-                           history=history_slots)
+                           history=history_slots, chat_options=chat_options)
 
     # Special tokens: a space prefix restarts after them (a tokenizer with one); some eat the whitespace after them
     added = dict(getattr(tokenizer, "added_tokens_decoder", None) or {})

@@ -243,7 +243,7 @@ def test_another_tenants_collection_is_not_found(server: ThreadServer, small: di
 
 def test_a_batch_of_uploads_warms_the_collection_once(server: ThreadServer, client: httpx.Client,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.answering.prompts import SYSTEM_PROMPT, prefix_key
+    from app.answering.prompts import SYSTEM_PROMPT
 
     services = server.services
     keys: list[str | None] = []
@@ -258,10 +258,10 @@ def test_a_batch_of_uploads_warms_the_collection_once(server: ThreadServer, clie
     ids = [d["id"] for d in response.json()["documents"]]
     for doc in ids:
         assert wait_indexed(client, doc)["status"] == "ready"
-    whole = prefix_key(services.target.name, SYSTEM_PROMPT, ids)  # the collection read whole, upload order
+    whole = services.prompts.key_for(SYSTEM_PROMPT, ids)  # the collection read whole, upload order
     wait_for(lambda: whole in keys, "the collection's warm-up")
     services.background.submit(lambda: None).result()  # every change handled
     assert keys.count(whole) == 1, keys
-    assert not {prefix_key(services.target.name, SYSTEM_PROMPT, [doc]) for doc in ids} & set(keys)  # none alone
+    assert not {services.prompts.key_for(SYSTEM_PROMPT, [doc]) for doc in ids} & set(keys)  # none alone
     body = ask(client, question="How much does crane 3 lift?", collection_ids=[col]).json()
     assert body["stats"]["context"] == "documents" and body["stats"]["documents"] == 6

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from app.answering.prompts import document_texts
+from app.answering.prompts import PromptBuilder, document_texts
 from decoding.speculative.generation import DoneEvent, GenerationConfig
 from decoding.speculative.prompt import PLAIN_TURN
 from tests.app.live import LANDMARKS, ThreadServer, upload_text, wait_indexed
@@ -63,3 +63,11 @@ def test_a_plain_prompt_stops_at_its_next_question(base_model: ThreadServer) -> 
 
 def _history(messages: list[Any]) -> list[tuple[str, str]]:
     return [(messages[i]["content"], messages[i + 1]["content"]) for i in range(0, len(messages) - 1, 2)]
+
+
+def test_a_thinking_model_answers_straight_unless_the_setting_says(server: ThreadServer) -> None:
+    """RAGSPEC_THINKING (off by default) reaches every chat template as ``enable_thinking`` (Qwen3's switch), and the
+    prefix keys name it (a template may read it anywhere)."""
+    prompts = server.services.prompts
+    assert prompts.chat_options == {"enable_thinking": False}
+    assert prompts.key_for("s", ["d"]) != PromptBuilder(prompts.tokenizer, prompts.model_name, 512).key_for("s", ["d"])

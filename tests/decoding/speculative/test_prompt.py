@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,31 @@ def test_only_the_plain_layout_implies_a_stop(tok: PreTrainedTokenizerFast) -> N
     base.chat_template = None
     assert turn_stops(base) == ("\nQuestion:",)
     assert turn_stops(tok) == ()
+
+
+QWEN3_THINKING = (  # Qwen3's generation prompt: an empty thinking block where enable_thinking is false
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def test_chat_options_reach_the_template(tok: PreTrainedTokenizerFast) -> None:
+    """Qwen3's thinking switch: off, the prompt ends in the template's empty thinking block (the model answers
+    straight); on (or unsaid), it does not. The prefix (system + document) is the same either way."""
+    qwen3 = copy.deepcopy(tok)
+    qwen3.chat_template = QWEN3_THINKING
+    off = build_prompt(qwen3, system=SYSTEM, document=DOC, question="Q?", prefix_key=None,
+                       chat_options={"enable_thinking": False})
+    on = build_prompt(qwen3, system=SYSTEM, document=DOC, question="Q?", prefix_key=None,
+                      chat_options={"enable_thinking": True})
+    assert qwen3.decode(off.ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert qwen3.decode(on.ids).endswith("<|im_start|>assistant\n")
+    assert off.prefix_ids == on.prefix_ids
+    plain = build_prompt(tok, system=SYSTEM, document=DOC, question="Q?", prefix_key=None,
+                         chat_options={"enable_thinking": False})
+    assert plain.ids == build_prompt(tok, system=SYSTEM, document=DOC, question="Q?", prefix_key=None).ids
 
 
 def test_template_problems_are_domain_errors(tok: PreTrainedTokenizerFast) -> None:
