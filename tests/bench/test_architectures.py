@@ -23,7 +23,9 @@ BASE = formats.Shape(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=
 TINY = {name: dataclasses.replace(BASE, arch=a.shape.arch, tied=a.shape.tied,
                                   sliding_window=min(a.shape.sliding_window, 24), attn_softcap=a.shape.attn_softcap,
                                   final_softcap=a.shape.final_softcap,
-                                  head_dim=32 if a.shape.arch.startswith("gemma") else 16)
+                                  head_dim=32 if a.shape.arch.startswith("gemma") else 16,
+                                  experts=min(a.shape.experts, 4), experts_used=min(a.shape.experts_used, 2),
+                                  expert_ffn=32 if a.shape.experts else 0)
         for name, a in arch.ARCHS.items()}  # fmt: skip
 PLAN = arch.Plan(runs=2, threads=1, max_new=4, builds={}, contexts=(160,), prefill_tokens=160, long_tokens=80,
                  drafter_context=40, verify_repeats=1, rss_probe=False)
@@ -63,11 +65,17 @@ def test_every_family_is_written_with_its_tensors_and_keys(tiny_dirs: dict[str, 
             assert "ffn_gate.weight" not in layer and "output.weight" in tensors
             assert list(tensors["blk.0.attn_qkv.weight"].shape) == [shape.hidden, q + 2 * kv]
             assert list(tensors["blk.0.ffn_up.weight"].shape) == [shape.hidden, 2 * shape.ffn]
+        elif name == "qwen3moe":  # the router and the experts stacked [expert, rows, row], its own output
+            assert {f"ffn_{x}.weight" for x in ("gate_inp", "gate_exps", "up_exps", "down_exps")} <= layer
+            assert "ffn_gate.weight" not in layer and "output.weight" in tensors
+            assert list(tensors["blk.0.ffn_gate_exps.weight"].shape) == [shape.hidden, shape.expert_ffn, shape.experts]
+            assert list(tensors["blk.0.ffn_down_exps.weight"].shape) == [shape.expert_ffn, shape.hidden, shape.experts]
+            assert reader.fields["qwen3moe.expert_count"].contents() == shape.experts
         else:
             assert {"attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"} <= layer
             assert "output.weight" not in tensors  # tied, as the real 1-2B models are
         assert ({"attn_q.bias", "attn_k.bias", "attn_v.bias"} <= layer) == (name == "qwen2")
-        assert ({"attn_q_norm.weight", "attn_k_norm.weight"} <= layer) == (name in ("qwen3", "gemma3"))
+        assert ({"attn_q_norm.weight", "attn_k_norm.weight"} <= layer) == (name in ("qwen3", "qwen3moe", "gemma3"))
         assert ({"post_attention_norm.weight", "post_ffw_norm.weight"} <= layer) == name.startswith("gemma")
         window = reader.fields.get(f"{shape.arch}.attention.sliding_window")
         assert (window.contents() if window else 0) == shape.sliding_window
