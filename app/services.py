@@ -26,6 +26,7 @@ from app.serving.indexing import IndexingConfig, IndexingJobs
 from app.serving.kv_tuning import (
     RecalibrationBackoff,
     available_ram_bytes,
+    check_weights_fit,
     check_window_fits,
     fit_cpu_window,
     kv_budgets,
@@ -249,6 +250,8 @@ def load_target(settings: Settings) -> LoadedModel:
     lower than the model's, or higher up to what the rope scaling supports; beyond it the service stops here,
     at start, rather than serving positions the model was never trained for. On a CPU the window must fit the RAM
     (``fit_cpu_window``): the model's own is capped to what does, one asked for that does not stops the start."""
+    if settings.device != "cuda":  # a GPU's loader checks its own memory
+        check_weights_fit(settings.target_model)
     target = load_llm(settings, settings.target_model, rope_scaling=settings.rope_scaling)
     if settings.max_context is None:
         return fit_cpu_window(target, explicit=False)

@@ -151,6 +151,34 @@ def check_window_fits(target: LoadedModel) -> int:
     return free
 
 
+WEIGHTS_GROWTH = 1.04  # served weights over a GGUF's bytes at most (the unpacked 6-bit scales: 1.036x)
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file a model spec names (the file, or the one in a directory), None for anything else."""
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    found = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+def check_weights_fit(spec: str, available: int | None = None) -> None:
+    """Before loading a GGUF on the CPU: ``ModelLoadError`` in one line saying how much RAM it needs if its weights
+    as served (``WEIGHTS_GROWTH`` x the file at most) and ``DEVICE_MARGIN_BYTES`` do not fit the RAM available, rather
+    than the machine swapping or the process being killed half way through the load."""
+    path = gguf_file(spec)
+    if path is None:
+        return
+    available = available_ram_bytes() if available is None else available
+    need = int(path.stat().st_size * WEIGHTS_GROWTH) + DEVICE_MARGIN_BYTES
+    if need > available:
+        gib, file_gib = 1 << 30, path.stat().st_size / (1 << 30)
+        raise ModelLoadError(f"{path.name} needs about {need / gib:.1f} GiB of RAM to load (its {file_gib:.1f} GiB of "
+                             f"weights as served, and room to run), {available / gib:.1f} GiB is available: use a "
+                             "smaller quantization of it (e.g. Q3_K_M or Q2_K) or a machine with more RAM")
+
+
 def fit_cpu_window(target: LoadedModel, explicit: bool, available: int | None = None) -> LoadedModel:
     """A CPU target with the window its RAM holds: one generation's KV at the window, the CPU prefix tier
     (``CPU_KV_BYTES``) and ``DEVICE_MARGIN_BYTES`` must fit the RAM available once the models are loaded. The

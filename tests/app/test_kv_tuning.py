@@ -14,6 +14,7 @@ import app.serving.kv_tuning as kv_tuning
 from app.serving.kv_tuning import (
     available_ram_bytes,
     calibration_contexts,
+    check_weights_fit,
     check_window_fits,
     fit_cpu_window,
     kv_budgets,
@@ -206,3 +207,17 @@ def test_the_host_tier_bytes_are_a_gauge() -> None:
             "kv_host_bytes": 3, "kv_cache_hits": 0, "kv_cache_misses": 0, "indexing_jobs": {}, "redis_up": None}
     gauges = {f.name: f.samples[0].value for f in LiveCollector(lambda: live).collect() if f.samples}
     assert gauges["ragspec_kv_host_bytes"] == 3 and gauges["ragspec_kv_cache_bytes"] == 1
+
+
+def test_a_gguf_too_big_for_the_ram_is_refused_saying_what_it_needs(tmp_path: Path) -> None:
+    model = tmp_path / "big.Q4_K_M.gguf"
+    with model.open("wb") as f:
+        f.truncate(3 << 30)  # sparse: no disk
+    need = (int((3 << 30) * kv_tuning.WEIGHTS_GROWTH) + DEVICE_MARGIN_BYTES) / (1 << 30)  # served, and room to run
+    want = rf"^big\.Q4_K_M\.gguf needs about {need:.1f} GiB of RAM to load \(its 3\.0 GiB of weights .* 2\.0 GiB "
+    with pytest.raises(ModelLoadError, match=want):
+        check_weights_fit(str(model), available=2 << 30)
+    with pytest.raises(ModelLoadError, match=want):
+        check_weights_fit(str(tmp_path), available=2 << 30)  # a directory holding one GGUF: that file
+    check_weights_fit(str(model), available=8 << 30)  # fits
+    check_weights_fit("bundled", available=1)  # not a GGUF path: the loader's to resolve

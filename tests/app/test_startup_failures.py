@@ -1,8 +1,8 @@
 """A start-up failure of ``ragspec serve`` is one line on stderr naming the cause and what to do, exit status 2, no
 traceback: the real command in a subprocess, as a new user runs it (default log level), for a target model of an
-architecture the runtime does not run, a missing model file, a truncated GGUF, a port in use, a data dir that cannot
-be made and bad setting values. Each fails before the store or the embedder loads (the GGUF ones once torch and
-transformers are imported, the others before that)."""
+architecture the runtime does not run, a missing model file, a truncated GGUF, one too big for the RAM, a port in
+use, a data dir that cannot be made and bad setting values. Each fails before the store or the embedder loads (the
+GGUF ones once torch and transformers are imported, the others before that)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,18 @@ def write_gguf(path: Path, arch: str) -> Path:
 
 
 # ---- the target model ----------------------------------------------------------------------------------------
+
+
+def test_a_gguf_too_big_for_the_ram(tmp_path: Path) -> None:
+    """Refused before a byte of it is read, saying how much RAM it needs and how much there is (a sparse file: no
+    disk)."""
+    model = tmp_path / "huge.Q4_K_M.gguf"
+    with model.open("wb") as f:
+        f.truncate(1 << 40)
+    line = one_line(serve(tmp_path, RAGSPEC_TARGET_MODEL=str(model)))
+    assert line.startswith(f"ragspec: cannot load the target model {model}: huge.Q4_K_M.gguf needs about "), line
+    assert "(its 1024.0 GiB of weights as served, and room to run)" in line
+    assert "GiB is available: use a smaller quantization of it" in line
 
 
 def test_a_gguf_of_another_architecture(tmp_path: Path) -> None:
