@@ -1,8 +1,10 @@
 /* The weight formats, declared once for the C side: id (WeightType in decoding/runtime/formats/base.py), weights per
  * block, bytes per block in the file, bytes per packed record of 8 rows (one module per format in
  * decoding/runtime/formats says how a record is laid out). When a library loads, Python compares its registry with
- * this table (rs_format_sizes) and refuses a library that differs. Every dispatch on a format is a switch over
- * rs_wtype naming each format (-Werror=switch: a format added here and missed by one switch does not compile). */
+ * this table (rs_format_sizes) and refuses a library that differs. The dispatch from a format to its kernel file
+ * (matmul.c) is a switch over rs_wtype naming every format, no default (-Werror=switch: a format added here and not
+ * dispatched does not compile); a kernel file's own switch names its formats and stops on any other
+ * (rs_unknown_format): nothing ever computes one format with another's layout. */
 #ifndef RS_FORMATS_H
 #define RS_FORMATS_H
 #include <stdint.h>

@@ -128,12 +128,21 @@ def test_a_library_that_differs_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -
     assert "weight formats differ" in loading.unavailable_reason()
 
 
-def test_every_format_switch_names_every_format() -> None:
-    """Each dispatch is a switch over rs_wtype without a default that picks a format: -Werror=switch makes a format
-    missing from one a compile error."""
+def test_the_dispatch_names_every_format_and_nothing_guesses_one() -> None:
+    """matmul.c's dispatch (a product, a row's dequantization) is a switch over rs_wtype naming every format with no
+    default: -Werror=switch makes a format missing from it a compile error. Every other switch over rs_wtype names
+    its file's formats and stops on any other (rs_unknown_format), never computing one with another's layout."""
     assert "-Werror=switch" in FLAGS
+    matmul = (KERNELS / "matmul.c").read_text()
+    dispatch = re.findall(r"switch \(\(rs_wtype\)wtype\) \{(.*?)\n    \}", matmul, flags=re.S)
+    assert len(dispatch) == 2
+    for body in dispatch:
+        assert "default:" not in body
+        assert all(f"W_{f.name}:" in body for f in FORMATS.values())
     for src in sorted(KERNELS.glob("*.[ch]")):
         text = src.read_text()
-        for switch in re.finditer(r"switch \(\(rs_wtype\)\w+\) \{(.*?)\n    \}", text, flags=re.S):
-            assert "default:" not in switch.group(1), src.name
+        for switch in re.finditer(r"switch \(\(rs_wtype\)\w+\) \{(.*?)\n( *)\}(.{0,80})", text, flags=re.S):
+            body, after = switch.group(1), switch.group(3)
+            default = next((line for line in body.splitlines() if "default:" in line), None)
+            assert default is None or "rs_unknown_format" in default or "rs_unknown_format" in after, src.name
     assert all(f"X({f.name}, {int(k)}," in (KERNELS / "formats.h").read_text() for k, f in FORMATS.items())
