@@ -35,10 +35,14 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
     fmt = format_of(kind)
     n, width = rows.shape
     nb = width // fmt.block_bytes
-    padded = np.zeros(((n + GROUP - 1) // GROUP * GROUP, width), dtype=np.uint8)
-    padded[:n] = rows
+    if n % GROUP:  # the last group padded with zero rows
+        padded = np.zeros(((n + GROUP - 1) // GROUP * GROUP, width), dtype=np.uint8)
+        padded[:n] = rows
+    else:  # whole groups: read as they are (a file's mapped rows, no copy)
+        padded = rows
     rec = fmt.pack(padded.reshape(-1, GROUP, nb, fmt.block_bytes))  # [G, j, b, bytes] -> [G, b, record]
-    return np.ascontiguousarray(rec.reshape(rec.shape[0], -1))
+    out = np.ascontiguousarray(rec.reshape(rec.shape[0], -1))
+    return out.copy() if np.may_share_memory(out, rows) else out  # a float format's rows: the weights' own copy
 
 
 def unpack_rows(kind: WeightType, packed: np.ndarray, n: int, cols: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from transformers import PretrainedConfig
 
 from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.families import Family, common_config, family_of, forward_plan, gguf_family
-from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, required
+from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, release_pages, required
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
 
 __all__ = ["LayerWeights", "ModelWeights", "check_supported", "gguf_config", "model_dims", "unpermute_rows",
@@ -196,7 +196,11 @@ def weights_from_gguf(path: Path) -> ModelWeights:
         return t, unpermute_rows(int(t.shape[1]), heads) if heads and family.permuted_qk else None
 
     def mat(*names: str | tuple[str, int]) -> QuantMatrix:
-        return _gguf_fused(path, [part(n) if isinstance(n, str) else part(*n) for n in names])
+        parts = [part(n) if isinstance(n, str) else part(*n) for n in names]
+        matrix = _gguf_fused(path, parts)
+        for tensor, _ in parts:  # packed: the file's pages of it are not needed any more
+            release_pages(reader, tensor)
+        return matrix
 
     def vec(name: str) -> torch.Tensor:
         t = tensor(name)

@@ -6,6 +6,7 @@ Shared by the weights' loader (``decoding.runtime.weights``), the architectures'
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,14 @@ def gguf_rope(reader: Any, arch: str, head_dim: int, context: int) -> dict[str, 
                                  f"{head_dim}), not {values.size}")
         out["rope_freqs"] = values.tolist()
     return out
+
+
+def release_pages(reader: Any, tensor: Any) -> None:
+    """Drop the mapped pages of ``tensor``'s bytes from this process (the file's own, read again if touched): a tensor
+    once packed for the kernels needs them no more, so a load holds the packed weights, not the file's pages beside
+    them. A reader without a file mapping (or a platform without ``madvise``) is left as it is."""
+    mapping = getattr(getattr(reader, "data", None), "_mmap", None)
+    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = int(tensor.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
+    mapping.madvise(mmap.MADV_DONTNEED, start, int(tensor.data_offset) + int(tensor.n_bytes) - start)

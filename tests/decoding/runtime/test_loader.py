@@ -280,3 +280,39 @@ def test_a_cpu_load_builds_on_the_host_as_before(
     assert isinstance(loaded.model, TorchRuntime)
     with torch.inference_mode():
         assert torch.equal(loaded.model.module(ids).logits, tiny_dir[1](ids).logits)
+
+
+def test_a_packed_tensors_file_pages_are_released_and_read_again_if_touched(tmp_path: Path) -> None:
+    """``release_pages`` drops the page-aligned range of a tensor's bytes from the mapping (a load then holds the
+    packed weights, not the file's pages beside them), and the bytes read back the same afterwards."""
+    import mmap
+
+    import gguf
+    import numpy as np
+
+    from decoding.runtime.gguf.meta import read_gguf, release_pages
+
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        w.add_tensor(f"t{i}", rng.standard_normal((64, 256)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = read_gguf(tmp_path / "t.gguf")
+    before = [np.array(t.data) for t in reader.tensors]
+    for t in reader.tensors:
+        release_pages(reader, t)
+    assert all(np.array_equal(np.array(t.data), b) for t, b in zip(reader.tensors, before, strict=True))
+
+    calls = []
+
+    class Mapping:
+        def madvise(self, option: int, start: int, length: int) -> None:
+            calls.append((option, start, length))
+
+    fake = type("Reader", (), {"data": type("Data", (), {"_mmap": Mapping()})()})()
+    release_pages(fake, type("T", (), {"data_offset": 5000, "n_bytes": 10000})())
+    [(option, start, length)] = calls
+    assert option == mmap.MADV_DONTNEED and start % mmap.PAGESIZE == 0 and start <= 5000 and start + length == 15000
