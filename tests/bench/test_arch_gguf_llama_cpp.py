@@ -12,8 +12,9 @@ crosses Gemma's sliding windows (72): both compute transformers' logits, and eac
   llama.cpp turns Phi-3's off (its loader says so) where ours applies it as transformers does.
 
 Measured with llama-cpp-python 0.3.36's llama.cpp (AVX-512 build), logits' std 0.56-0.61 (Gemma 0.075): F32 ours vs
-llama.cpp and llama.cpp vs transformers both 2-9e-6 std at most (Gemma 1.9-2.1e-3); Q8_0 ours vs llama.cpp max
-0.06-0.11 std, root mean square 0.010-0.021, argmax equal at 96-98% of the rows.
+llama.cpp and llama.cpp vs transformers both 2-9e-6 std at most (Gemma 1.9-2.1e-3; Qwen3-MoE 3.7e-6 / 4.1e-6); Q8_0
+ours vs llama.cpp max 0.06-0.11 std (Qwen3-MoE 0.48: a near-tied route flips, ``Q8_TOL_ARCH``), root mean square
+0.010-0.021, argmax equal at 96-98% of the rows.
 
 Needs a llama.cpp build (``scripts/build-llama-cpp``, into ``.venv/llama-builds/best``, or ``LLAMA_CPP_LIB_PATH``)
 and llama-cpp-python (the bench extra); skipped without them. One worker process runs every file, as
@@ -43,12 +44,15 @@ from tests.decoding.conftest import make_tiny_family, needs_kernels
 from tests.decoding.gguf_families import write_family_gguf
 from tests.decoding.runtime.gguf_vocabs import FAMILY_VOCAB, write_vocab
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"]
 PROMPT_LEN = 300
 LONG_WINDOW = {"mistral": 1024, "phi3": 1024}  # see the module docstring
 F32_TOL = {"gemma2": 5e-3, "gemma3": 5e-3}  # of the logits' standard deviation
 F32_TOL_DEFAULT = 2e-4
 Q8_TOL, Q8_RMS_TOL, Q8_ARGMAX = 0.25, 0.05, 0.9
+# a mixture of experts: a row whose top experts are near-tied routes by each runtime's own activation rounding, and a
+# flipped expert moves that row by far more than rounding (measured: max 0.48 std, root mean square 0.017)
+Q8_TOL_ARCH = {"qwen3moe": 0.6}
 KINDS = {"F32": gguf.GGMLQuantizationType.F32, "Q8_0": gguf.GGMLQuantizationType.Q8_0}
 
 
@@ -140,4 +144,5 @@ def test_ours_and_llama_cpp_compute_transformers_logits_from_f32_files(runs: dic
 def test_ours_follows_llama_cpp_on_q8_0_files(runs: dict, arch: str) -> None:
     res = runs[arch, "Q8_0"]
     rel, rms, agree = _report(f"{arch} Q8_0 ours vs llama.cpp", res["cpp"], res["ours"])
-    assert rel <= Q8_TOL and rms <= Q8_RMS_TOL and agree >= Q8_ARGMAX, f"{arch}: {rel:.3g} / {rms:.3g} std, {agree}"
+    tol = Q8_TOL_ARCH.get(arch, Q8_TOL)
+    assert rel <= tol and rms <= Q8_RMS_TOL and agree >= Q8_ARGMAX, f"{arch}: {rel:.3g} / {rms:.3g} std, {agree}"
