@@ -219,6 +219,16 @@ def test_app_rooms_import_one_way() -> None:
     assert not violations, violations
 
 
+def _reached(graph: dict[str, set[str]], module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
 def test_the_engine_and_the_drafters_reach_no_concrete_runtime() -> None:
     """``decoding.speculative`` and ``decoding.drafters`` call a runtime only through its protocol: of
     ``decoding.runtime`` they reach, directly or through any other module (function-local imports count), only
@@ -229,18 +239,9 @@ def test_the_engine_and_the_drafters_reach_no_concrete_runtime() -> None:
     assert "decoding.runtime.interface" in graph["decoding.speculative.engine"]  # the graph is read
     assert "decoding.runtime.torch_runtime" in graph["decoding.runtime.loader"]  # and sees a runtime import
 
-    def reached(module: str) -> set[str]:
-        seen, todo = set(), [module]
-        while todo:
-            for dep in graph.get(todo.pop(), ()):
-                if dep not in seen:
-                    seen.add(dep)
-                    todo.append(dep)
-        return seen
-
     rooms = [m for m in graph if m.split(".")[:2] in (["decoding", "speculative"], ["decoding", "drafters"])]
     assert "decoding.drafters.rapid" in rooms and "decoding.speculative.batching" in rooms
-    found = sorted(f"{m} -> {d}" for m in rooms for d in reached(m)
+    found = sorted(f"{m} -> {d}" for m in rooms for d in _reached(graph, m)
                    if d.split(".")[:2] == ["decoding", "runtime"] and d not in allowed)
     assert not found, found
 
@@ -252,16 +253,6 @@ RUNTIME_ROOMS = {  # decoding.runtime's sub-rooms -> what each may import of the
     "decoding.runtime.kernels": {"decoding.runtime.formats", "decoding.runtime.quant"},  # the C kernels
 }
 TORCH_PATH = {"decoding.runtime.attention", "decoding.runtime.attention_cuda", "decoding.runtime.torch_runtime"}
-
-
-def _reached(graph: dict[str, set[str]], module: str) -> set[str]:
-    seen, todo = set(), [module]
-    while todo:
-        for dep in graph.get(todo.pop(), ()):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
-    return seen
 
 
 def _runtime_rooms_violations(graph: dict[str, set[str]]) -> list[str]:

@@ -179,6 +179,15 @@ def load_dequantized(hf: torch.nn.Module, weights: Any) -> None:
             at.k_proj.weight.copy_(qkv[q : q + k])
             at.v_proj.weight.copy_(qkv[q + k :])
             at.o_proj.weight.copy_(lw.o.dequantize())
+            if lw.router is not None:  # a mixture of experts (Qwen3-MoE): the router, each expert's slice of the stacks
+                mlp.gate.weight.copy_(lw.router.dequantize())
+                n = len(mlp.experts)
+                stacks = (m.dequantize().chunk(n) for m in (lw.experts_gate, lw.experts_up, lw.experts_down))
+                for x, g, u, d in zip(mlp.experts, *stacks, strict=True):
+                    x.gate_proj.weight.copy_(g)
+                    x.up_proj.weight.copy_(u)
+                    x.down_proj.weight.copy_(d)
+                continue
             gu, i = lw.gate_up.dequantize(), mlp.gate_proj.out_features
             mlp.gate_proj.weight.copy_(gu[:i])
             mlp.up_proj.weight.copy_(gu[i:])

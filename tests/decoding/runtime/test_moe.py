@@ -13,12 +13,13 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from decoding.errors import ModelFileError
 from decoding.runtime import kernels
 from decoding.runtime.interface import BatchItem
 from decoding.runtime.kernels import available_isas
 from decoding.runtime.quant import WeightType
 from decoding.runtime.quantized import QuantizedModel
-from decoding.runtime.weights import weights_from_gguf, weights_from_hf
+from decoding.runtime.weights import check_supported, weights_from_gguf, weights_from_hf
 from decoding.speculative.engine import Engine
 from tests.decoding.conftest import (
     PROMPT,
@@ -26,6 +27,7 @@ from tests.decoding.conftest import (
     TinyTarget,
     TinyTokenizer,
     fake_quantized_activations,
+    load_dequantized,
     run,
 )
 from tests.decoding.gguf_families import write_family_gguf
@@ -50,27 +52,6 @@ def tiny_moe(seed: int = 0) -> Qwen3MoeForCausalLM:
             if p.ndim == 2:
                 p.mul_(8.0 if name.endswith("mlp.gate.weight") else 4.0)
     return model
-
-
-def dequantized_reference(hf: Qwen3MoeForCausalLM, weights: object) -> None:
-    """Copy ``weights`` (the runtime's, dequantized) into ``hf``, experts split again."""
-    inner = hf.model
-    with torch.no_grad():
-        inner.embed_tokens.weight.copy_(weights.embed.dequantize())  # type: ignore[attr-defined]
-        hf.lm_head.weight.copy_(weights.head.dequantize())  # type: ignore[attr-defined]
-        for layer, lw in zip(inner.layers, weights.layers, strict=True):  # type: ignore[attr-defined]
-            at, mlp = layer.self_attn, layer.mlp
-            qkv, q, k = lw.qkv.dequantize(), at.q_proj.out_features, at.k_proj.out_features
-            at.q_proj.weight.copy_(qkv[:q])
-            at.k_proj.weight.copy_(qkv[q : q + k])
-            at.v_proj.weight.copy_(qkv[q + k :])
-            at.o_proj.weight.copy_(lw.o.dequantize())
-            mlp.gate.weight.copy_(lw.router.dequantize())
-            gate, up, down = (m.dequantize().chunk(EXPERTS) for m in (lw.experts_gate, lw.experts_up, lw.experts_down))
-            for x, g, u, d in zip(mlp.experts, gate, up, down, strict=True):
-                x.gate_proj.weight.copy_(g)
-                x.up_proj.weight.copy_(u)
-                x.down_proj.weight.copy_(d)
 
 
 def _against_transformers(ours: QuantizedModel, hf: Qwen3MoeForCausalLM, runs: int = 8) -> torch.Tensor:
@@ -99,7 +80,7 @@ def test_the_experts_match_transformers_on_the_same_weights(kind: WeightType) ->
     assert weights.layers[0].gate_up is None and weights.layers[0].experts_down.rows == EXPERTS * 64
     ours = QuantizedModel(weights, torch.float32)
     assert ours.experts == (EXPERTS, USED, 32)
-    dequantized_reference(hf, weights)
+    load_dequantized(hf, weights)
     per = _against_transformers(ours, hf)
     assert float(per.median()) < 1e-5  # fp32 summation order (a rare near-tie of two experts or an int8 step aside)
     assert float(per.max()) < 0.2
@@ -112,7 +93,7 @@ def test_a_gguf_as_llama_cpp_writes_it_serves_the_same_model(tmp_path: Path) -> 
     assert weights.config.model_type == "qwen3_moe" and weights.config.num_experts == EXPERTS
     assert weights.source == "gguf:F32+Q8_0"  # the router as the converter keeps it, the rest Q8_0
     ours = QuantizedModel(weights, torch.float32)
-    dequantized_reference(hf, weights)
+    load_dequantized(hf, weights)
     assert float(_against_transformers(ours, hf).median()) < 1e-5
 
 
@@ -152,3 +133,13 @@ def test_speculative_greedy_equals_plain_greedy_on_every_path() -> None:
         torch.set_num_threads(before)
     for key in tokens:
         assert tokens[key] == tokens["avx2", 1] and torch.equal(logits[key], logits["avx2", 1]), key
+
+
+def test_a_mixture_of_experts_the_runtime_cannot_run_is_refused_saying_why() -> None:
+    config = tiny_moe(0).config
+    dense_first = Qwen3MoeConfig(**{**config.to_dict(), "mlp_only_layers": [0]})
+    with pytest.raises(ModelFileError, match="a mixture of experts on every layer"):
+        check_supported(dense_first)
+    odd = Qwen3MoeConfig(**{**config.to_dict(), "moe_intermediate_size": 40})
+    with pytest.raises(ModelFileError, match="an expert MLP of 40 rows"):
+        check_supported(odd)
