@@ -270,7 +270,7 @@ class SlotLayer(CacheLayerMixin):
     def truncate(self, length: int) -> None:
         if length < self.length:
             self._writable(length)
-            if self.window and length + 1 - self.window < self.first:
+            if self.window and max(0, length + 1 - self.window) < self.first:  # the next query's oldest key
                 raise ValueError(f"a sliding-window layer cut back to {length} rows would miss rows below "
                                  f"{self.first}: they were dropped")
         self.length = min(self.length, length)

@@ -369,6 +369,15 @@ def _load_torch(source: str, gguf: Path | None, dt: torch.dtype, local_files_onl
         kwargs["config"] = config
     if dev.type == "cuda":
         kwargs["device_map"] = {"": dev}
+    try:
+        return _from_pretrained(source, gguf, kwargs)
+    except ValueError as exc:  # a class without SDPA (gpt-oss's sinks): transformers' own eager attention
+        if "scaled_dot_product_attention" not in str(exc):
+            raise
+        return _from_pretrained(source, gguf, {**kwargs, "attn_implementation": "eager"})
+
+
+def _from_pretrained(source: str, gguf: Path | None, kwargs: dict[str, Any]) -> Any:
     if gguf is not None:  # transformers de-quantizes the GGUF to ``dt``
         return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kwargs).eval()
     return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()

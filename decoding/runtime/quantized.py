@@ -75,7 +75,10 @@ def _layer_struct(lw: LayerWeights, rope: tuple[torch.Tensor, torch.Tensor], win
     mats = {name: _matrix(getattr(lw, attr)) for name, attr in (
         ("qkv", "qkv"), ("o", "o"), ("gu", "gate_up"), ("down", "down"), ("router", "router"),
         ("exp_gate", "experts_gate"), ("exp_up", "experts_up"), ("exp_down", "experts_down"))}
+    biases = lw.experts_bias or (None, None, None)
     return CLayer(
+        b_o=_addr(lw.o_bias), sinks=_addr(lw.sinks), b_router=_addr(lw.router_bias), b_exp_gate=_addr(biases[0]),
+        b_exp_up=_addr(biases[1]), b_exp_down=_addr(biases[2]),
         attn_norm=_addr(lw.attn_norm), ffn_norm=_addr(lw.ffn_norm), b_qkv=_addr(lw.qkv_bias), q_norm=_addr(lw.q_norm),
         k_norm=_addr(lw.k_norm), post_attn_norm=_addr(lw.post_attn_norm), post_ffn_norm=_addr(lw.post_ffn_norm),
         cos_t=_addr(rope[0]), sin_t=_addr(rope[1]), window=window,
@@ -166,7 +169,8 @@ class QuantizedModel:
         self.experts = plan.experts  # (experts, a row's, an expert's MLP size); (0, 0, 0): a dense MLP
         self.shape = CShape(E=e, H=h, G=g, D=d, I=inter, eps=eps, scale=plan.query_scale, act=plan.activation,
                             softcap=plan.attn_softcap, tiles=int(self._tiles_allowed()), n_expert=plan.experts[0],
-                            n_expert_used=plan.experts[1], I_expert=plan.experts[2], norm_topk=int(plan.norm_topk))
+                            n_expert_used=plan.experts[1], I_expert=plan.experts[2], norm_topk=int(plan.norm_topk),
+                            softmax_topk=int(plan.topk_softmax))
         self._rope_tables(min(self.max_positions, ROPE_ROWS))
         self._local = threading.local()
 
@@ -359,8 +363,9 @@ class QuantizedModel:
         return x.mul_(self.plan.embed_scale) if self.plan.embed_scale != 1.0 else x
 
     def _tiles_allowed(self) -> bool:
-        """Whether a bf16 cache's attention may run on the tiles: they neither slide a window nor soft-cap."""
-        return not any(self.plan.windows) and not self.plan.attn_softcap
+        """Whether a bf16 cache's attention may run on the tiles: they neither slide a window, nor soft-cap, nor
+        add sinks."""
+        return not any(self.plan.windows) and not self.plan.attn_softcap and not self.plan.sinks
 
     def _tile_keys(self) -> int:
         """Keys per block the attention keeps laid out in the cache (0: this library and storage keep none)."""

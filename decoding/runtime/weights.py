@@ -48,6 +48,10 @@ class LayerWeights:
     experts_gate: QuantMatrix | None = None  # [N * J, E]: every expert's gate rows, expert e's from row e * J
     experts_up: QuantMatrix | None = None  # [N * J, E]
     experts_down: QuantMatrix | None = None  # [N * E, J]: expert e's from row e * E
+    o_bias: torch.Tensor | None = None  # fp32 [E] (gpt-oss)
+    sinks: torch.Tensor | None = None  # fp32 [H]: each query head's attention sink logit (gpt-oss)
+    router_bias: torch.Tensor | None = None  # fp32 [N] (gpt-oss)
+    experts_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # fp32 gate, up [N * J], down [N * E]
 
     def matrices(self) -> list[QuantMatrix]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.down, self.router, self.experts_gate,
@@ -55,7 +59,8 @@ class LayerWeights:
 
     def vectors(self) -> list[torch.Tensor]:
         return [v for v in (self.attn_norm, self.ffn_norm, self.qkv_bias, self.q_norm, self.k_norm,
-                            self.post_attn_norm, self.post_ffn_norm) if v is not None]
+                            self.post_attn_norm, self.post_ffn_norm, self.o_bias, self.sinks, self.router_bias,
+                            *(self.experts_bias or ())) if v is not None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,9 +227,15 @@ def weights_from_gguf(path: Path) -> ModelWeights:
             gate_up = gate_up or mat(b + "ffn_gate.weight", b + "ffn_up.weight")
             down = mat(b + "ffn_down.weight")
         bias = (torch.cat([vec(b + f"attn_{x}.bias") for x in "qkv"]) if family.qkv_bias else None)
+        extra: dict[str, Any] = {}
+        if family.biases:  # gpt-oss: the output projection's, the router's and the experts' (stacked by expert)
+            extra = {"o_bias": vec(b + "attn_output.bias"), "router_bias": vec(b + "ffn_gate_inp.bias"),
+                     "experts_bias": tuple(vec(b + f"ffn_{x}_exps.bias") for x in ("gate", "up", "down"))}
+        if family.sinks:
+            extra["sinks"] = vec(b + "attn_sinks.weight")
         layers.append(LayerWeights(
             attn_norm=vec(b + "attn_norm.weight"),
-            ffn_norm=vec(b + "ffn_norm.weight"),
+            ffn_norm=vec(b + family.ffn_norm_tensor + ".weight"),
             qkv=qkv,
             o=mat(b + "attn_output.weight"),
             gate_up=gate_up,
@@ -234,7 +245,7 @@ def weights_from_gguf(path: Path) -> ModelWeights:
             k_norm=vec(b + "attn_k_norm.weight") if family.qk_norm else None,
             post_attn_norm=vec(b + "post_attention_norm.weight") if family.post_norms else None,
             post_ffn_norm=vec(b + "post_ffw_norm.weight") if family.post_norms else None,
-            **experts,
+            **experts, **extra,
         ))  # fmt: skip
     embed = mat("token_embd.weight")
     head = embed if config.tie_word_embeddings else mat("output.weight")
@@ -265,12 +276,7 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
     layers = []
     for layer in inner.layers:
         at, mlp = layer.self_attn, layer.mlp
-        experts: dict[str, QuantMatrix] = {}
-        if family.experts:  # the router kept in fp32 (as llama.cpp's converter keeps ffn_gate_inp), experts stacked
-            experts = {"router": q(mlp.gate.weight, WeightType.F32),
-                       "experts_gate": q(torch.cat([x.gate_proj.weight for x in mlp.experts])),
-                       "experts_up": q(torch.cat([x.up_proj.weight for x in mlp.experts])),
-                       "experts_down": q(torch.cat([x.down_proj.weight for x in mlp.experts]))}
+        experts: dict[str, Any] = _hf_experts(mlp, family, q, f32) if family.experts else {}
         if family.fused:
             qkv, gate_up, bias = at.qkv_proj.weight, mlp.gate_up_proj.weight, None
         else:
@@ -292,6 +298,8 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
             k_norm=norm(at.k_norm) if family.qk_norm else None,
             post_attn_norm=norm(layer.post_attention_layernorm) if post else None,
             post_ffn_norm=norm(layer.post_feedforward_layernorm) if post else None,
+            o_bias=f32(at.o_proj.bias) if family.biases else None,
+            sinks=f32(at.sinks) if family.sinks else None,
             **experts,
         ))  # fmt: skip
     outer = WeightType.F32 if kind == WeightType.F32 else WeightType.Q8_0  # F32: the model unquantized (tests)
@@ -300,3 +308,26 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
     tied = out.data_ptr() == inner.embed_tokens.weight.data_ptr()
     head = embed if tied else q(out, outer)
     return ModelWeights(config, embed, layers, norm(inner.norm), head, f"quantized:{kind.name.lower()}")
+
+
+def _hf_experts(mlp: Any, family: Family, q: Any, f32: Any) -> dict[str, Any]:
+    """A transformers mixture of experts' router (kept in fp32, as llama.cpp's converter keeps ffn_gate_inp) and its
+    experts' matrices stacked by expert: Qwen3-MoE's expert modules, or gpt-oss's 3-D parameters (``gate_up_proj``
+    [N, E, 2J], gate and up columns interleaved; ``down_proj`` [N, J, E]) with the router's and experts' biases."""
+    if not family.biases:
+        return {"router": q(mlp.gate.weight, WeightType.F32),
+                "experts_gate": q(torch.cat([x.gate_proj.weight for x in mlp.experts])),
+                "experts_up": q(torch.cat([x.up_proj.weight for x in mlp.experts])),
+                "experts_down": q(torch.cat([x.down_proj.weight for x in mlp.experts]))}
+    ex = mlp.experts
+    gate_up, down = ex.gate_up_proj.detach(), ex.down_proj.detach()  # [N, E, 2J], [N, J, E]
+    n, e, j = gate_up.shape[0], gate_up.shape[1], gate_up.shape[2] // 2
+
+    def rows(t: torch.Tensor) -> torch.Tensor:  # [N, K, R] (x @ t) -> the stacked weight rows [N * R, K]
+        return t.transpose(1, 2).reshape(-1, t.shape[1])
+
+    return {"router": q(mlp.router.weight, WeightType.F32), "router_bias": f32(mlp.router.bias),
+            "experts_gate": q(rows(gate_up[..., ::2])), "experts_up": q(rows(gate_up[..., 1::2])),
+            "experts_down": q(rows(down)),
+            "experts_bias": (f32(ex.gate_up_proj_bias[:, ::2].reshape(n * j)),
+                             f32(ex.gate_up_proj_bias[:, 1::2].reshape(n * j)), f32(ex.down_proj_bias.reshape(n * e)))}

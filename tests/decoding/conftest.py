@@ -94,8 +94,9 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
     """A random-weight model of a family the runtime runs (``decoding.runtime.families``), from transformers' own
     class, as small as ``make_tiny_llama``'s: ``gemma2`` (soft-capped at 20 / 10 so the caps bend, alternate
     sliding layers), ``gemma3`` (q / k norms, sliding layers with their own rope base, a linear-scaled global one),
-    ``qwen2``, ``qwen3``, ``qwen3moe`` (8 experts, 2 a token), ``phi3`` (every layer sliding), ``mistral`` (every layer
-    sliding, from an HF config);
+    ``qwen2``, ``qwen3``, ``qwen3moe`` (8 experts, 2 a token), ``gpt-oss`` (8 experts, 2 a token, alternate sliding
+    layers, YaRN x32 from 4096 positions, sinks and every bias moved off zero), ``phi3`` (every layer sliding),
+    ``mistral`` (every layer sliding, from an HF config);
     norms and biases moved off their initial values so a misplaced one shows, weights wide enough that greedy
     decoding does not fall into a one-token loop."""
     from transformers import (
@@ -103,6 +104,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GptOssConfig,
+        GptOssForCausalLM,
         MistralConfig,
         MistralForCausalLM,
         Phi3Config,
@@ -134,13 +137,18 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
             **shape, sliding_window=window, query_pre_attn_scalar=32, rope_scaling={"rope_type": "linear",
             "factor": 4.0}, layer_types=None if layers >= 6 else short[:layers])),  # 6+: the model's own 5 : 1
+        "gpt-oss": lambda: GptOssForCausalLM(GptOssConfig(
+            **{**shape, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2, sliding_window=window,
+            layer_types=[short[0], short[1]] * (layers // 2) + short[:layers % 2], rope_theta=150000.0,
+            rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                          "original_max_position_embeddings": 4096})),
         "phi3": lambda: Phi3ForCausalLM(Phi3Config(**{k: v for k, v in shape.items() if k != "head_dim"},
                                                    sliding_window=window, pad_token_id=0)),
     }
     model = made[arch]().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or "bias" in name:
+            if "norm" in name or "bias" in name or "sinks" in name:
                 p.add_(torch.randn_like(p) * 0.3)
         if model.config.tie_word_embeddings:  # Gemma: embeddings times sqrt(hidden) would drown the layers' work
             model.get_output_embeddings().weight.mul_(1 / 8)
@@ -179,6 +187,13 @@ def load_dequantized(hf: torch.nn.Module, weights: Any) -> None:
             at.k_proj.weight.copy_(qkv[q : q + k])
             at.v_proj.weight.copy_(qkv[q + k :])
             at.o_proj.weight.copy_(lw.o.dequantize())
+            if hasattr(mlp, "router"):  # gpt-oss: the router, the experts' 3-D parameters (gate / up interleaved)
+                mlp.router.weight.copy_(lw.router.dequantize())
+                ex, (n, e, j2) = mlp.experts, mlp.experts.gate_up_proj.shape
+                ex.gate_up_proj[..., ::2] = lw.experts_gate.dequantize().reshape(n, j2 // 2, e).transpose(1, 2)
+                ex.gate_up_proj[..., 1::2] = lw.experts_up.dequantize().reshape(n, j2 // 2, e).transpose(1, 2)
+                ex.down_proj.copy_(lw.experts_down.dequantize().reshape(n, e, j2 // 2).transpose(1, 2))
+                continue
             if lw.router is not None:  # a mixture of experts (Qwen3-MoE): the router, each expert's slice of the stacks
                 mlp.gate.weight.copy_(lw.router.dequantize())
                 n = len(mlp.experts)

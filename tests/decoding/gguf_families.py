@@ -12,7 +12,11 @@ gguf-py's writer: the file's architecture name and metadata keys, its tensor nam
   ``gate_up_proj``), ``rope.dimension_count``, ``attention.sliding_window``;
 - ``qwen3moe``: Qwen 3's attention; ``ffn_gate_inp.weight`` (the router, F32) and the experts' matrices stacked as
   3-D tensors ``ffn_{gate,up,down}_exps.weight`` [expert, rows, row], ``expert_count``, ``expert_used_count``,
-  ``expert_feed_forward_length``.
+  ``expert_feed_forward_length``;
+- ``gpt-oss``: the same expert tensors (gate and up split from transformers' interleaved ``gate_up_proj``) with their
+  biases, the router's bias, q / k / v / output biases, ``attn_sinks.weight``, the pre-MLP norm as
+  ``post_attention_norm``, ``attention.sliding_window``, and the YaRN rope as ``rope.scaling.type`` yarn, ``factor``
+  and ``original_context_length``.
 
 2-D weights are stored in ``kind`` (any type gguf-py quantizes), norms and biases F32 as the converter keeps them.
 The vocabulary is one of the tokenizer tests' (``vocab``), or none (the tests' tokenizer files beside the file)."""
@@ -30,7 +34,7 @@ from tests.decoding.conftest import gguf_writer, permute
 
 # transformers model_type -> the converter's architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-             "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe"}
+             "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -38,10 +42,12 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
-                      eos: int = 2, bos: int = 1, vocab: str | None = None) -> Path:
+                      eos: int = 2, bos: int = 1, vocab: str | None = None,
+                      experts: gguf.GGMLQuantizationType | None = None) -> Path:
     """``hf`` (a transformers model of a family the runtime runs) as llama.cpp's converter writes it; returns path.
     ``vocab``: one of the test vocabularies (``tests/decoding/runtime/gguf_vocabs.py``) written into the file, its
-    tokenizer, chat template and special ids (then ``eos`` / ``bos`` are its)."""
+    tokenizer, chat template and special ids (then ``eos`` / ``bos`` are its). ``experts``: the experts' stacked
+    tensors' type where it is not ``kind`` (MXFP4: llama.cpp's MXFP4_MOE mix)."""
     c = hf.config
     arch = GGUF_ARCH[c.model_type]
     gemma = arch.startswith("gemma")
@@ -61,23 +67,28 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
         w.add_float32(f"{arch}.final_logit_softcapping", float(c.final_logit_softcapping))
     if arch == "phi3":
         w.add_rope_dimension_count(head_dim)
-    if arch == "qwen3moe":
-        w.add_expert_count(c.num_experts)
+    if arch in ("qwen3moe", "gpt-oss"):
+        w.add_expert_count(getattr(c, "num_experts", None) or c.num_local_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_feed_forward_length(getattr(c, "moe_intermediate_size", None) or c.intermediate_size)
     scaling = getattr(c, "rope_scaling", None)
-    if scaling:
+    if scaling and scaling.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+    elif scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(scaling["factor"]))
 
     def put(name: str, a: np.ndarray, quantized: bool = True) -> None:
         a = np.ascontiguousarray(a, dtype=np.float32)
-        if not quantized or kind == gguf.GGMLQuantizationType.F32:
+        as_type = experts if experts is not None and name.endswith("_exps.weight") else kind
+        if not quantized or as_type == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, a)
-        elif kind == gguf.GGMLQuantizationType.F16:
+        elif as_type == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, a.astype(np.float16))
         else:
-            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+            w.add_tensor(name, gguf.quants.quantize(a, as_type), raw_dtype=as_type)
 
     def norm(name: str, module: Any) -> None:
         put(name, _np(module.weight) + (1.0 if gemma else 0.0), quantized=False)
@@ -91,8 +102,9 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             norm(b + "post_attention_norm.weight", layer.post_attention_layernorm)
             norm(b + "ffn_norm.weight", layer.pre_feedforward_layernorm)
             norm(b + "post_ffw_norm.weight", layer.post_feedforward_layernorm)
-        else:
-            norm(b + "ffn_norm.weight", layer.post_attention_layernorm)
+        else:  # gpt-oss's pre-MLP norm under llama.cpp's name for a post-attention norm
+            norm(b + ("post_attention_norm" if arch == "gpt-oss" else "ffn_norm") + ".weight",
+                 layer.post_attention_layernorm)
         if arch == "phi3":
             put(b + "attn_qkv.weight", _np(at.qkv_proj.weight))
             put(b + "ffn_up.weight", _np(mlp.gate_up_proj.weight))
@@ -108,6 +120,8 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
                 put(b + "ffn_gate_inp.weight", _np(mlp.gate.weight), quantized=False)
                 for name, proj in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
                     put(b + f"ffn_{name}_exps.weight", np.stack([_np(getattr(x, proj).weight) for x in mlp.experts]))
+            elif arch == "gpt-oss":
+                _gpt_oss_layer(put, b, at, mlp)
             else:
                 put(b + "ffn_gate.weight", _np(mlp.gate_proj.weight))
                 put(b + "ffn_up.weight", _np(mlp.up_proj.weight))
@@ -118,7 +132,7 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             norm(b + "attn_q_norm.weight", at.q_norm)
             norm(b + "attn_k_norm.weight", at.k_norm)
         put(b + "attn_output.weight", _np(at.o_proj.weight))
-        if arch != "qwen3moe":
+        if arch not in ("qwen3moe", "gpt-oss"):
             put(b + "ffn_down.weight", _np(mlp.down_proj.weight))
     norm("output_norm.weight", inner.norm)
     if not c.tie_word_embeddings:
@@ -128,3 +142,24 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _gpt_oss_layer(put: Any, b: str, at: Any, mlp: Any) -> None:
+    """gpt-oss's tensors beyond q / k / v, as the converter writes an unquantized checkpoint (``GptOssModel``):
+    q / k / v / output biases, ``attn_sinks.weight``, the router (F32) and its bias, the experts' interleaved
+    ``gate_up_proj`` [N, E, 2J] split into gate (even columns) and up (odd) stacks [N, J, E], ``down_proj`` [N, J, E]
+    as [N, E, J], and their biases [N, J] / [N, E] (F32)."""
+    for x in "qkv":
+        put(b + f"attn_{x}.bias", _np(getattr(at, f"{x}_proj").bias), quantized=False)
+    put(b + "attn_output.bias", _np(at.o_proj.bias), quantized=False)
+    put(b + "attn_sinks.weight", _np(at.sinks), quantized=False)
+    put(b + "ffn_gate_inp.weight", _np(mlp.router.weight), quantized=False)
+    put(b + "ffn_gate_inp.bias", _np(mlp.router.bias), quantized=False)
+    ex = mlp.experts
+    gate_up, bias = _np(ex.gate_up_proj), _np(ex.gate_up_proj_bias)
+    put(b + "ffn_gate_exps.weight", gate_up[..., ::2].transpose(0, 2, 1))
+    put(b + "ffn_up_exps.weight", gate_up[..., 1::2].transpose(0, 2, 1))
+    put(b + "ffn_down_exps.weight", _np(ex.down_proj).transpose(0, 2, 1))
+    put(b + "ffn_gate_exps.bias", bias[:, ::2], quantized=False)
+    put(b + "ffn_up_exps.bias", bias[:, 1::2], quantized=False)
+    put(b + "ffn_down_exps.bias", _np(ex.down_proj_bias), quantized=False)

@@ -1,13 +1,14 @@
 """The architectures the quantized CPU runtime runs, one module per family (``llama``, ``qwen``, ``gemma``,
-``phi3``): how a family's GGUF metadata becomes a transformers config, which tensors its layers hold and how the
-file stores them (``Family``), and what its forward does beyond a Llama's (``ForwardPlan``, read from a config,
-so a model loaded from an HF dir runs the same forward as its GGUF).
+``phi3``, ``gpt_oss``): how a family's GGUF metadata becomes a transformers config, which tensors its layers hold
+and how the file stores them (``Family``), and what its forward does beyond a Llama's (``ForwardPlan``, read from a
+config, so a model loaded from an HF dir runs the same forward as its GGUF).
 
 Every family is a pre-norm decoder with RMSNorm, grouped-query attention with rotary embeddings and a gated MLP;
 what differs is a table of options: q / k / v biases (Qwen2), per-head q / k RMSNorm (Qwen3, Gemma 3), norms after
 the attention and the MLP (Gemma), GELU for SiLU (Gemma), soft-capped scores and logits (Gemma 2), sliding-window
 layers (Gemma 2 / 3, Phi-3, Mistral from an HF dir), a second rope base on the local layers (Gemma 3), scaled
-embeddings (Gemma), fused tensors (Phi-3), and q / k rows permuted by llama.cpp's converter (Llama, Mistral).
+embeddings (Gemma), fused tensors (Phi-3), q / k rows permuted by llama.cpp's converter (Llama, Mistral), and a
+mixture of experts for the MLP (Qwen3-MoE; gpt-oss with its biases, attention sinks and clamped SwiGLU).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from decoding.runtime.gguf.meta import field, gguf_rope, required
 class ForwardPlan:
     """What a forward does beyond a Llama's, per model (from its config)."""
 
-    activation: int  # the gated MLP's: 0 SiLU, 1 GELU (tanh form)
+    activation: int  # the gated MLP's: 0 SiLU, 1 GELU (tanh form), 2 gpt-oss's clamped SwiGLU
     query_scale: float  # scores = q . k * query_scale
     attn_softcap: float  # scores soft-capped: cap * tanh(s / cap) (0: none)
     final_softcap: float  # logits likewise (0: none)
@@ -39,6 +40,8 @@ class ForwardPlan:
     local_rope: tuple[bool, ...]  # per layer: the local rope base (Gemma 3's sliding layers)
     experts: tuple[int, int, int] = (0, 0, 0)  # a mixture of experts: (experts, chosen a row, an expert's MLP size)
     norm_topk: bool = False  # the chosen experts' softmax weights renormalized to sum 1
+    topk_softmax: bool = False  # the chosen experts' weights a softmax over their logits alone (gpt-oss)
+    sinks: bool = False  # an attention sink logit per query head (gpt-oss)
 
 
 def common_config(reader: Any, arch: str) -> dict[str, Any]:
@@ -131,7 +134,7 @@ def forward_plan(config: PretrainedConfig) -> ForwardPlan:
     windows = layer_windows(config)
     local = family.local_rope is not None
     return ForwardPlan(
-        activation=_activation(config),
+        activation=2 if family.clamped_swiglu else _activation(config),
         query_scale=1.0 / math.sqrt(float(scalar) if scalar else d),
         attn_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0),
         final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0),
@@ -140,14 +143,17 @@ def forward_plan(config: PretrainedConfig) -> ForwardPlan:
         local_rope=tuple(local and w > 0 for w in windows),
         experts=_experts(config) if family.experts else (0, 0, 0),
         norm_topk=bool(getattr(config, "norm_topk_prob", False)),
+        topk_softmax=family.topk_softmax,
+        sinks=family.sinks,
     )
 
 
 def _experts(config: PretrainedConfig) -> tuple[int, int, int]:
     """A mixture-of-experts config's (experts, experts a token, an expert's MLP size), or ``ModelFileError`` for one
     the runtime cannot run: dense layers among the sparse ones, an expert's MLP not a whole number of row groups."""
-    n, k = int(config.num_experts), int(config.num_experts_per_tok)
-    size = int(config.moe_intermediate_size)
+    n = int(getattr(config, "num_experts", None) or config.num_local_experts)  # gpt-oss: num_local_experts
+    k = int(config.num_experts_per_tok)
+    size = int(getattr(config, "moe_intermediate_size", None) or config.intermediate_size)  # gpt-oss: the latter
     if getattr(config, "mlp_only_layers", None) or int(getattr(config, "decoder_sparse_step", 1)) != 1:
         raise ModelFileError("the quantized CPU runtime runs a mixture of experts on every layer (no mlp_only_layers, "
                              "decoder_sparse_step 1)")

@@ -25,3 +25,8 @@ class Family:
     # the config whose rope the layers of ``ForwardPlan.local_rope`` rotate with (Gemma 3's sliding layers); None: one
     local_rope: Callable[[PretrainedConfig], PretrainedConfig] | None = None
     experts: bool = False  # a mixture of experts for the MLP: ffn_gate_inp (the router), ffn_{gate,up,down}_exps
+    biases: bool = False  # attn_output, ffn_gate_inp and the experts' ffn_{gate,up,down}_exps .bias (gpt-oss)
+    sinks: bool = False  # attn_sinks [H]: a logit per query head in every row's softmax, with no value (gpt-oss)
+    ffn_norm_tensor: str = "ffn_norm"  # the pre-MLP norm's tensor (gpt-oss: post_attention_norm)
+    topk_softmax: bool = False  # the chosen experts weighted by a softmax over their logits alone (gpt-oss)
+    clamped_swiglu: bool = False  # gpt-oss's experts: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, +-7) + 1)

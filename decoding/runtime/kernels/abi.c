@@ -26,10 +26,13 @@ static const abi_entry LAYOUT[] = {
     AT(rs_layer_weights, wexp_down), AT(rs_layer_weights, t_router), AT(rs_layer_weights, t_exp_gate),
     AT(rs_layer_weights, t_exp_up), AT(rs_layer_weights, t_exp_down), AT(rs_layer_weights, ld_router),
     AT(rs_layer_weights, ld_exp_gate), AT(rs_layer_weights, ld_exp_up), AT(rs_layer_weights, ld_exp_down),
+    AT(rs_layer_weights, b_o), AT(rs_layer_weights, sinks), AT(rs_layer_weights, b_router),
+    AT(rs_layer_weights, b_exp_gate), AT(rs_layer_weights, b_exp_up), AT(rs_layer_weights, b_exp_down),
 
     SIZE(rs_shape), AT(rs_shape, E), AT(rs_shape, H), AT(rs_shape, G), AT(rs_shape, D), AT(rs_shape, I),
     AT(rs_shape, eps), AT(rs_shape, scale), AT(rs_shape, act), AT(rs_shape, softcap), AT(rs_shape, tiles),
     AT(rs_shape, n_expert), AT(rs_shape, n_expert_used), AT(rs_shape, I_expert), AT(rs_shape, norm_topk),
+    AT(rs_shape, softmax_topk),
 
     SIZE(rs_scratch), AT(rs_scratch, h), AT(rs_scratch, qkv), AT(rs_scratch, q), AT(rs_scratch, att),
     AT(rs_scratch, gu), AT(rs_scratch, act), AT(rs_scratch, xd), AT(rs_scratch, xs), AT(rs_scratch, work),

@@ -30,6 +30,7 @@ class CLayer(Struct):
         ("wrouter", _p), ("wexp_gate", _p), ("wexp_up", _p), ("wexp_down", _p),
         ("t_router", _i), ("t_exp_gate", _i), ("t_exp_up", _i), ("t_exp_down", _i),
         ("ld_router", _l), ("ld_exp_gate", _l), ("ld_exp_up", _l), ("ld_exp_down", _l),
+        ("b_o", _p), ("sinks", _p), ("b_router", _p), ("b_exp_gate", _p), ("b_exp_up", _p), ("b_exp_down", _p),
     ]  # fmt: skip
 
 
@@ -40,6 +41,7 @@ class CShape(Struct):
     _fields_ = [
         ("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f), ("act", _i),
         ("softcap", _f), ("tiles", _i), ("n_expert", _i), ("n_expert_used", _i), ("I_expert", _i), ("norm_topk", _i),
+        ("softmax_topk", _i),
     ]  # fmt: skip
 
 

@@ -644,10 +644,11 @@ static int continues_prefix(const int32_t *path, const int32_t *path_off, int i,
 
 /* A row's output from its nb block partials (part b at pb + b * D, its max and sum at mlr[2b], mlr[2b + 1]), in
    block order: out = sum_b part_b e_b / sum_b l_b e_b, e_b = exp(m_b - max_b m_b) (elementwise, so computed for
-   eight blocks at a time with the bits of one at a time). */
-static void combine_blocks(const float *pb, const float *mlr, int nb, int D, float *o) {
+   eight blocks at a time with the bits of one at a time). sink (gpt-oss; -INFINITY: none): one more logit in the
+   softmax, with no value: the max is taken with it and exp(sink - max) added to the denominator last. */
+static void combine_blocks(const float *pb, const float *mlr, int nb, int D, float sink, float *o) {
     const int dv = D / 8;
-    float mx = -INFINITY;
+    float mx = sink;
     for (int b = 0; b < nb; ++b) mx = mlr[2 * b] > mx ? mlr[2 * b] : mx;
     float e[8];
     __m256 acc[MAX_D / 8];
@@ -662,6 +663,11 @@ static void combine_blocks(const float *pb, const float *mlr, int nb, int D, flo
         const __m256 ev = _mm256_set1_ps(e[b % 8]);
         for (int c = 0; c < dv; ++c) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(pb + (long)b * D + 8 * c), acc[c]);
         den += mlr[2 * b + 1] * e[b % 8];
+    }
+    if (sink > -INFINITY) {
+        float t[8] = {sink - mx};
+        _mm256_storeu_ps(t, exp_nonpos(_mm256_loadu_ps(t)));
+        den += t[0];
     }
     const __m256 inv = _mm256_set1_ps(1.0f / den);
     for (int c = 0; c < dv; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
@@ -913,7 +919,7 @@ static inline __attribute__((always_inline)) void attention_part(
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const long r = (long)h * s->n + i;
             combine_blocks(m->parts + r * m->pstride + (long)blo * D, m->ml + 2 * (r * m->nbmax + blo), nb - blo, D,
-                           s->out + i * o_sn + h * o_sh);
+                           s->sinks ? s->sinks[h] : -INFINITY, s->out + i * o_sn + h * o_sh);
         }
     }
 }
@@ -1242,7 +1248,7 @@ static void attention_tiles_part(const float *q, long q_sh, long q_sn, int H, in
         }
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const long r = (long)h * n + i;
-            combine_blocks(parts + r * pstride, ml + 2 * r * nbmax, nb, D, out + i * o_sn + h * o_sh);
+            combine_blocks(parts + r * pstride, ml + 2 * r * nbmax, nb, D, -INFINITY, out + i * o_sn + h * o_sh);
         }
     }
     _tile_release();

@@ -30,19 +30,27 @@ void attention_seqs_part(const att_seq *, int, int, int, int, long, long, long, 
                          int);
 
 
-/* A row's router logits -> its K experts (the largest softmax probabilities, ties to the lower index, in that order)
-   and their weights (the probabilities, renormalized to sum 1 where norm): Qwen3-MoE's and Mixtral's routing. */
-static void route_row(const float *logits, int N, int K, int norm, int32_t *sel, float *w) {
+/* A row's router logits -> its K experts and their weights: the largest softmax probabilities (ties to the lower
+   index, in that order), renormalized to sum 1 where norm (Qwen3-MoE's and Mixtral's routing, as llama.cpp and
+   transformers choose on the probabilities); or, where after (gpt-oss's), the largest logits, weighted by a softmax
+   over the K chosen logits alone. */
+static void route_row(const float *logits, int N, int K, int norm, int after, int32_t *sel, float *w) {
     float p[N];
     float mx = logits[0], sum = 0.0f, kept = 0.0f;
     for (int e = 1; e < N; ++e) mx = logits[e] > mx ? logits[e] : mx;
-    for (int e = 0; e < N; ++e) sum += (p[e] = expf(logits[e] - mx));
+    for (int e = 0; e < N; ++e) sum += (p[e] = after ? logits[e] : expf(logits[e] - mx));
     for (int k = 0; k < K; ++k) {
         int best = 0;
         for (int e = 1; e < N; ++e) best = p[e] > p[best] ? e : best;
-        sel[k] = best, w[k] = p[best] / sum, kept += w[k], p[best] = -1.0f;
+        sel[k] = best, w[k] = p[best], p[best] = -INFINITY;
     }
-    for (int k = 0; k < K && norm; ++k) w[k] = w[k] / kept;
+    if (after) { /* the first chosen is the largest */
+        const float top = w[0];
+        sum = 0.0f;
+        for (int k = 0; k < K; ++k) sum += (w[k] = expf(w[k] - top));
+    }
+    for (int k = 0; k < K; ++k) w[k] = w[k] / sum, kept += w[k];
+    for (int k = 0; k < K && norm && !after; ++k) w[k] = w[k] / kept;
 }
 
 /* x [M, E] += the mixture of experts of h (the normed rows, T->h / xq / xd / xs): the router, each row's K experts,
@@ -51,10 +59,11 @@ static void route_row(const float *logits, int N, int K, int norm, int32_t *sel,
    a row's result does not depend on the rows beside it. Inside the layer's parallel region. */
 static void moe_part(const rs_layer_weights *L, const rs_shape *S, float *x, int M, const rs_scratch *T) {
     const int E = S->E, N = S->n_expert, K = S->n_expert_used, J = S->I_expert, nbE = E / QK;
-    qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wrouter, L->t_router, L->ld_router, N, T->router, N, 0, 0, 0);
+    qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wrouter, L->t_router, L->ld_router, N, T->router, N, L->b_router,
+                 0, 0);
 #pragma omp for schedule(static)
     for (int m = 0; m < M; ++m)
-        route_row(T->router + (long)m * N, N, K, S->norm_topk, T->moe_sel + (long)m * K, T->moe_w + (long)m * K);
+        route_row(T->router + (long)m * N, N, K, S->norm_topk, S->softmax_topk, T->moe_sel + (long)m * K, T->moe_w + (long)m * K);
 #pragma omp single
     { /* the (row, slot) entries by expert, each expert's in row order */
         int32_t *start = T->moe_start, fill[N];
@@ -78,13 +87,16 @@ static void moe_part(const rs_layer_weights *L, const rs_shape *S, float *x, int
         const uint8_t *wg = L->wexp_gate + (long)e * (J / 8) * L->ld_exp_gate;
         const uint8_t *wu = L->wexp_up + (long)e * (J / 8) * L->ld_exp_up;
         const uint8_t *wd = L->wexp_down + (long)e * (E / 8) * L->ld_exp_down;
+        const float *bg = L->b_exp_gate ? L->b_exp_gate + (long)e * J : 0; /* the expert's biases (gpt-oss) */
+        const float *bu = L->b_exp_up ? L->b_exp_up + (long)e * J : 0;
+        const float *bd = L->b_exp_down ? L->b_exp_down + (long)e * E : 0;
         qmatmul_part(T->moe_h, E, T->moe_xq, T->moe_xd, T->moe_xs, n, E, wg, L->t_exp_gate, L->ld_exp_gate, J,
-                     T->moe_gu, 2 * J, 0, 0, 0);
+                     T->moe_gu, 2 * J, bg, 0, 0);
         qmatmul_part(T->moe_h, E, T->moe_xq, T->moe_xd, T->moe_xs, n, E, wu, L->t_exp_up, L->ld_exp_up, J,
-                     T->moe_gu + J, 2 * J, 0, 0, 0);
+                     T->moe_gu + J, 2 * J, bu, 0, 0);
         act_mul_quantize_part(T->moe_gu, n, J, S->act, T->moe_act, T->moe_xq, T->moe_xd, T->moe_xs);
         qmatmul_part(T->moe_act, J, T->moe_xq, T->moe_xd, T->moe_xs, n, J, wd, L->t_exp_down, L->ld_exp_down, E,
-                     T->moe_y, E, 0, 0, 0);
+                     T->moe_y, E, bd, 0, 0);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; ++r) memcpy(T->moe_out + (long)at[r] * E, T->moe_y + (long)r * E, sizeof(float) * E);
     }
@@ -125,7 +137,7 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         const att_seq a = {T->q + (long)row0[i] * H * D, T->att + (long)row0[i] * H * D, s->rows, s->past, s->path, s->path_off,
                            c->kbuf, c->vbuf, c->k0, c->v0, c->kv_sh, c->sh0, (int)c->split,
                            tk ? c->tiles : 0, tk ? c->tiles0 : 0, c->tiles_sh, c->tiles0_sh, valid[i],
-                           tk && c->tiles0 ? *c->tiled0 : 0, L->window, c->own0, c->pre0};
+                           tk && c->tiles0 ? *c->tiled0 : 0, L->window, c->own0, c->pre0, L->sinks};
         att[i] = a;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -154,10 +166,12 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
         }
         quantize_part(T->att, (long)H * D, M, H * D, T->xq, T->xd, T->xs);
         if (L->post_attn_norm) { /* x += norm(o(att)) */
-            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, T->h, E, 0, 0, 0);
+            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, T->h, E, L->b_o,
+                         0, 0);
             norm_add_part(T->h, M, E, L->post_attn_norm, S->eps, x);
-        } else { /* x += o(att), the sum in the matmul */
-            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, 0, x, E);
+        } else { /* x += o(att) (+ its bias), the sum in the matmul */
+            qmatmul_part(T->att, (long)H * D, T->xq, T->xd, T->xs, M, H * D, L->wo, L->t_o, L->ld_o, E, x, E, L->b_o, x,
+                         E);
         }
         norm_quantize_part(x, E, M, E, L->ffn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
         if (S->n_expert) {

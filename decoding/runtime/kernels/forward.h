@@ -21,16 +21,21 @@ typedef struct {
     const uint8_t *wrouter, *wexp_gate, *wexp_up, *wexp_down;
     int t_router, t_exp_gate, t_exp_up, t_exp_down;
     long ld_router, ld_exp_gate, ld_exp_up, ld_exp_down;
+    /* optional (gpt-oss): the output projection's bias [E], every query head's attention sink [H] (a logit in each
+       row's softmax with no value), the router's bias [n_expert] and the experts' biases, stacked by expert as their
+       rows: gate / up [n_expert * I_expert], down [n_expert * E] */
+    const float *b_o, *sinks, *b_router, *b_exp_gate, *b_exp_up, *b_exp_down;
 } rs_layer_weights;
 
 typedef struct {
     int E, H, G, D, I;
     float eps, scale;  /* RMSNorm epsilon; the queries' scale */
-    int act;           /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh) */
+    int act;           /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh), 2 gpt-oss's clamped SwiGLU */
     float softcap;     /* attention scores soft-capped at this (Gemma 2; 0: none) */
     int tiles;         /* a bf16 cache's attention may run on the tiles (0: a model with windows or soft-capping) */
     int n_expert, n_expert_used, I_expert; /* a mixture of experts: experts, experts per row, an expert's MLP size */
     int norm_topk;     /* the chosen experts' weights renormalized to sum 1 (Qwen3-MoE) */
+    int softmax_topk;  /* the weights a softmax over the chosen experts' logits alone (gpt-oss) */
 } rs_shape;
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],

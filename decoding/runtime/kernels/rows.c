@@ -146,14 +146,24 @@ static inline __m256 sigmoid8(__m256 x) {
 
 /* a[m, t] = act(gu[m, t]) * gu[m, I + t] for gate / up rows gu [M, 2I] (I a multiple of 8), each row then
    quantized as quantize_part does (xq, xd, xs). act 0: SiLU, x sigmoid(x); 1: GELU's tanh form (Gemma),
-   0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). */
+   0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); 2: gpt-oss's clamped SwiGLU,
+   x sigmoid(1.702 x) (y + 1), x = min(gate, 7), y = up clamped to [-7, 7] (the constants llama.cpp and transformers
+   fix for it). */
 void act_mul_quantize_part(const float *gu, int M, int I, int act, float *a, int8_t *xq, float *xd, float *xs) {
     const __m256 k0 = _mm256_set1_ps(2.0f * 0.7978845608028654f), k1 = _mm256_set1_ps(0.044715f);
+    const __m256 lim = _mm256_set1_ps(7.0f), neg = _mm256_set1_ps(-7.0f), alpha = _mm256_set1_ps(1.702f);
+    const __m256 one = _mm256_set1_ps(1.0f);
 #pragma omp for schedule(static)
     for (int m = 0; m < M; ++m) {
         const float *g = gu + (long)m * 2 * I, *u = g + I;
         float *o = a + (long)m * I;
-        for (int t = 0; t < I; t += 8) {
+        for (int t = 0; t < I && act == 2; t += 8) {
+            const __m256 x = _mm256_min_ps(_mm256_loadu_ps(g + t), lim);
+            const __m256 y = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(u + t), lim), neg);
+            const __m256 glu = _mm256_mul_ps(x, sigmoid8(_mm256_mul_ps(alpha, x)));
+            _mm256_storeu_ps(o + t, _mm256_mul_ps(glu, _mm256_add_ps(y, one)));
+        }
+        for (int t = 0; t < I && act != 2; t += 8) {
             const __m256 x = _mm256_loadu_ps(g + t);
             const __m256 z = act ? _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, x), _mm256_mul_ps(x, x), x)) : x;
             _mm256_storeu_ps(o + t, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(z)), _mm256_loadu_ps(u + t)));

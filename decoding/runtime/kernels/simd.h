@@ -54,6 +54,7 @@ typedef struct {
     int laid, laid0;
     int window; /* a sliding window (0: none): query i sees only its last `window` keys (logical positions) */
     long own0, pre0;
+    const float *sinks; /* optional, per query head (gpt-oss): a logit in every row's softmax with no value */
 } att_seq;
 
 /* The one horizontal sum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). */

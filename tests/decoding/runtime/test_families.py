@@ -36,7 +36,7 @@ from tests.decoding.conftest import (
 )
 from tests.decoding.gguf_families import write_family_gguf
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3"]
 HERE = [isa for isa in kernels.ISAS if isa in kernels.available_isas()]
 
 
@@ -172,7 +172,7 @@ def test_rotary_tables_grow_as_positions_reach_them(monkeypatch: pytest.MonkeyPa
     assert lazy.rope_rows == 9004 and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gpt-oss"])  # no SDPA there: transformers' eager runs it
 def test_the_torch_path_attention_equals_transformers_eager(arch: str) -> None:
     """The transformers path (a GPU, ``RAGSPEC_CPU_QUANT=none``) on ragspec's grouped attention: every family's
     logits are eager transformers', Gemma 2's soft-capped scores included (SDPA would drop the caps)."""
@@ -188,6 +188,29 @@ def test_the_torch_path_attention_equals_transformers_eager(arch: str) -> None:
     with torch.inference_mode():
         want, got = eager(ids).logits, ours(ids).logits
     assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), arch
+
+
+def test_the_torch_path_runs_gpt_oss_in_transformers_eager_attention(tmp_path: Path) -> None:
+    """gpt-oss has no SDPA in transformers (its sinks): an HF dir of it on the torch path (a GPU, cpu_quant none)
+    loads with transformers' eager attention, and a chunked prefill then decoding steps on ragspec's cache give the
+    model's logits across its sliding windows."""
+    from decoding.runtime.loader import LoadOptions, load_model
+    from tests.decoding.conftest import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    hf = make_tiny_family("gpt-oss", seed=3, layers=2, vocab=len(tokenizer))
+    hf.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), LoadOptions(cpu_quant="none", dtype="float32"))
+    runtime = loaded.model
+    assert runtime.config._attn_implementation == "eager"
+    ids = torch.randint(0, len(tokenizer), (1, 160), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        want = hf(ids).logits[0]
+        cache = runtime.new_cache(160)
+        got = torch.cat([runtime.forward(ids[:, :100], cache)]
+                        + [runtime.forward(ids[:, t : t + 1], cache) for t in range(100, 160)])
+    assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max())
 
 
 def test_a_phi3_gguf_with_longrope_factors_is_refused_in_one_line(tmp_path: Path) -> None:
