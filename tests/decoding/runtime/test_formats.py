@@ -243,6 +243,24 @@ def test_packing_gives_back_the_file_bytes_and_gguf_dequantize_bit_for_bit(kind:
 
 
 @pytest.mark.parametrize("kind", FORMATS)
+def test_packing_a_chunk_at_a_time_gives_the_whole_tensors_layout(kind: WeightType, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """A large tensor is packed a chunk of groups at a time (the load's peak memory): chunks of one group, of three
+    (the last one short, its rows padded), and the whole tensor at once lay out the same bytes."""
+    import decoding.runtime.quant as quant
+
+    cols, rows = 512, 45
+    raw = random_blocks(kind, rows, cols, seed=7)
+    width = raw.shape[1]
+    layouts = []
+    for chunk in (1, 3 * 8 * width, 1 << 40):
+        monkeypatch.setattr(quant, "PACK_CHUNK_BYTES", chunk)
+        layouts.append(quant.pack_rows(kind, raw))
+    assert all(np.array_equal(layouts[-1], other) for other in layouts[:-1])
+    assert np.array_equal(quant.unpack_rows(kind, layouts[0], rows, cols), raw)
+
+
+@pytest.mark.parametrize("kind", FORMATS)
 def test_the_kernels_dequantize_as_gguf_does(libraries: dict[str, object], kind: WeightType) -> None:
     raw = random_blocks(kind, 21, 768, seed=5)
     qm = QuantMatrix.from_rows(kind, raw, 768)
