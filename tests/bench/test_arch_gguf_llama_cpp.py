@@ -16,6 +16,14 @@ llama.cpp and llama.cpp vs transformers both 2-9e-6 std at most (Gemma 1.9-2.1e-
 ours vs llama.cpp max 0.06-0.11 std (Qwen3-MoE 0.48: a near-tied route flips, ``Q8_TOL_ARCH``), root mean square
 0.010-0.021, argmax equal at 96-98% of the rows.
 
+The mixtures of experts also go through llama.cpp's own tools (``converted``): the HF dirs of tiny Qwen3-MoE and
+gpt-oss models written to GGUF by llama.cpp's converter (``convert_hf_to_gguf.py``, F32) and quantized by its quantizer
+(Q8_0; gpt-oss also MXFP4_MOE, its experts MXFP4): ours against transformers and llama.cpp on the F32 files within
+``F32_TOL_DEFAULT`` (measured 1.4-4.6e-6 std), and against llama.cpp on the quantized ones as above (gpt-oss Q8_0 and
+MXFP4_MOE: max 0.04 std, root mean square 0.007, argmax 99.7%). gpt-oss there runs its YaRN as llama.cpp does
+(``ggml_rope_yarn_corr_dims`` rounds the correction range outward, transformers' gpt-oss does not: ours follows the
+file's model as transformers runs it, 2.4e-3 std from llama.cpp at 300 positions, reported beside).
+
 Needs a llama.cpp build (``scripts/build-llama-cpp``, into ``.venv/llama-builds/best``, or ``LLAMA_CPP_LIB_PATH``)
 and llama-cpp-python (the bench extra); skipped without them. One worker process runs every file, as
 llama-cpp-python reads ``LLAMA_CPP_LIB_PATH`` at import.
