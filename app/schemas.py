@@ -340,6 +340,10 @@ class ChatCompletionRequest(LogitControls):
 class ChatChoiceMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    reasoning_content: str | None = Field(
+        None, description="A reasoning model's reasoning before its answer (gpt-oss's analysis channel), never part "
+        "of content; null for a model that writes none apart"
+    )
 
 
 class ChoiceLogprobs(BaseModel):

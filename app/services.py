@@ -352,6 +352,15 @@ def open_library(settings: Settings, store: DocumentStore, embedder: Embedder) -
     return library
 
 
+def open_prompts(settings: Settings, tokenizer: Any, model_name: str, max_context: int) -> PromptBuilder:
+    """The target's prompts: its window, the long-document budget and lead, and the chat template's options
+    (``enable_thinking``: Qwen3's thinking switch; ``reasoning_effort``: gpt-oss's harmony template's)."""
+    return PromptBuilder(tokenizer, model_name, max_context, long_budget=settings.long_document_budget,
+                         lead_tokens=settings.long_document_lead,
+                         chat_options={"enable_thinking": settings.thinking,
+                                       "reasoning_effort": settings.reasoning_effort})
+
+
 def open_prefix_registry(
     settings: PathSettings, store: DocumentStore, prefix_cache: PrefixCache | None
 ) -> PrefixRegistry:
@@ -416,9 +425,7 @@ def load_services(settings: Settings, metrics: Metrics | None = None, *, config:
         library=open_library(settings, store, embedder),
         indexing=indexing,
         scheduler=scheduler,
-        prompts=PromptBuilder(target.tokenizer, target.name, engine.max_context,
-                              long_budget=settings.long_document_budget, lead_tokens=settings.long_document_lead,
-                              chat_options={"enable_thinking": settings.thinking}),
+        prompts=open_prompts(settings, target.tokenizer, target.name, engine.max_context),
         prefix_registry=open_prefix_registry(settings, store, prefix_cache),
         drafters=drafters,
         redis=redis,

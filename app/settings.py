@@ -203,6 +203,11 @@ class ModelSettings(BaseModel):
         False, description="A model with a thinking mode (Qwen3's enable_thinking in its chat template) writes its "
         "reasoning before answering; off by default: document questions are answered straight"
     )
+    reasoning_effort: Literal["low", "medium", "high"] = Field(
+        "low", description="How long a model with a reasoning-effort switch (gpt-oss's harmony template, its "
+        "reasoning_effort) reasons before it answers: low, medium or high; low by default: document questions want "
+        "short reasoning. Templates without the switch ignore it"
+    )
 
     @field_validator("rope_scaling", mode="before")
     @classmethod

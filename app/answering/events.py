@@ -1,5 +1,6 @@
 """What one answer tells the API that asked: ``Sources`` once retrieved, ``Waiting`` / ``Prefill`` progress
-before the first token, ``Token``s as the text becomes final, then ``Finished`` with everything the
+before the first token, ``Token``s as the text becomes final (a reasoning model's ``Reasoning`` beside them, which an
+API that has no place for it skips), then ``Finished`` with everything the
 accounting added (citations, the sources' highlights, stats, usage). A stream reports an error raised after
 its response began as a last ``Failed`` event instead (``app.answering.pipeline.in_band``).
 
@@ -60,6 +61,14 @@ class Token:
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    """Reasoning text that became final: a harmony model's analysis channel (gpt-oss), never part of the answer.
+    The OpenAI chat API streams it as ``reasoning_content``; the other APIs leave it out."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Finished:
     """The answer, after its accounting (citations, session history, cross-session draft cache) has run.
 
@@ -75,9 +84,10 @@ class Finished:
     usage: Usage
     logprobs: tuple[TokenLogprobOut, ...] | None = None
     trailing_logprobs: tuple[TokenLogprobOut, ...] = ()
+    reasoning: str | None = None  # a harmony model's analysis channel ("" where it wrote none); else None
 
 
-AnswerEvent: TypeAlias = Sources | Waiting | Prefill | Token | Finished
+AnswerEvent: TypeAlias = Sources | Waiting | Prefill | Token | Reasoning | Finished
 
 
 @dataclass(frozen=True)

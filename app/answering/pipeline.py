@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from app.answering.citations import cite
 from app.answering.drafters import needs_draft_prompt, needs_draft_rows
-from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Sources, Token, Waiting
+from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Reasoning, Sources, Token, Waiting
 from app.answering.followup import retrieval_queries
 from app.answering.prompts import SYSTEM_PROMPT, document_texts
 from app.errors import InvalidRequest, Overloaded, translate
@@ -281,7 +281,8 @@ def plan(services: Services, admission: Admission) -> Plan:
     if needs_draft_rows(q.mode) and not prompt.context_truncated and docs:
         prompt = replace(prompt, draft_rows=services.prompts.draft_rows(prompt, docs, rag))
     config = GenerationConfig(max_new_tokens=admission.max_tokens, sampling=q.sampling,
-                              stop=(*q.stop, *services.prompts.stops), logprobs=q.logprobs)
+                              stop=(*q.stop, *services.prompts.stops), logprobs=q.logprobs,
+                              channels=services.prompts.channels)
     n_docs = len(records) + (scope.ready if library and scope is not None else 0)
     return Plan(tenant, q, prompt, config, admission.drafters, sources, admission.arrived,
                 documents=n_docs, documents_pending=scope.pending if scope is not None else 0)
@@ -357,6 +358,8 @@ async def answer_plan(
             if isinstance(event, DoneEvent):
                 done = event
             elif isinstance(event, TokenEvent):
+                if event.reasoning:  # a harmony model's analysis channel: never the answer
+                    yield Reasoning(event.reasoning)
                 if event.text:  # a token whose text is held back (a stop string may follow) shows nothing yet
                     shown += len(event.logprobs)
                     yield Token(event.text, tuple(services.logprob_text(event.logprobs)) if asked else None)
@@ -384,6 +387,7 @@ async def answer_plan(
         usage=Usage(prompt_tokens=done.stats.prompt_tokens, completion_tokens=done.stats.completion_tokens),
         logprobs=logprobs,
         trailing_logprobs=logprobs[shown:] if logprobs else (),
+        reasoning=done.reasoning,
     )
 
 

@@ -29,6 +29,7 @@ from functools import cached_property, partial
 from typing import Any
 
 from decoding.errors import ContextTooLong
+from decoding.speculative.channels import Harmony, harmony_of
 from decoding.speculative.generation import Prompt
 from decoding.speculative.prompt import build_prompt, context_rows, turn_stops
 from retrieval.retriever import Hit, Ranking, Retriever, hit_pieces
@@ -102,6 +103,7 @@ class PromptBuilder:
         self._lock = threading.Lock()
         self._prefixes: OrderedDict[str, array[int]] = OrderedDict()  # prefix key -> prefix ids
         self._cache_items = cache_items
+        self._channels: tuple[str | None, Harmony | None] | None = None  # (the template it was found for, it)
 
     def key_for(self, system: str, doc_ids: Sequence[str]) -> str:
         """The prefix key of ``system`` over ``doc_ids`` for this model and its template's options."""
@@ -111,6 +113,16 @@ class PromptBuilder:
     def stops(self) -> tuple[str, ...]:
         """Stop strings every answer gets from the prompt layout (a plain prompt's next ``Question:``)."""
         return turn_stops(self.tokenizer)
+
+    @property
+    def channels(self) -> Harmony | None:
+        """The harmony markup where the chat template is harmony (gpt-oss: the answer is the final channel of what
+        the model writes, ``decoding.speculative.channels``), else None; found once per template."""
+        with self._lock:
+            template = getattr(self.tokenizer, "chat_template", None)
+            if self._channels is None or self._channels[0] != template:
+                self._channels = (template, harmony_of(self.tokenizer, self.chat_options))
+            return self._channels[1]
 
     def _build(
         self,

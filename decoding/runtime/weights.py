@@ -214,7 +214,7 @@ def weights_from_gguf(path: Path) -> ModelWeights:
     layers = []
     for i in range(config.num_hidden_layers):
         b = f"blk.{i}."
-        experts: dict[str, QuantMatrix] = {}
+        experts: dict[str, Any] = {}
         gate_up = down = None
         if family.fused:  # Phi-3: q, k, v rows in one tensor; gate and up rows in ffn_up
             qkv, gate_up = mat(b + "attn_qkv.weight"), mat(b + "ffn_up.weight")

@@ -250,7 +250,7 @@ class Engine:
             return
         generator = _generator(sampling)
         noise = None if sampling.greedy or sampling.seed is None else SeededNoise(sampling.seed, self._vocab)
-        answer = AnswerText(self.target.tokenizer, self.eos, max_new, config.stop)
+        answer = AnswerText(self.target.tokenizer, self.eos, max_new, config.stop, config.channels)
         shaper = LogitShaper(sampling, ids, self._vocab, self.device) if LogitShaper.needed(sampling) else None
         first = self._judge(DraftTree(), read.last[None], SamplingMetadata(sampling, generator, noise, (), None,
                                                                            shaper, config.logprobs))
@@ -260,8 +260,7 @@ class Engine:
 
         text = answer.add([root])
         stats.ttft_s = t_first = time.perf_counter() - t0
-        if text:
-            yield TokenEvent(text, answer.ids[:], run.new_logprobs())
+        yield from _token_event(text, answer, run)
         if not answer.done and drafters:
             info = PromptInfo(prompt_ids=ids, prompt_topk=read.topk, draft_ids=prompt.draft_ids,
                               draft_rows=prompt.draft_rows, target_cache=cache, scope=prompt.prefix_key)
@@ -272,12 +271,8 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 answer.finish = "cancelled"
                 break
-            text = answer.add(self._step(run))
-            if text:
-                yield TokenEvent(text, answer.ids[:], run.new_logprobs())
-        tail = answer.close()
-        if tail:
-            yield TokenEvent(tail, answer.ids[:], run.new_logprobs())
+            yield from _token_event(answer.add(self._step(run)), answer, run)
+        yield from _token_event(answer.close(), answer, run)
         for d in drafters:
             d.end(answer.ids)
         now = time.perf_counter()
@@ -285,9 +280,9 @@ class Engine:
         stats.total_s = now - t0
         stats.decode_s = now - t0 - t_first
         stats.finish_reason = answer.finish
-        logprobs = None if run.logprobs is None else run.logprobs[: len(answer.ids)]
+        logprobs = None if run.logprobs is None else answer.answer_part(run.logprobs)
         yield DoneEvent(text=answer.text, token_ids=answer.ids, finish_reason=answer.finish, stats=stats,
-                        logprobs=logprobs)
+                        logprobs=logprobs, reasoning=answer.reasoning)
 
     # ---- one decoding step: draft -> pick -> verify -> accept and commit ---------------------------------
 
@@ -492,13 +487,21 @@ class _Run:
         return SamplingMetadata(self.sampling, self.generator, self.noise, self.output, self.node_topk, self.shaper,
                                 self.config.logprobs)
 
-    def new_logprobs(self) -> list[TokenLogprob]:
-        """The log-probabilities of the answer's tokens not yet in an event."""
+    def new_logprobs(self, answer: AnswerText) -> list[TokenLogprob]:
+        """The log-probabilities of the answer's tokens not yet in an event (a harmony answer's: its final
+        channel's, ``AnswerText.answer_part``)."""
         if self.logprobs is None:
             return []
-        out = self.logprobs[self.sent : len(self.output)]
-        self.sent = len(self.output)
-        return out
+        lo, self.sent = self.sent, len(self.output)
+        return answer.answer_part(self.logprobs, lo, self.sent)
+
+
+def _token_event(text: str, answer: AnswerText, run: _Run) -> Iterator[TokenEvent]:
+    """The event of a step's new answer text and reasoning, if either is new; the log-probabilities go with the
+    answer's text (held-back tokens' with the text that releases them)."""
+    reasoning = answer.take_reasoning()
+    if text or reasoning:
+        yield TokenEvent(text, answer.ids[:], run.new_logprobs(answer) if text else [], reasoning)
 
 
 def _generator(sampling: SamplingParams) -> torch.Generator | None:

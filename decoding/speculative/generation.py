@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from decoding.speculative.channels import Harmony
 from decoding.speculative.stats import GenerationStats
 
 
@@ -43,6 +44,8 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     draft_budget: int | None = None  # most draft nodes per step; None = the engine's budget policy
     logprobs: int | None = None  # None: off; k >= 0: each token's log-probability and the k most likely tokens'
+    # a harmony model's markup (``decoding.speculative.channels``): the answer is its final channel alone
+    channels: Harmony | None = None
 
 
 @dataclass(frozen=True)
@@ -84,12 +87,14 @@ class Prompt:
 
 @dataclass
 class TokenEvent:
-    """Newly decoded text (may be empty while a multi-byte character is incomplete). ``logprobs`` (when asked
-    for): the tokens added to ``token_ids`` since the previous event."""
+    """Newly decoded answer text (may be empty while a multi-byte character is incomplete, or where only reasoning
+    is new). ``logprobs`` (when asked for): the answer's tokens added to ``token_ids`` since the previous event
+    with text. ``reasoning``: new reasoning text (a harmony model's analysis channel; ``GenerationConfig.channels``)."""
 
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning: str = ""
 
 
 @dataclass
@@ -110,7 +115,8 @@ class DoneEvent:
     token_ids: list[int]
     finish_reason: str  # 'stop' (EOS or stop string), 'length', 'cancelled'
     stats: GenerationStats
-    logprobs: list[TokenLogprob] | None = None  # one per token of ``token_ids`` when asked for
+    logprobs: list[TokenLogprob] | None = None  # one per answer token of ``token_ids`` when asked for
+    reasoning: str | None = None  # with channels: the analysis channel's text ("" if none); else None
 
 
 GenerationEvent = TokenEvent | PrefillEvent | DoneEvent

@@ -1,7 +1,7 @@
 """Bring your own model, every family through the real API: a tiny random model of each architecture the CPU
-runtime runs (``make_tiny_family``: Llama, Mistral, Qwen 2 / 3, Qwen3-MoE, Gemma 2 / 3, Phi-3) written to a GGUF as
-llama.cpp's converter writes it (``tests/decoding/gguf_families.py``, Q8_0) with a tokenizer of the family's kind
-in it (Llama 3's, Qwen's, Gemma's, Mistral's, Phi-3's: ``gguf_vocabs``) and served with
+runtime runs (``make_tiny_family``: Llama, Mistral, Qwen 2 / 3, Qwen3-MoE, gpt-oss, Gemma 2 / 3, Phi-3) written to a
+GGUF as llama.cpp's converter writes it (``tests/decoding/gguf_families.py``, Q8_0) with a tokenizer of the family's
+kind in it (Llama 3's, Qwen's, Gemma's, Mistral's, Phi-3's: ``gguf_vocabs``) and served with
 ``RAGSPEC_TARGET_MODEL=file.gguf`` alone: a document uploaded and indexed, a question answered over SSE, a
 follow-up in the session, and every speculative mode answering as autoregressive decoding does, token for token,
 with prompts longer than the sliding windows. Tokens are compared, not text: a random model's byte tokens need not
@@ -27,7 +27,10 @@ from tests.decoding.runtime.gguf_vocabs import FAMILY_VOCAB, write_vocab
 
 pytestmark = pytest.mark.real_model
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3"]
+# gpt-oss's harmony template makes the answer its final channel alone, which a random model never opens: here its
+# architecture serves with a ChatML vocabulary (every token the answer); harmony itself is served in test_harmony.py
+VOCAB = {**FAMILY_VOCAB, "gpt-oss": "qwen2"}
 DOCUMENT = ("The lighthouse on the northern cape was built in 1874 from granite quarried nearby. Its lamp burned "
             "whale oil until 1902, then kerosene, and an electric beam since 1951. The keeper's house holds a small "
             "museum of charts, logbooks and the original Fresnel lens.")
@@ -40,10 +43,10 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """The file alone: its tokenizer, chat template and end-of-turn tokens are the GGUF's own."""
     arch = request.param
     root = tmp_path_factory.mktemp(f"byo-{arch}")
-    tokenizer = tokenizer_from_gguf(write_vocab(FAMILY_VOCAB[arch], root))
+    tokenizer = tokenizer_from_gguf(write_vocab(VOCAB[arch], root))
     hf = make_tiny_family(arch, seed=11, vocab=len(tokenizer), layers=6 if arch == "gemma3" else 3,
                           window=None if arch == "mistral" else 72)  # Mistral's GGUF holds no window
-    gguf = write_family_gguf(root / f"tiny-{arch}.Q8_0.gguf", hf, vocab=FAMILY_VOCAB[arch])
+    gguf = write_family_gguf(root / f"tiny-{arch}.Q8_0.gguf", hf, vocab=VOCAB[arch])
     server = ThreadServer(service_settings(root / "data", target_model=str(gguf), max_context=512))
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client:

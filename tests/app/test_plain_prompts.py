@@ -66,8 +66,10 @@ def _history(messages: list[Any]) -> list[tuple[str, str]]:
 
 
 def test_a_thinking_model_answers_straight_unless_the_setting_says(server: ThreadServer) -> None:
-    """RAGSPEC_THINKING (off by default) reaches every chat template as ``enable_thinking`` (Qwen3's switch), and the
-    prefix keys name it (a template may read it anywhere)."""
+    """RAGSPEC_THINKING (off by default) reaches every chat template as ``enable_thinking`` (Qwen3's switch), as
+    RAGSPEC_REASONING_EFFORT (low by default) does as ``reasoning_effort`` (harmony's: tests/app/test_harmony.py), and
+    the prefix keys name them (a template may read them anywhere)."""
     prompts = server.services.prompts
-    assert prompts.chat_options == {"enable_thinking": False}
+    assert prompts.chat_options == {"enable_thinking": False, "reasoning_effort": "low"}
+    assert prompts.channels is None  # SmolLM2's ChatML template: the answer is all the model writes
     assert prompts.key_for("s", ["d"]) != PromptBuilder(prompts.tokenizer, prompts.model_name, 512).key_for("s", ["d"])

@@ -190,3 +190,21 @@ def test_the_settings_table_is_grouped_as_the_settings_are() -> None:
     assert _table_sections() == expected
     for group in GROUPS:
         assert f"(`{group.__name__}`)" in SETTINGS_DOC
+
+
+def test_reasoning_effort_is_low_unless_set_and_another_value_stops_the_start_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RAGSPEC_REASONING_EFFORT (a harmony template's ``reasoning_effort``: tests/app/test_harmony.py): low by
+    default, low / medium / high taken, anything else refused before anything loads, in one line."""
+    from app.cli.main import main
+
+    assert Settings().reasoning_effort == "low"  # type: ignore[call-arg]
+    for value in ("low", "medium", "high"):
+        monkeypatch.setenv("RAGSPEC_REASONING_EFFORT", value)
+        assert Settings().reasoning_effort == value  # type: ignore[call-arg]
+    monkeypatch.setenv("RAGSPEC_REASONING_EFFORT", "extreme")
+    assert main(["serve"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("ragspec: bad setting: RAGSPEC_REASONING_EFFORT: Input should be 'low', 'medium' or "
+                            "'high'\n") and captured.out == ""

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
 from app.answering import pipeline as answering
-from app.answering.events import AnswerEvent, Finished, Prefill, Sources, Token, Waiting
+from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Sources, Token, Waiting
 from app.answering.pipeline import Question
 from app.answering.sampling import logprobs_asked, sampling_params
 from app.api.deps import ServicesDep, TenantDep, arrival
@@ -105,7 +105,7 @@ async def _stream(events: AsyncGenerator[AnswerEvent, None], session_id: str) ->
                 {"session_id": session_id, "finish_reason": event.finish_reason, "usage": event.usage.model_dump()},
                 "done",
             )
-        else:  # failed after the stream began: reported in band
+        elif isinstance(event, Failed):  # failed after the stream began: reported in band
             yield frame({"code": event.code, "message": event.message}, "error")
             yield frame({"session_id": session_id}, "done")
 

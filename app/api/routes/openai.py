@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
 from app.answering import pipeline as answering
-from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Token, Waiting
+from app.answering.events import AnswerEvent, Failed, Finished, Prefill, Reasoning, Token, Waiting
 from app.answering.followup import split_turns
 from app.answering.pipeline import Question
 from app.answering.prompts import SYSTEM_PROMPT
@@ -134,7 +134,7 @@ async def chat_completions(
         model=services.target.name,
         choices=[
             ChatChoice(
-                message=ChatChoiceMessage(content=done.text),
+                message=ChatChoiceMessage(content=done.text, reasoning_content=done.reasoning),
                 finish_reason=FINISH_REASONS.get(done.finish_reason, "stop"),
                 logprobs=None if done.logprobs is None else ChoiceLogprobs(content=list(done.logprobs)),
             )
@@ -177,6 +177,8 @@ async def _stream(events: AsyncGenerator[AnswerEvent, None], chunk: _Chunks) -> 
             yield comment(json.dumps(event.payload(), separators=(",", ":")))
         elif isinstance(event, Token):
             yield frame(chunk({"content": event.text}, logprobs=event.logprobs))
+        elif isinstance(event, Reasoning):  # a harmony model's analysis channel, as vLLM streams it
+            yield frame(chunk({"reasoning_content": event.text}))
         elif isinstance(event, Finished):
             usage = _usage(event.usage)
             yield frame(

@@ -7,7 +7,7 @@ generation there. Both follow llama.cpp's ``src/llama-vocab.cpp`` (the version l
 
 Two tokenizer models (``tokenizer.ggml.model``):
 
-- ``gpt2``, byte-level BPE (Llama 3, Qwen 2 / 2.5 / 3, SmolLM, ...): the text is split by the regexes llama.cpp
+- ``gpt2``, byte-level BPE (Llama 3, Qwen 2 / 2.5 / 3, SmolLM, gpt-oss, ...): the text is split by the regexes llama.cpp
   uses for the file's ``tokenizer.ggml.pre`` (``PRE_TOKENIZERS``; each regex splits the pieces of the one
   before, matches and the text between them alike), bytes are mapped to GPT-2's printable stand-ins, and the
   merges (``tokenizer.ggml.merges``, ranked in file order) apply within each piece; ``llama3``-style ``pre``
@@ -22,10 +22,13 @@ Two tokenizer models (``tokenizer.ggml.model``):
 
 Both: control, user-defined and unknown tokens (``tokenizer.ggml.token_type`` 3, 4, 2), and the tokens llama.cpp
 takes for control tokens by their text (``<|eot_id|>``, ``<end_of_turn>``, ...), are matched in the raw text
-before anything else; user-defined ones also where special tokens are not parsed (``split_special_tokens``). BOS
-/ EOS are added when ``add_bos_token`` / ``add_eos_token`` say so, with llama.cpp's defaults where the file is
-silent (SentencePiece: BOS; ``llama3``-style BPE: BOS; other BPE: nothing). ``tokenizer.chat_template`` is the
-chat template, rendered by transformers (jinja2).
+before anything else; user-defined ones also where special tokens are not parsed (``split_special_tokens``), and
+they are rendered when decoded: harmony's (gpt-oss's) ``<|channel|>``, ``<|message|>``, ``<|start|>``,
+``<|constrain|>`` (and ``<|end|>`` beside ``<|return|>`` / ``<|call|>``) are user-defined whatever the file
+says, as llama.cpp makes them. BOS / EOS
+are added when ``add_bos_token`` / ``add_eos_token`` say so, with llama.cpp's defaults where the file is silent
+(SentencePiece: BOS; ``llama3``-style BPE: BOS; other BPE: nothing). ``tokenizer.chat_template`` is the chat
+template, rendered by transformers (jinja2).
 
 Where transformers 4.57's own GGUF tokenizer (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``) departs
 from llama.cpp, and this module does not: it picks a converter by ``general.architecture`` and never reads
@@ -71,6 +74,15 @@ _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+# o200k ("gpt-4o", gpt-oss's o200k_harmony): words split at case changes, as llama.cpp runs it. Its regex stands in
+# for tokenizer.json's case classes ([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] / [\p{Ll}\p{Lm}\p{Lo}\p{M}]) with "a letter
+# that is not a-z" / "not A-Z", so a non-ASCII letter counts as either case and a combining mark as no letter.
+_CASED_HEAD = r"(?:(?=\p{L})[^a-z])"  # a letter that is not ASCII lowercase
+_CASED_TAIL = r"(?:(?=\p{L})[^A-Z])"  # a letter that is not ASCII uppercase
+_SUFFIX = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_HEAD}*{_CASED_TAIL}+{_SUFFIX}"
+          rf"|[^\r\n\p{{L}}\p{{N}}]?{_CASED_HEAD}+{_CASED_TAIL}*{_SUFFIX}"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ _FAMILIES: dict[PreTokenizer, tuple[str, ...]] = {
         "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
     PreTokenizer((_LLAMA3,)): ("dbrx", "smaug-bpe"),
     PreTokenizer((_QWEN2,)): ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"),
+    PreTokenizer((_GPT4O,)): ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
     PreTokenizer((r"\p{N}", _GPT2)): (
         "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
     PreTokenizer((_GPT2,)): (
@@ -116,6 +129,11 @@ _FIM_TEXTS = {
     "fim_sep": ("<|file_sep|>",),
 }
 _ID_KEYS = ("bos", "eos", "eot", "eom", "unknown", "padding", *_FIM_TEXTS)
+# Harmony's message markup (gpt-oss): llama.cpp makes these user-defined whatever the file says (always parsed,
+# always rendered), and "<|end|>" too where the vocabulary ends a generation with "<|return|>" / "<|call|>"
+# instead (so "<|end|>", which closes a message there, ends no generation: ``end_of_turn_ids``).
+_RENDERED_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+_END_PAIRS = ({"<|return|>", "<|call|>"}, {"<|calls|>", "<|flush|>"})
 # llama.cpp's special ids where the metadata names none (a default past the vocabulary is none)
 _DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unknown": 0}, "gpt2": {"bos": 11, "eos": 11}}
 
@@ -276,6 +294,8 @@ def read_vocab(source: str | Path | Any) -> GGUFVocab:
             logger.warning("%s: %s%s_token_id %s is past the vocabulary: ignored", path, t, key, value)
     index = {tok: i for i, tok in enumerate(tokens)}
     forced = {index[x] for x in _EOG_TEXTS if x in index}
+    rendered = _rendered(index)
+    forced -= rendered
     for key, texts in _FIM_TEXTS.items():
         if key not in ids:
             found = sorted(index[x] for x in texts if x in index)
@@ -305,13 +325,24 @@ def read_vocab(source: str | Path | Any) -> GGUFVocab:
         chat_template=meta.get("tokenizer.chat_template") or None,
         name=str(meta.get("general.name") or ""),
         context_length=int(context) if context else None,
-        control=frozenset(i for i, k in enumerate(types[:n]) if k in (CONTROL, UNKNOWN)) | frozenset(forced),
-        user_defined=frozenset(i for i, k in enumerate(types[:n]) if k == USER_DEFINED) - frozenset(forced),
+        control=(frozenset(i for i, k in enumerate(types[:n]) if k in (CONTROL, UNKNOWN)) | frozenset(forced))
+        - rendered,
+        user_defined=(frozenset(i for i, k in enumerate(types[:n]) if k == USER_DEFINED) - frozenset(forced))
+        | rendered,
     )
     for flag, key in ((vocab.add_bos, "bos"), (vocab.add_eos, "eos")):
         if flag and key not in ids:
             raise ModelFileError(f"{path}: the GGUF tokenizer adds a {key.upper()} token but names none")
     return vocab
+
+
+def _rendered(index: dict[str, int]) -> frozenset[int]:
+    """The tokens llama.cpp makes user-defined by their text: harmony's markup, and its "<|end|>" where the
+    vocabulary has a pair of tokens that end a generation instead."""
+    texts = [t for t in _RENDERED_TEXTS if t in index]
+    if "<|end|>" in index and any(pair <= index.keys() for pair in _END_PAIRS):
+        texts.append("<|end|>")
+    return frozenset(index[t] for t in texts)
 
 
 def end_of_turn_ids(source: str | Path | Any) -> tuple[int, ...]:
@@ -326,8 +357,7 @@ def end_of_turn_ids(source: str | Path | Any) -> tuple[int, ...]:
     texts = {v.tokens[i]: i for i in eog}
     # llama.cpp's two exceptions: harmony-style "<|end|>" ends a message, not the generation; a "</s>" beside
     # "<|tool_response>" (Gemma 4) or "<|plamo:eos|>" is a normal token
-    if "<|end|>" in texts and any(pair <= texts.keys() for pair in ({"<|return|>", "<|call|>"},
-                                                                     {"<|calls|>", "<|flush|>"})):
+    if "<|end|>" in texts and any(pair <= texts.keys() for pair in _END_PAIRS):
         eog.discard(texts["<|end|>"])
     if "</s>" in texts and texts.keys() & {"<|tool_response>", "<|plamo:eos|>"}:
         eog.discard(texts["</s>"])

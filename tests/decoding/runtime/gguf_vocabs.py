@@ -3,7 +3,8 @@
 Each is a GGUF file holding only tokenizer metadata, one per tokenizer model / ``pre`` the served models need:
 byte-level BPE with the bundled SmolLM2 vocabulary and merges (plus a few tokens and merges of our own that make the
 pre-tokenizers' differences show: multi-digit tokens, ``'S``, ``(the``, a token no merge reaches) under ``pre``
-``llama-bpe`` (Llama 3), ``qwen2``, ``smollm``, ``default`` and ``gpt-2``; and SentencePiece-style vocabularies built
+``llama-bpe`` (Llama 3), ``qwen2``, ``smollm``, ``default`` and ``gpt-2``, and ``gpt-4o`` with harmony's message
+markup as gpt-oss files have it (``harmony``, with a harmony chat template); and SentencePiece-style vocabularies built
 here (a small BPE trained on our own corpus, with scores, ``<0xNN>`` byte tokens and control tokens) as Mistral (space
 prefix), Gemma (no space prefix, user-defined whitespace tokens) and Phi-3 (special tokens that eat the whitespace
 after them) files have them. Every text of ``TEXTS`` (prose, non-ASCII, digit runs, whitespace runs) plus each
@@ -56,6 +57,7 @@ class Vocab:
     pre: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # bos / eos / ... as token texts, add_* flags, name
     template: str | None = None
+    extra: tuple[str, ...] = ()  # control tokens of its own, after the shared ones (byte-level BPE)
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -72,10 +74,26 @@ MISTRAL = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant'
            "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %}{{ m['content'] }}\n\n{% endif %}"
            "{% endfor %}")
 
+# Harmony (gpt-oss), in our own words: a system message naming the reasoning effort (the template's variable,
+# medium where the caller gives none), the system text as the developer's instructions, earlier answers as final-channel
+# messages, and "<|start|>assistant" for the model to go on with its channel header.
+HARMONY = ("{%- set effort = reasoning_effort if reasoning_effort is defined else 'medium' -%}"
+           "<|start|>system<|message|>You answer questions about documents.\nReasoning: {{ effort }}\n\n"
+           "# Valid channels: analysis, commentary, final. Every message names its channel.<|end|>"
+           "{%- if messages[0]['role'] == 'system' %}{% set turns = messages[1:] -%}"
+           "<|start|>developer<|message|># Instructions\n\n{{ messages[0]['content'] }}<|end|>"
+           "{%- else %}{% set turns = messages %}{% endif -%}"
+           "{%- for m in turns %}{% if m['role'] == 'assistant' -%}"
+           "<|start|>assistant<|channel|>final<|message|>{{ m['content'] }}<|end|>"
+           "{%- else %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endif %}{% endfor -%}"
+           "{%- if add_generation_prompt %}<|start|>assistant{% endif %}")
+HARMONY_TOKENS = ("<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
+                  "<|constrain|>")  # <|endoftext|> is SmolLM2's own
+
 _CHATML_TEXT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi <|im_end|>x<|endoftext|>"
 # each family's kind of tokenizer (the test name -> a vocabulary)
 FAMILY_VOCAB = {"llama": "llama-bpe", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2",
-                "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
+                "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3", "gpt-oss": "harmony"}
 VOCABS = {v.name: v for v in (
     Vocab("llama-bpe", "gpt2", "llama", pre="llama-bpe", template=LLAMA3,
           meta={"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "eot": "<|eot_id|>"},
@@ -105,6 +123,16 @@ VOCABS = {v.name: v for v in (
           template=("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"
                     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
           specials=("<|user|>\n  hi<|end|>\n<|assistant|>  \nok</s> x", "<s> a <|endoftext|> b <unk> c")),
+    Vocab("harmony", "gpt2", "gpt-oss", pre="gpt-4o", template=HARMONY, extra=HARMONY_TOKENS,
+          meta={"bos": "<|startoftext|>", "eos": "<|return|>", "padding": "<|endoftext|>", "add_bos": False},
+          specials=("<|start|>system<|message|>Reasoning: low<|end|><|start|>developer<|message|># Instructions\n\n"
+                    "Be brief.<|end|><|start|>user<|message|>When was it built?<|end|><|start|>assistant",
+                    "<|channel|>analysis<|message|>The user asks when. The text says 1889.<|end|><|start|>assistant"
+                    "<|channel|>final<|message|>It was built in 1889.<|return|>",
+                    "<|start|>assistant to=functions.lookup<|channel|>commentary <|constrain|>json<|message|>"
+                    "{\"q\": \"x\"}<|call|><|endoftext|>",
+                    "parseHTTPResponse XMLHttpRequest iPhone McDONALD'S \u00c9COLE \u00c9cole don't/won't//\n"
+                    "src/app.py\r\n/usr\t  e\u0301t\u00e9 \u0394\u03b5\u03bb\u03c4\u03b1DELTA")),
 )}
 
 # Tokens (and merges) added to the SmolLM2 vocabulary, after its own: (text, token type, merge or None)
@@ -188,8 +216,9 @@ def _spm_vocab(v: Vocab) -> tuple[list[str], list[float], list[int]]:
 
 
 @functools.cache
-def _bpe_vocab() -> tuple[list[str], list[int], list[str], str | None]:
-    """The bundled SmolLM2 GGUF's tokens, types and merges with ``_BPE_EXTRA`` after them, and its chat template."""
+def _bpe_vocab(extra: tuple[str, ...] = ()) -> tuple[list[str], list[int], list[str], str | None]:
+    """The bundled SmolLM2 GGUF's tokens, types and merges with ``_BPE_EXTRA`` and then ``extra`` (control tokens)
+    after them, and its chat template."""
     from decoding.runtime.bundled import bundled_gguf_path
     from decoding.runtime.gguf.tokenizer import read_vocab
 
@@ -197,7 +226,7 @@ def _bpe_vocab() -> tuple[list[str], list[int], list[str], str | None]:
     tokens, merges = list(base.tokens), list(base.merges)
     types = [3 if i in base.control else 4 if i in base.user_defined else 1 for i in range(len(tokens))]
     known = set(tokens)
-    for text, kind, merge in _BPE_EXTRA:
+    for text, kind, merge in (*_BPE_EXTRA, *((t, _CONTROL, None) for t in extra)):
         if merge is not None:
             left, right = merge.split(" ")
             assert left in known and right in known and left + right == text, merge
@@ -216,7 +245,7 @@ def add_vocab(w: Any, name: str, chat_template: bool = True) -> None:
     w.add_name(str(v.meta.get("name", f"{name} test vocabulary")))
     template = v.template if chat_template else None
     if v.model == "gpt2":
-        tokens, types, merges, own_template = _bpe_vocab()
+        tokens, types, merges, own_template = _bpe_vocab(v.extra)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(str(v.pre))
         w.add_token_list(tokens)
