@@ -23,7 +23,7 @@ import torch
 from transformers import PretrainedConfig
 
 from decoding.errors import ModelFileError, ModelLoadError
-from decoding.runtime.families import Family, common_config, family_of, forward_plan, gguf_family
+from decoding.runtime.families import Family, common_config, family_of, forward_plan, gguf_family, has_experts
 from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, release_pages, required
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
 
@@ -189,6 +189,7 @@ def weights_from_gguf(path: Path) -> ModelWeights:
     family = check_supported(config)
     tensors = {t.name: t for t in reader.tensors}
     _, h, g, _, _ = model_dims(config)
+    moe = has_experts(config)
 
     def tensor(name: str) -> Any:
         if name not in tensors:
@@ -220,7 +221,7 @@ def weights_from_gguf(path: Path) -> ModelWeights:
             qkv, gate_up = mat(b + "attn_qkv.weight"), mat(b + "ffn_up.weight")
         else:
             qkv = mat((b + "attn_q.weight", h), (b + "attn_k.weight", g), b + "attn_v.weight")
-        if family.experts:  # the router, then every expert's matrices stacked (3-D tensors: expert, rows, row)
+        if moe:  # the router, then every expert's matrices stacked (3-D tensors: expert, rows, row)
             experts = {"router": mat(b + "ffn_gate_inp.weight"), "experts_gate": mat(b + "ffn_gate_exps.weight"),
                        "experts_up": mat(b + "ffn_up_exps.weight"), "experts_down": mat(b + "ffn_down_exps.weight")}
         else:
@@ -275,8 +276,8 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
 
     layers = []
     for layer in inner.layers:
-        at, mlp = layer.self_attn, layer.mlp
-        experts: dict[str, Any] = _hf_experts(mlp, family, q, f32) if family.experts else {}
+        at, mlp = layer.self_attn, getattr(layer, "mlp", None) or layer.block_sparse_moe  # Mixtral: the latter
+        experts: dict[str, Any] = _hf_experts(mlp, family, q, f32) if has_experts(config) else {}
         if family.fused:
             qkv, gate_up, bias = at.qkv_proj.weight, mlp.gate_up_proj.weight, None
         else:
@@ -312,13 +313,14 @@ def weights_from_hf(model: Any, kind: WeightType) -> ModelWeights:
 
 def _hf_experts(mlp: Any, family: Family, q: Any, f32: Any) -> dict[str, Any]:
     """A transformers mixture of experts' router (kept in fp32, as llama.cpp's converter keeps ffn_gate_inp) and its
-    experts' matrices stacked by expert: Qwen3-MoE's expert modules, or gpt-oss's 3-D parameters (``gate_up_proj``
-    [N, E, 2J], gate and up columns interleaved; ``down_proj`` [N, J, E]) with the router's and experts' biases."""
-    if not family.biases:
-        return {"router": q(mlp.gate.weight, WeightType.F32),
-                "experts_gate": q(torch.cat([x.gate_proj.weight for x in mlp.experts])),
-                "experts_up": q(torch.cat([x.up_proj.weight for x in mlp.experts])),
-                "experts_down": q(torch.cat([x.down_proj.weight for x in mlp.experts]))}
+    experts' matrices stacked by expert: Qwen3-MoE's and Mixtral's expert modules, or gpt-oss's 3-D parameters
+    (``gate_up_proj`` [N, E, 2J], gate and up columns interleaved; ``down_proj`` [N, J, E]) with the router's and
+    experts' biases."""
+    if not family.biases:  # Qwen3-MoE's gate / up / down_proj, Mixtral's w1 / w3 / w2
+        names = ("gate_proj", "up_proj", "down_proj") if hasattr(mlp.experts[0], "gate_proj") else ("w1", "w3", "w2")
+        stacks = [q(torch.cat([getattr(x, name).weight for x in mlp.experts])) for name in names]
+        return {"router": q(mlp.gate.weight, WeightType.F32), "experts_gate": stacks[0], "experts_up": stacks[1],
+                "experts_down": stacks[2]}
     ex = mlp.experts
     gate_up, down = ex.gate_up_proj.detach(), ex.down_proj.detach()  # [N, E, 2J], [N, J, E]
     n, e, j = gate_up.shape[0], gate_up.shape[1], gate_up.shape[2] // 2

@@ -94,8 +94,9 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
     """A random-weight model of a family the runtime runs (``decoding.runtime.families``), from transformers' own
     class, as small as ``make_tiny_llama``'s: ``gemma2`` (soft-capped at 20 / 10 so the caps bend, alternate
     sliding layers), ``gemma3`` (q / k norms, sliding layers with their own rope base, a linear-scaled global one),
-    ``qwen2``, ``qwen3``, ``qwen3moe`` (8 experts, 2 a token), ``gpt-oss`` (8 experts, 2 a token, alternate sliding
-    layers, YaRN x32 from 4096 positions, sinks and every bias moved off zero), ``phi3`` (every layer sliding),
+    ``qwen2``, ``qwen3``, ``qwen3moe`` and ``mixtral`` (8 experts, 2 a token), ``gpt-oss`` (8 experts, 2 a token,
+    alternate sliding layers, YaRN x32 from 4096 positions, sinks and every bias moved off zero), ``phi3`` (every
+    layer sliding),
     ``mistral`` (every layer sliding, from an HF config);
     norms and biases moved off their initial values so a misplaced one shows, weights wide enough that greedy
     decoding does not fall into a one-token loop."""
@@ -108,6 +109,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         GptOssForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -137,6 +140,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
             **shape, sliding_window=window, query_pre_attn_scalar=32, rope_scaling={"rope_type": "linear",
             "factor": 4.0}, layer_types=None if layers >= 6 else short[:layers])),  # 6+: the model's own 5 : 1
+        "mixtral": lambda: MixtralForCausalLM(MixtralConfig(
+            **{**shape, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2, sliding_window=None)),
         "gpt-oss": lambda: GptOssForCausalLM(GptOssConfig(
             **{**shape, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2, sliding_window=window,
             layer_types=[short[0], short[1]] * (layers // 2) + short[:layers % 2], rope_theta=150000.0,

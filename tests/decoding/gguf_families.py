@@ -3,6 +3,8 @@ gguf-py's writer: the file's architecture name and metadata keys, its tensor nam
 
 - ``llama`` (Llama, Mistral: MistralModel converts to arch ``llama``): q / k rows permuted for llama.cpp's
   interleaved rope (``LlamaModel.permute``); others rotate halves and are stored as transformers holds them;
+  Mixtral (arch ``llama`` too) with ``expert_count`` / ``expert_used_count`` and its experts (``w1`` / ``w3`` /
+  ``w2``) stacked as Qwen3-MoE's below;
 - ``qwen2``: ``attn_{q,k,v}.bias``; ``qwen3``: ``attn_{q,k}_norm.weight`` [head dim];
 - ``gemma2`` / ``gemma3``: every RMSNorm weight stored plus one (the converter adds transformers' ``1 + w``),
   ``post_attention_norm`` / ``post_ffw_norm`` beside ``attn_norm`` / ``ffn_norm`` (the pre-feed-forward norm), no
@@ -34,7 +36,8 @@ from tests.decoding.conftest import gguf_writer, permute
 
 # transformers model_type -> the converter's architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-             "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+             "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+             "mixtral": "llama"}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -67,10 +70,12 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
         w.add_float32(f"{arch}.final_logit_softcapping", float(c.final_logit_softcapping))
     if arch == "phi3":
         w.add_rope_dimension_count(head_dim)
-    if arch in ("qwen3moe", "gpt-oss"):
+    moe = c.model_type in ("qwen3_moe", "gpt_oss", "mixtral")
+    if moe:  # Mixtral's experts are as wide as its feed_forward_length: llama.cpp's converter writes no other
         w.add_expert_count(getattr(c, "num_experts", None) or c.num_local_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
-        w.add_expert_feed_forward_length(getattr(c, "moe_intermediate_size", None) or c.intermediate_size)
+        if arch != "llama":
+            w.add_expert_feed_forward_length(getattr(c, "moe_intermediate_size", None) or c.intermediate_size)
     scaling = getattr(c, "rope_scaling", None)
     if scaling and scaling.get("rope_type") == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -96,7 +101,8 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
     inner = hf.model
     put("token_embd.weight", _np(inner.embed_tokens.weight))
     for i, layer in enumerate(inner.layers):
-        b, at, mlp = f"blk.{i}.", layer.self_attn, layer.mlp
+        mlp = getattr(layer, "mlp", None) or layer.block_sparse_moe  # Mixtral's
+        b, at = f"blk.{i}.", layer.self_attn
         norm(b + "attn_norm.weight", layer.input_layernorm)
         if gemma:
             norm(b + "post_attention_norm.weight", layer.post_attention_layernorm)
@@ -116,9 +122,10 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             put(b + "attn_q.weight", q)
             put(b + "attn_k.weight", k)
             put(b + "attn_v.weight", _np(at.v_proj.weight))
-            if arch == "qwen3moe":
+            if arch == "qwen3moe" or c.model_type == "mixtral":
                 put(b + "ffn_gate_inp.weight", _np(mlp.gate.weight), quantized=False)
-                for name, proj in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                projs = ("gate_proj", "up_proj", "down_proj") if arch == "qwen3moe" else ("w1", "w3", "w2")
+                for name, proj in zip(("gate", "up", "down"), projs, strict=True):
                     put(b + f"ffn_{name}_exps.weight", np.stack([_np(getattr(x, proj).weight) for x in mlp.experts]))
             elif arch == "gpt-oss":
                 _gpt_oss_layer(put, b, at, mlp)
@@ -132,7 +139,7 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             norm(b + "attn_q_norm.weight", at.q_norm)
             norm(b + "attn_k_norm.weight", at.k_norm)
         put(b + "attn_output.weight", _np(at.o_proj.weight))
-        if arch not in ("qwen3moe", "gpt-oss"):
+        if not moe:
             put(b + "ffn_down.weight", _np(mlp.down_proj.weight))
     norm("output_norm.weight", inner.norm)
     if not c.tie_word_embeddings:

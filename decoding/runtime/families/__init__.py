@@ -98,7 +98,7 @@ def gguf_family(reader: Any) -> Family:
 def family_of(config: PretrainedConfig) -> Family:
     """The family running a transformers config (Mistral's runs as Llama's), or ``ModelFileError``."""
     kind = getattr(config, "model_type", "")
-    kind = "llama" if kind == "mistral" else kind
+    kind = "llama" if kind in ("mistral", "mixtral") else kind
     for family in FAMILIES.values():
         if family.model_type == kind:
             return family
@@ -141,11 +141,17 @@ def forward_plan(config: PretrainedConfig) -> ForwardPlan:
         embed_scale=float(np.float32(e**0.5)) if family.norm_offset else 1.0,
         windows=windows,
         local_rope=tuple(local and w > 0 for w in windows),
-        experts=_experts(config) if family.experts else (0, 0, 0),
-        norm_topk=bool(getattr(config, "norm_topk_prob", False)),
+        experts=_experts(config) if has_experts(config) else (0, 0, 0),
+        norm_topk=bool(getattr(config, "norm_topk_prob", True)),  # Mixtral's config has no switch: it renormalizes
         topk_softmax=family.topk_softmax,
         sinks=family.sinks,
     )
+
+
+def has_experts(config: PretrainedConfig) -> bool:
+    """Whether a config's MLPs are mixtures of experts (Qwen3-MoE's ``num_experts``, Mixtral's and gpt-oss's
+    ``num_local_experts``)."""
+    return bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
 
 
 def _experts(config: PretrainedConfig) -> tuple[int, int, int]:
@@ -165,4 +171,4 @@ def _experts(config: PretrainedConfig) -> tuple[int, int, int]:
 
 FAMILIES.update(_families())
 GGUF_ARCHITECTURES = tuple(FAMILIES)
-MODEL_TYPES = {f.model_type for f in FAMILIES.values()} | {"mistral"}
+MODEL_TYPES = {f.model_type for f in FAMILIES.values()} | {"mistral", "mixtral"}

@@ -24,7 +24,6 @@ class Family:
     norm_offset: float = 0.0  # transformers' RMSNorm multiplies by w + offset (Gemma: 1; a GGUF stores w + 1)
     # the config whose rope the layers of ``ForwardPlan.local_rope`` rotate with (Gemma 3's sliding layers); None: one
     local_rope: Callable[[PretrainedConfig], PretrainedConfig] | None = None
-    experts: bool = False  # a mixture of experts for the MLP: ffn_gate_inp (the router), ffn_{gate,up,down}_exps
     biases: bool = False  # attn_output, ffn_gate_inp and the experts' ffn_{gate,up,down}_exps .bias (gpt-oss)
     sinks: bool = False  # attn_sinks [H]: a logit per query head in every row's softmax, with no value (gpt-oss)
     ffn_norm_tensor: str = "ffn_norm"  # the pre-MLP norm's tensor (gpt-oss: post_attention_norm)

@@ -47,6 +47,6 @@ def _gpt_oss(reader: Any, common: dict[str, Any]) -> PretrainedConfig:
 
 
 FAMILIES = (
-    Family("gpt-oss", "gpt_oss", _gpt_oss, qkv_bias=True, experts=True, biases=True, sinks=True,
+    Family("gpt-oss", "gpt_oss", _gpt_oss, qkv_bias=True, biases=True, sinks=True,
            ffn_norm_tensor="post_attention_norm", topk_softmax=True, clamped_swiglu=True),
 )

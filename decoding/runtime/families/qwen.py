@@ -33,5 +33,5 @@ def _qwen3moe(reader: Any, common: dict[str, Any]) -> PretrainedConfig:
 FAMILIES = (
     Family("qwen2", "qwen2", _qwen2, qkv_bias=True),
     Family("qwen3", "qwen3", _qwen3, qk_norm=True),
-    Family("qwen3moe", "qwen3_moe", _qwen3moe, qk_norm=True, experts=True),
+    Family("qwen3moe", "qwen3_moe", _qwen3moe, qk_norm=True),
 )

@@ -36,7 +36,7 @@ from tests.decoding.conftest import (
 )
 from tests.decoding.gguf_families import write_family_gguf
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3"]
 HERE = [isa for isa in kernels.ISAS if isa in kernels.available_isas()]
 
 
@@ -115,6 +115,10 @@ def test_each_family_plans_its_forward() -> None:
     assert plans["gemma3"].attn_softcap == 0.0 and plans["gemma3"].embed_scale == 8.0
     assert plans["llama"].embed_scale == 1.0 and plans["llama"].query_scale == pytest.approx(32**-0.5)
     assert layer_windows(LlamaConfig(sliding_window=None)) == (0,) * 32
+    assert plans["mixtral"].experts == plans["qwen3moe"].experts == (8, 2, 32)
+    assert plans["mixtral"].norm_topk and not plans["mixtral"].topk_softmax and plans["llama"].experts == (0, 0, 0)
+    oss = plans["gpt-oss"]
+    assert oss.windows == (w, 0, w, 0) and oss.activation == 2 and oss.sinks and oss.topk_softmax
 
 
 def test_what_the_runtime_cannot_run_is_refused_saying_why() -> None:
