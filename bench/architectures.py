@@ -1,7 +1,8 @@
 """Architectures benchmark: each GGUF architecture the quantized CPU runtime runs, at the shape of a real ~1-2B model
-with random weights, served by our runtime and by llama.cpp's best build from the same Q4_K_M file, side by side.
+(and two mixtures of experts) with random weights, served by our runtime and by llama.cpp's best build from the same
+Q4_K_M (gpt-oss: MXFP4_MOE) file, side by side.
 
-    python -m bench.architectures [--archs llama,qwen2,qwen3,gemma2,gemma3,phi3]
+    python -m bench.architectures [--archs llama,qwen2,qwen3,gemma2,gemma3,phi3,qwen3moe,gpt-oss]
                                   [--sections decode,prefill,long,drafter] [--contexts 2048,16384] [--runs 3]
                                   [--threads 2] [--json PATH] [--fresh]
 
@@ -9,7 +10,8 @@ Shapes (``ARCHS``): each architecture at the config shape of a model people run 
 Qwen3-1.7B, Gemma-2-2B, Gemma-3-1B, Phi-3-mini-4k), written by ``bench.formats.write_shape_gguf`` with that family's
 tensors and metadata keys as llama.cpp's converter writes them (random F16 weights, normal / sqrt(hidden), so that
 every projection of a unit-RMS input gives about unit outputs and the logits a standard deviation near 1; the bundled
-tokenizer fitted to the vocabulary) and quantized to Q4_K_M by llama.cpp (cached in ``--cache-dir``). Every file's
+tokenizer fitted to the vocabulary) and quantized to Q4_K_M by llama.cpp (cached in ``--cache-dir``; gpt-oss to
+MXFP4_MOE, the type its files come in: experts MXFP4, the other matrices Q8_0, the router as written). Every file's
 context length is at least ``MIN_CONTEXT`` (the model's own where longer), so that 16K and 32K prompts fit; the
 model's own window is recorded beside it. Speed depends on the shape, not the values.
 
@@ -42,8 +44,10 @@ so a session can run pieces):
   more experts) beside the dense shapes.
 
 A mixture of experts too big to write whole here (``MOE_LAYERS``: Qwen3-30B-A3B's 48 layers of 128 experts would be
-60 GB of F16) is written with its first layers only; its rows record the layers written and the model's, and the
-decode time per layer.
+60 GB of F16, gpt-oss-20b's 24 layers of 32 experts 38 GB) is written with its first layers only (gpt-oss's alternate
+sliding-window and full layers in the same proportion); its rows record the layers written and the model's, and per
+context the decode time per token over the layers written (``per_layer_ms``: the embedding's and output head's share
+included, so at most a layer's).
 
 The JSON records the machine (CPU flags, the kernel path) and the llama.cpp build. ``table()`` gives the README's
 markdown rows. Known differences between the two runtimes on these files: llama.cpp disables Phi-3's sliding window
@@ -126,14 +130,15 @@ class Arch:
     model: str
     shape: Shape
     trained_context: int
+    ftype: str = SHAPE_FTYPE  # the llama_ftype llama.cpp quantizes the F16 file to
 
     @property
     def file_name(self) -> str:
         return "arch-" + self.model.lower()
 
 
-def _arch(model: str, shape: Shape) -> Arch:
-    return Arch(model, dataclasses.replace(shape, context=max(shape.context, MIN_CONTEXT)), shape.context)
+def _arch(model: str, shape: Shape, ftype: str = SHAPE_FTYPE) -> Arch:
+    return Arch(model, dataclasses.replace(shape, context=max(shape.context, MIN_CONTEXT)), shape.context, ftype)
 
 
 # The real models' config shapes (their config.json); q / k rows, biases and norms as the family stores them.
@@ -157,8 +162,16 @@ ARCHS: dict[str, Arch] = {
     "qwen3moe": _arch("Qwen3-30B-A3B", Shape(hidden=2048, layers=6, heads=32, kv_heads=4, head_dim=128, ffn=6144,
                                              vocab=151936, context=40960, rope_theta=1e6, arch="qwen3moe",
                                              rms_eps=1e-6, tied=False, experts=128, experts_used=8, expert_ffn=768)),
+    # gpt-oss-20b: 24 layers of 32 experts (4 a token, 2880 rows each) would be 38 GB of F16; its first MOE_LAYERS
+    # layers are (sliding window on the even ones), quantized as its files come: MXFP4 experts (MXFP4_MOE)
+    "gpt-oss": _arch("gpt-oss-20b", Shape(hidden=2880, layers=6, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+                                          vocab=201088, context=131072, rope_theta=150000.0, arch="gpt-oss",
+                                          rms_eps=1e-5, tied=False, sliding_window=128, experts=32, experts_used=4,
+                                          expert_ffn=2880, rope_scaling="yarn", rope_scaling_factor=32.0,
+                                          rope_original_context=4096),
+                     ftype="LLAMA_FTYPE_MOSTLY_MXFP4_MOE"),
 }  # fmt: skip
-MOE_LAYERS = {"qwen3moe": (6, 48)}  # layers written / the model's
+MOE_LAYERS = {"qwen3moe": (6, 48), "gpt-oss": (6, 24)}  # layers written / the model's
 LONG_ARCH = "gemma3"  # the long-document section's model
 DRAFTER_ARCH = "llama"  # RAPID's drafter: the Llama-3.2-1B shape
 TARGET = _arch("Llama-3.1-8B", Shape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
@@ -213,14 +226,15 @@ def _case(prompt: Prompt, name: str) -> Case:
 
 
 def arch_dir(arch: Arch, bundled_dir: Path, cache: Path, lib_dir: Path, threads: int) -> Path:
-    """The model dir of ``arch``: its random weights quantized to Q4_K_M by llama.cpp (made once, cached)."""
-    return shape_dir(arch.file_name, arch.shape, bundled_dir, cache, lib_dir, threads, scale=scale_of(arch.shape))
+    """The model dir of ``arch``: its random weights quantized to ``arch.ftype`` by llama.cpp (made once, cached)."""
+    return shape_dir(arch.file_name, arch.shape, bundled_dir, cache, lib_dir, threads, scale=scale_of(arch.shape),
+                     ftype=arch.ftype)
 
 
 def file_row(arch: Arch, model_dir: Path) -> dict[str, Any]:
     gguf = model_gguf(model_dir)
     return {"model": arch.model, "shape": dataclasses.asdict(arch.shape), "trained_context": arch.trained_context,
-            "weight_scale": round(scale_of(arch.shape), 6), "quantized_to": SHAPE_FTYPE, "file": str(gguf.resolve()),
+            "weight_scale": round(scale_of(arch.shape), 6), "quantized_to": arch.ftype, "file": str(gguf.resolve()),
             "file_mb": round(gguf.resolve().stat().st_size / 1e6, 1), "tensor_types": tensor_types(gguf)}
 
 
@@ -374,6 +388,7 @@ def measure_arch(name: str, arch: Arch, model_dir: Path, plan: Plan, text: Text,
                  prefill: bool) -> dict[str, Any]:
     """One architecture's file at every context of the plan (decode) and the prefill length (prefill)."""
     row = file_row(arch, model_dir)
+    written = arch.shape.layers
     if name in MOE_LAYERS:
         row["layers_written"], row["model_layers"] = MOE_LAYERS[name]
     gguf = model_gguf(model_dir)
@@ -400,6 +415,10 @@ def measure_arch(name: str, arch: Arch, model_dir: Path, plan: Plan, text: Text,
                               decode and context in plan.contexts, prefill and context == plan.prefill_tokens, name)
         if "decode" in got:
             row["decode"][str(context)] = got["decode"]
+            if name in MOE_LAYERS:  # a token's time over the layers written (the embedding's and head's share in it)
+                got["decode"]["per_layer_ms"] = {
+                    k: round(1000 / v["median"] / written, 3) for k, v in got["decode"].items()
+                    if isinstance(v, dict) and v.get("median")}
         if "prefill" in got:
             row["prefill"] = got["prefill"]
     del target
@@ -792,7 +811,9 @@ def table(result: dict[str, Any]) -> list[str]:
         ours = row.get("ours")
         weights = ours.get("served_weight_mb", "-") if isinstance(ours, dict) else str(ours)[:60]
         cells = [_pair(row["decode"][c]) if c in row.get("decode", {}) else "-" for c in contexts]
-        lines.append(f"| `{name}` ({row.get('model', '?')}) | {weights} | " + " | ".join(cells)
+        model = row.get("model", "?") + (f", {row['layers_written']} of {row['model_layers']} layers"
+                                         if "layers_written" in row else "")
+        lines.append(f"| `{name}` ({model}) | {weights} | " + " | ".join(cells)
                      + f" | {_prefill(row.get('prefill', {}))} | {_checks(row)} |")
     long = result.get("long_document")
     if long and isinstance(long.get("ours"), dict) and "cold_ttft_s" in long["ours"]:

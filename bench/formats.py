@@ -18,9 +18,9 @@ recorded as ``{"ours": "refused: <message>"}`` and llama.cpp is still measured o
 
 Shapes (``--shapes``): Llama-3.2-1B and -3B shapes with random weights (speed depends on the shape, not the values),
 written as F16 GGUF files (the bundled GGUF's tokenizer, padded with reserved tokens to the shape's vocabulary) and
-quantized to Q4_K_M by llama.cpp; decode tokens/s at a 2K-token context (``--shape-context``), ours against
-llama.cpp, and one cold prefill each (the first run's time to first token). No greedy comparison: on random
-weights it means nothing.
+quantized to Q4_K_M by llama.cpp (``shape_dir`` takes another llama_ftype: bench.architectures' gpt-oss is
+MXFP4_MOE); decode tokens/s at a 2K-token context (``--shape-context``), ours against llama.cpp, and one cold prefill
+each (the first run's time to first token). No greedy comparison: on random weights it means nothing.
 
 Every derived file lives in ``--cache-dir`` (default ``~/.cache/ragspec/bench-formats``) and is reused when there.
 ``--quick``: a short context, 16 tokens, 1 repetition (the smoke test's mode and a quick look).
@@ -80,10 +80,16 @@ DOC = "mpl-2.0"  # a QA document of the benchmark set longer than the contexts u
 GREEDY_TOKENS = 32  # the greedy prefix compared with llama.cpp's
 
 
+# a Shape field added after files were stamped with the fields before it: left out of the stamp at its default, so
+# that those files stay valid (``shape_stamp``)
+_LATER = {"stamp": "when set"}
+
+
 @dataclass(frozen=True)
 class Shape:
     """A model's shape: a Llama (tied embeddings) unless ``arch`` names another GGUF architecture the runtime runs
-    (``decoding.runtime.families``), whose tensors and metadata keys the file then holds."""
+    (``decoding.runtime.families``), whose tensors and metadata keys the file then holds (which tensors a layer
+    holds is that family's table, ``shape_tensors``; the numbers and keys are these fields)."""
 
     hidden: int
     layers: int
@@ -100,9 +106,21 @@ class Shape:
     attn_softcap: float = 0.0  # Gemma 2's <arch>.attn_logit_softcapping (0: not written)
     final_softcap: float = 0.0  # Gemma 2's <arch>.final_logit_softcapping (0: not written)
     rms_eps: float = 1e-5
-    experts: int = 0  # a mixture of experts (Qwen3-MoE): <arch>.expert_count (0: a dense MLP)
+    experts: int = 0  # a mixture of experts (Qwen3-MoE, gpt-oss): <arch>.expert_count (0: a dense MLP)
     experts_used: int = 0  # <arch>.expert_used_count
     expert_ffn: int = 0  # <arch>.expert_feed_forward_length
+    # <arch>.rope.scaling.type ("yarn", "linear"; "": not written), .factor, .original_context_length (0: not written)
+    rope_scaling: str = dataclasses.field(default="", metadata=_LATER)
+    rope_scaling_factor: float = dataclasses.field(default=0.0, metadata=_LATER)
+    rope_original_context: int = dataclasses.field(default=0, metadata=_LATER)
+
+
+def shape_stamp(shape: Shape, scale: float) -> str:
+    """What a written file is stamped with (``shape_dir``): the shape's fields (those added later only where set)
+    and the weights' scale."""
+    fields = {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)
+              if f.metadata.get("stamp") != "when set" or getattr(shape, f.name) != f.default}
+    return json.dumps({**fields, "scale": scale}, sort_keys=True)
 
 
 SHAPES = {
@@ -214,10 +232,14 @@ def vocab_of(gguf_path: Path) -> Vocab:
 
 def shape_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], str]]:
     """A shape's tensors as llama.cpp's converter names them for ``shape.arch``: (name, dims as numpy orders them,
-    kind: ``norm`` / ``bias`` / ``matrix``). Which tensors a layer holds is the runtime's table of the family
-    (``decoding.runtime.families.Family``: q / k / v biases, per-head q / k norms, norms after the attention and the
-    MLP, Phi-3's fused q / k / v and gate / up rows); llama.cpp's loader checks the same file against its own (it
-    refuses a file with a tensor missing or one too many), so the two cannot drift apart unnoticed."""
+    kind: ``norm`` / ``bias`` (F32, as the converter keeps 1-D tensors and biases) / ``router`` (F32: the converter
+    keeps a mixture's ``ffn_gate_inp`` so, llama.cpp's quantizer leaves it) / ``matrix``). Which tensors a layer
+    holds is the runtime's table of the family (``decoding.runtime.families.Family``: q / k / v biases, per-head q /
+    k norms, norms after the attention and the MLP, the pre-MLP norm's name, Phi-3's fused q / k / v and gate / up
+    rows, gpt-oss's output / router / expert biases and attention sinks), a mixture of experts where
+    ``shape.experts`` is set (as the runtime reads one where a file's expert_count is); llama.cpp's loader checks the
+    same file against its own (it refuses a file with a tensor missing or one too many), so the two cannot drift
+    apart unnoticed."""
     from decoding.runtime.families import FAMILIES
 
     family = FAMILIES[shape.arch]
@@ -236,18 +258,25 @@ def shape_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], str]]:
         if family.qk_norm:
             out += [(b + f"attn_{x}_norm.weight", (s.head_dim,), "norm") for x in "qk"]
         out.append((b + "attn_output.weight", (s.hidden, q), "matrix"))
+        if family.biases:
+            out.append((b + "attn_output.bias", (s.hidden,), "bias"))
+        if family.sinks:  # a logit per query head (random like a bias)
+            out.append((b + "attn_sinks.weight", (s.heads,), "bias"))
         if family.post_norms:
             out.append((b + "post_attention_norm.weight", (s.hidden,), "norm"))
-        out.append((b + "ffn_norm.weight", (s.hidden,), "norm"))
-        if family.experts:  # the router, then the experts' matrices stacked [expert, rows, row]
-            out.append((b + "ffn_gate_inp.weight", (s.experts, s.hidden), "matrix"))
-            out += [(b + f"ffn_{x}_exps.weight", (s.experts, s.expert_ffn, s.hidden), "matrix") for x in ("gate", "up")]
-            out.append((b + "ffn_down_exps.weight", (s.experts, s.hidden, s.expert_ffn), "matrix"))
+        out.append((b + family.ffn_norm_tensor + ".weight", (s.hidden,), "norm"))  # gpt-oss: post_attention_norm
+        if s.experts:  # the router, then the experts' matrices stacked [expert, rows, row]
+            exps = {"gate": (s.expert_ffn, s.hidden), "up": (s.expert_ffn, s.hidden), "down": (s.hidden, s.expert_ffn)}
+            out.append((b + "ffn_gate_inp.weight", (s.experts, s.hidden), "router"))
+            out += [(b + f"ffn_{x}_exps.weight", (s.experts, *dims), "matrix") for x, dims in exps.items()]
+            if family.biases:  # the router's [expert], the experts' [expert, rows]
+                out.append((b + "ffn_gate_inp.bias", (s.experts,), "bias"))
+                out += [(b + f"ffn_{x}_exps.bias", (s.experts, dims[0]), "bias") for x, dims in exps.items()]
         elif family.fused:  # gate rows, then up rows
             out.append((b + "ffn_up.weight", (2 * s.ffn, s.hidden), "matrix"))
         else:
             out += [(b + f"ffn_{x}.weight", (s.ffn, s.hidden), "matrix") for x in ("gate", "up")]
-        if not family.experts:
+        if not s.experts:
             out.append((b + "ffn_down.weight", (s.hidden, s.ffn), "matrix"))
         if family.post_norms:
             out.append((b + "post_ffw_norm.weight", (s.hidden,), "norm"))
@@ -259,10 +288,11 @@ def shape_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], str]]:
 
 def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scale: float = 0.02) -> None:
     """A random-weight model of ``shape`` (its architecture's tensors, ``shape_tensors``, and metadata keys) as an
-    F16 GGUF file with llama.cpp's converter's names and keys: matrices normal * ``scale``, q / k rows in any order
-    (the values are random), norms F32 ones (a multiplier of 1 in every family: Gemma's files store transformers'
-    ``1 + w``, and w = 0), biases F32 normal * 0.5. ``vocab`` is fitted to the shape's size (``Vocab.fitted``).
-    Streamed: one tensor in memory at a time, generated in row chunks."""
+    F16 GGUF file with llama.cpp's converter's names and keys: matrices normal * ``scale`` (a mixture's router too,
+    in F32), q / k rows in any order (the values are random), norms F32 ones (a multiplier of 1 in every family:
+    Gemma's files store transformers' ``1 + w``, and w = 0), biases (and gpt-oss's sinks) F32 normal * 0.5.
+    ``vocab`` is fitted to the shape's size (``Vocab.fitted``). Streamed: one tensor in memory at a time, generated
+    in row chunks."""
     import gguf
 
     vocab = vocab.fitted(shape.vocab)
@@ -292,6 +322,11 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
         w.add_expert_feed_forward_length(s.expert_ffn)
+    if s.rope_scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
+        w.add_rope_scaling_factor(s.rope_scaling_factor)
+        if s.rope_original_context:
+            w.add_rope_scaling_orig_ctx_len(s.rope_original_context)
     w.add_vocab_size(s.vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
@@ -303,7 +338,7 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
     w.add_eos_token_id(vocab.eos)
     w.add_add_bos_token(False)
     for name, dims, kind in tensors:
-        dtype = np.dtype(np.float16 if kind == "matrix" else np.float32)
+        dtype = np.dtype(np.float16 if kind == "matrix" else np.float32)  # F32: norms, biases, routers
         w.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -318,7 +353,7 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
             continue
         cols = dims[-1]
         rows = int(np.prod(dims[:-1]))  # an expert tensor's experts one after the other
-        data = np.empty((rows, cols), dtype=np.float16)
+        data = np.empty((rows, cols), dtype=np.float16 if kind == "matrix" else np.float32)
         step = max(1, (1 << 24) // cols)  # ~64 MB of fp32 at a time
         for r in range(0, rows, step):
             chunk = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32)
@@ -330,14 +365,15 @@ def write_shape_gguf(path: Path, shape: Shape, vocab: Vocab, seed: int = 0, scal
 
 
 def shape_dir(name: str, shape: Shape, bundled_dir: Path, cache: Path, lib_dir: Path, threads: int,
-              scale: float = 0.02) -> Path:
-    """The model dir of a shape: random F16 weights (``write_shape_gguf`` with ``scale``) quantized to Q4_K_M by
-    llama.cpp (made once; the F16 file is removed after). A stamp beside it (``shape.json``: the shape and the scale)
-    has a changed shape written anew; a file without one (written before the stamps) is kept."""
-    model_dir = cache / f"{name}-random-q4_k_m"
+              scale: float = 0.02, ftype: str = SHAPE_FTYPE) -> Path:
+    """The model dir of a shape: random F16 weights (``write_shape_gguf`` with ``scale``) quantized to ``ftype`` (a
+    llama_ftype name: Q4_K_M, or MXFP4_MOE for gpt-oss) by llama.cpp (made once; the F16 file is removed after). A
+    stamp beside it (``shape.json``: ``shape_stamp``) has a changed shape written anew; a file without one (written
+    before the stamps) is kept."""
+    model_dir = cache / f"{name}-random-{ftype.removeprefix('LLAMA_FTYPE_MOSTLY_').lower()}"
     f16 = cache / f"{name}-random-f16.gguf"
     stamp = model_dir / "shape.json"
-    want = json.dumps({**dataclasses.asdict(shape), "scale": scale}, sort_keys=True)
+    want = shape_stamp(shape, scale)
     if stamp.is_file() and stamp.read_text() != want:
         logger.info("%s: the shape changed: written anew", name)
         model_gguf(model_dir).unlink(missing_ok=True)
@@ -349,7 +385,7 @@ def shape_dir(name: str, shape: Shape, bundled_dir: Path, cache: Path, lib_dir: 
             write_shape_gguf(f16, shape, vocab_of(model_gguf(bundled_dir)), scale=scale)
             logger.info("%s: F16 GGUF written in %.0f s", name, time.perf_counter() - t)
         tmp = model_dir / (GGUF_LINK + ".tmp")
-        quantize(lib_dir, f16, tmp, SHAPE_FTYPE, threads)
+        quantize(lib_dir, f16, tmp, ftype, threads)
         tmp.replace(model_gguf(model_dir))
         f16.unlink()
         stamp.write_text(want)

@@ -25,7 +25,9 @@ TINY = {name: dataclasses.replace(BASE, arch=a.shape.arch, tied=a.shape.tied,
                                   final_softcap=a.shape.final_softcap,
                                   head_dim=32 if a.shape.arch.startswith("gemma") else 16,
                                   experts=min(a.shape.experts, 4), experts_used=min(a.shape.experts_used, 2),
-                                  expert_ffn=32 if a.shape.experts else 0)
+                                  expert_ffn=32 if a.shape.experts else 0, rope_scaling=a.shape.rope_scaling,
+                                  rope_scaling_factor=a.shape.rope_scaling_factor,
+                                  rope_original_context=min(a.shape.rope_original_context, 256))
         for name, a in arch.ARCHS.items()}  # fmt: skip
 PLAN = arch.Plan(runs=2, threads=1, max_new=4, builds={}, contexts=(160,), prefill_tokens=160, long_tokens=80,
                  drafter_context=40, verify_repeats=1, rss_probe=False)
@@ -65,16 +67,24 @@ def test_every_family_is_written_with_its_tensors_and_keys(tiny_dirs: dict[str, 
             assert "ffn_gate.weight" not in layer and "output.weight" in tensors
             assert list(tensors["blk.0.attn_qkv.weight"].shape) == [shape.hidden, q + 2 * kv]
             assert list(tensors["blk.0.ffn_up.weight"].shape) == [shape.hidden, 2 * shape.ffn]
-        elif name == "qwen3moe":  # the router and the experts stacked [expert, rows, row], its own output
+        elif name in ("qwen3moe", "gpt-oss"):  # the router (F32) and the experts stacked [expert, rows, row]
             assert {f"ffn_{x}.weight" for x in ("gate_inp", "gate_exps", "up_exps", "down_exps")} <= layer
             assert "ffn_gate.weight" not in layer and "output.weight" in tensors
             assert list(tensors["blk.0.ffn_gate_exps.weight"].shape) == [shape.hidden, shape.expert_ffn, shape.experts]
             assert list(tensors["blk.0.ffn_down_exps.weight"].shape) == [shape.expert_ffn, shape.hidden, shape.experts]
-            assert reader.fields["qwen3moe.expert_count"].contents() == shape.experts
+            assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
+            assert reader.fields[f"{shape.arch}.expert_count"].contents() == shape.experts
         else:
             assert {"attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"} <= layer
             assert "output.weight" not in tensors  # tied, as the real 1-2B models are
-        assert ({"attn_q.bias", "attn_k.bias", "attn_v.bias"} <= layer) == (name == "qwen2")
+        assert ({"attn_q.bias", "attn_k.bias", "attn_v.bias"} <= layer) == (name in ("qwen2", "gpt-oss"))
+        gpt_oss = {"attn_output.bias", "attn_sinks.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias",
+                   "ffn_up_exps.bias", "ffn_down_exps.bias"}
+        assert (gpt_oss <= layer) == (name == "gpt-oss") and bool(gpt_oss & layer) == (name == "gpt-oss")
+        assert ("ffn_norm.weight" in layer) == (name != "gpt-oss")  # gpt-oss's pre-MLP norm: post_attention_norm
+        assert ("post_attention_norm.weight" in layer) == (name == "gpt-oss" or name.startswith("gemma"))
+        scaling = reader.fields.get(f"{shape.arch}.rope.scaling.type")
+        assert (scaling.contents() if scaling else "") == shape.rope_scaling
         assert ({"attn_q_norm.weight", "attn_k_norm.weight"} <= layer) == (name in ("qwen3", "qwen3moe", "gemma3"))
         assert ({"post_attention_norm.weight", "post_ffw_norm.weight"} <= layer) == name.startswith("gemma")
         window = reader.fields.get(f"{shape.arch}.attention.sliding_window")
@@ -84,6 +94,10 @@ def test_every_family_is_written_with_its_tensors_and_keys(tiny_dirs: dict[str, 
         if name == "qwen2":
             bias = np.asarray(tensors["blk.0.attn_k.bias"].data)
             assert bias.shape == (kv,) and 0.3 < bias.std() < 0.7
+        if name == "gpt-oss":
+            assert list(tensors["blk.0.ffn_down_exps.bias"].shape) == [shape.hidden, shape.experts]
+            assert list(tensors["blk.0.attn_sinks.weight"].shape) == [shape.heads]
+            assert reader.fields["gpt-oss.rope.scaling.original_context_length"].contents() == 256
         embed = np.asarray(tensors["token_embd.weight"].data, dtype=np.float32)
         assert abs(embed.std() * np.sqrt(shape.hidden) - 1.0) < 0.05  # normal / sqrt(hidden)
 
