@@ -14,6 +14,7 @@ computed in its own format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,13 +32,14 @@ NAMES = {"q8_0": WeightType.Q8_0, "q4_1": WeightType.Q4_1}  # what ``quantize`` 
 PACK_CHUNK_BYTES = 8 << 20  # source bytes packed at a time: a format's temporaries stay this size, not a tensor's
 
 
-def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
+def pack_rows(kind: WeightType, rows: np.ndarray, packed: Callable[[int, int], None] | None = None) -> np.ndarray:
     """GGUF rows ``[n, blocks * block_bytes]`` -> the kernels' layout ``[ceil(n / 8), blocks * record_bytes]``: rows
     in groups of 8 (the last one padded with zero rows), per group and block one record holding the 8 blocks' bytes
     rearranged, nothing recomputed (each format's module says how). Packed a chunk of groups at a time into the one
     output array, so loading a large tensor (a stack of experts, a vocabulary's head) holds the packed copy and one
     chunk's temporaries beside the file's bytes, not several whole-tensor intermediates (measured on a Q6_K head of
-    243 MB: the load's peak 1.3 GB above its settled size before, one chunk's now)."""
+    243 MB: the load's peak 1.3 GB above its settled size before, one chunk's now). ``packed(r0, r1)`` is told when
+    source rows ``[r0, r1)`` are packed (a GGUF load drops their file pages then)."""
     fmt = format_of(kind)
     n, width = rows.shape
     nb = width // fmt.block_bytes
@@ -50,6 +52,8 @@ def pack_rows(kind: WeightType, rows: np.ndarray) -> np.ndarray:
             part = np.concatenate([part, np.zeros((GROUP - part.shape[0] % GROUP, width), dtype=np.uint8)])
         rec = fmt.pack(part.reshape(-1, GROUP, nb, fmt.block_bytes))  # [G, j, b, bytes] -> [G, b, record]
         out[g0 : g0 + rec.shape[0]] = rec.reshape(rec.shape[0], -1)
+        if packed is not None:
+            packed(g0 * GROUP, min(n, (g0 + step) * GROUP))
     return out
 
 
@@ -83,8 +87,10 @@ class QuantMatrix:
     parts: tuple[QuantMatrix, ...] = field(default=())  # PARTS only: they hold the memory data points to
 
     @classmethod
-    def from_rows(cls, kind: WeightType, rows: np.ndarray | torch.Tensor, cols: int) -> QuantMatrix:
-        """From GGUF-layout rows ``[n, blocks * block_bytes]`` (e.g. a GGUF tensor's data)."""
+    def from_rows(cls, kind: WeightType, rows: np.ndarray | torch.Tensor, cols: int,
+                  packed: Callable[[int, int], None] | None = None) -> QuantMatrix:
+        """From GGUF-layout rows ``[n, blocks * block_bytes]`` (e.g. a GGUF tensor's data); ``packed``: as
+        ``pack_rows``'s."""
         raw = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
         if kind not in FORMATS:
             raise ValueError(f"no block layout for {kind.name}")
@@ -94,7 +100,7 @@ class QuantMatrix:
         want = cols // per * FORMATS[kind].block_bytes
         if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != want:
             raise ValueError(f"{kind.name} rows must be uint8 [n, {want}], got {raw.dtype} {tuple(raw.shape)}")
-        return cls(kind, torch.from_numpy(pack_rows(kind, raw)), int(raw.shape[0]), cols)
+        return cls(kind, torch.from_numpy(pack_rows(kind, raw, packed)), int(raw.shape[0]), cols)
 
     @property
     def group_bytes(self) -> int:

@@ -24,7 +24,7 @@ from transformers import PretrainedConfig
 
 from decoding.errors import ModelFileError, ModelLoadError
 from decoding.runtime.families import Family, common_config, family_of, forward_plan, gguf_family, has_experts
-from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, release_pages, required
+from decoding.runtime.gguf.meta import field, gguf_rope, read_gguf, release_pages, release_range, required
 from decoding.runtime.quant import QuantMatrix, WeightType, join_rows, quantize
 
 __all__ = ["LayerWeights", "ModelWeights", "check_supported", "gguf_config", "model_dims", "unpermute_rows",
@@ -135,11 +135,19 @@ def _gguf_rows(path: Path, tensor: Any, order: np.ndarray | None = None) -> tupl
     return kind, raw if order is None else raw[order]
 
 
-def _gguf_fused(path: Path, parts: list[tuple[Any, np.ndarray | None]]) -> QuantMatrix:
+def _gguf_fused(path: Path, parts: list[tuple[Any, np.ndarray | None]], reader: Any = None) -> QuantMatrix:
     """GGUF weights' rows one after the other as one matrix (q / k / v, gate / up; or one weight), each kept in its
     own type: neighbours of one type are packed together, once (``join_rows`` keeps runs of different types as the
-    parts of one matrix). ``parts``: (tensor, its rows' order or None)."""
+    parts of one matrix). ``parts``: (tensor, its rows' order or None). One tensor read in its own order (an
+    expert stack, an LM head) drops its file pages (``reader``'s mapping) as its rows are packed, so its load holds
+    the packed rows and one chunk of the file's, not the whole tensor twice."""
     cols = int(parts[0][0].shape[0])  # ggml lists the row length first
+    if len(parts) == 1 and parts[0][1] is None and reader is not None:
+        tensor = parts[0][0]
+        kind, raw = _gguf_rows(path, tensor, None)
+        width, at = raw.shape[1], int(tensor.data_offset)
+        return QuantMatrix.from_rows(kind, raw, cols, lambda r0, r1: release_range(reader, at + r0 * width,
+                                                                                  (r1 - r0) * width))
     runs: list[tuple[WeightType, list[np.ndarray]]] = []
     for tensor, order in parts:
         kind, raw = _gguf_rows(path, tensor, order)
@@ -203,7 +211,7 @@ def weights_from_gguf(path: Path) -> ModelWeights:
 
     def mat(*names: str | tuple[str, int]) -> QuantMatrix:
         parts = [part(n) if isinstance(n, str) else part(*n) for n in names]
-        matrix = _gguf_fused(path, parts)
+        matrix = _gguf_fused(path, parts, reader)
         for tensor, _ in parts:  # packed: the file's pages of it are not needed any more
             release_pages(reader, tensor)
         return matrix

@@ -115,8 +115,14 @@ def release_pages(reader: Any, tensor: Any) -> None:
     """Drop the mapped pages of ``tensor``'s bytes from this process (the file's own, read again if touched): a tensor
     once packed for the kernels needs them no more, so a load holds the packed weights, not the file's pages beside
     them. A reader without a file mapping (or a platform without ``madvise``) is left as it is."""
+    release_range(reader, int(tensor.data_offset), int(tensor.n_bytes))
+
+
+def release_range(reader: Any, offset: int, nbytes: int) -> None:
+    """``release_pages`` for the file's bytes ``[offset, offset + nbytes)`` (a part of a tensor, packed while the rest
+    is not yet): the pages they touch are dropped, a page shared with bytes still to read is read again if touched."""
     mapping = getattr(getattr(reader, "data", None), "_mmap", None)
-    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
         return
-    start = int(tensor.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
-    mapping.madvise(mmap.MADV_DONTNEED, start, int(tensor.data_offset) + int(tensor.n_bytes) - start)
+    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    mapping.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)

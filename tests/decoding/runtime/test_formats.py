@@ -246,7 +246,8 @@ def test_packing_gives_back_the_file_bytes_and_gguf_dequantize_bit_for_bit(kind:
 def test_packing_a_chunk_at_a_time_gives_the_whole_tensors_layout(kind: WeightType, monkeypatch: pytest.MonkeyPatch
                                                                   ) -> None:
     """A large tensor is packed a chunk of groups at a time (the load's peak memory): chunks of one group, of three
-    (the last one short, its rows padded), and the whole tensor at once lay out the same bytes."""
+    (the last one short, its rows padded), and the whole tensor at once lay out the same bytes, and each chunk's
+    source rows are reported packed once, in order (a GGUF load drops their file pages then)."""
     import decoding.runtime.quant as quant
 
     cols, rows = 512, 45
@@ -255,7 +256,10 @@ def test_packing_a_chunk_at_a_time_gives_the_whole_tensors_layout(kind: WeightTy
     layouts = []
     for chunk in (1, 3 * 8 * width, 1 << 40):
         monkeypatch.setattr(quant, "PACK_CHUNK_BYTES", chunk)
-        layouts.append(quant.pack_rows(kind, raw))
+        done: list[tuple[int, int]] = []
+        layouts.append(quant.pack_rows(kind, raw, lambda r0, r1: done.append((r0, r1))))  # noqa: B023
+        ends = [0] + [r1 for _, r1 in done]
+        assert [r0 for r0, _ in done] == ends[:-1] and ends[-1] == rows
     assert all(np.array_equal(layouts[-1], other) for other in layouts[:-1])
     assert np.array_equal(quant.unpack_rows(kind, layouts[0], rows, cols), raw)
 
