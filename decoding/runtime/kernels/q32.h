@@ -43,16 +43,20 @@ static inline kvi KQ(iq4_dot)(kvi acc, kvi lo, kvi hi, const int8_t *x) {
 }
 #endif
 
-/* MXFP4's E8M0 scale bytes of a group (or pair) as floats, one per lane. */
+/* MXFP4's E8M0 scale bytes of a group (or pair) as floats, one per lane: kq_e8m0_half's bits, (e - 1) << 23, or
+   0x00200000 << e for e < 2 (the two subnormals), made in the vector lanes (one block's 8 or 16 scales from scalar
+   conversions through memory took a decode step's share of the time). */
 static inline kvf KQ(e8m0)(const uint8_t *a, const uint8_t *b) {
-    float v[KQ_LANES];
-    for (int t = 0; t < 8; ++t) v[t] = kq_e8m0_half(a[t]);
+    const kvi e = KQ(u8x8)(a, b);
 #if KQ_LANES == 16
-    for (int t = 0; t < 8; ++t) v[8 + t] = kq_e8m0_half(b[t]);
-    return _mm512_loadu_ps(v);
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 sub = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(sub, normal, small));
 #else
-    (void)b;
-    return _mm256_loadu_ps(v);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
 #endif
 }
 
