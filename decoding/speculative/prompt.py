@@ -10,8 +10,9 @@ How the split is found (robust to any template that copies message contents verb
 rendered with a unique sentinel in place of every caller-supplied text (document, past turns, question).
 The rendered string is cut at the sentinels into template pieces and text pieces. Template pieces are
 tokenized with special tokens recognised (``<|im_start|>`` ...); caller texts with special tokens treated
-as plain text, so a document containing ``<|im_end|>`` cannot end its own message. Pieces are tokenized
-separately without added special tokens and their ids concatenated (whitespace at the end of a template
+as plain text, so a document containing ``<|im_end|>`` cannot end its own message (nor, escaped, one containing
+markup its tokenizer parses even in plain text: harmony's ``<|end|>``, ``<|start|>``, ``markup_texts``). Pieces are
+tokenized separately without added special tokens and their ids concatenated (whitespace at the end of a template
 piece joins the text after it, where a byte-level pre-tokenizer would split anyway); the document piece is
 the last one of the prefix, so the prefix ends exactly where the document text ends.
 
@@ -24,6 +25,7 @@ a model has no template). Its answer ends where the layout's next turn would sta
 from __future__ import annotations
 
 import bisect
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,9 +40,24 @@ def _encode(tokenizer: Any, text: str, *, plain: bool, after_text: bool = False)
     a text (SentencePiece's prefix; ``continuation_marker``, ``decoding.runtime.gguf.tokenizer``) does not here."""
     if not text:
         return []
+    markup = getattr(tokenizer, "markup_texts", ()) if plain else ()
+    if any(m in text for m in markup):
+        return _escaped(tokenizer, text, markup, after_text)
     marker = getattr(tokenizer, "continuation_marker", None) if after_text else None
     text = marker + text if marker else text
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=plain).input_ids)
+
+
+def _escaped(tokenizer: Any, text: str, markup: Sequence[str], after_text: bool) -> list[int]:
+    """Plain ``text`` holding markup its tokenizer parses even in plain text (harmony's ``<|end|>``, ``<|start|>``,
+    ``<|channel|>``, ``<|message|>``: llama.cpp makes them user-defined tokens): each occurrence tokenized as two
+    ordinary pieces (``<|`` and the rest), so a document, a question or an earlier answer cannot close its message
+    or open another one; its text stays what it was."""
+    ids: list[int] = []
+    for part in re.split("(" + "|".join(re.escape(m) for m in markup) + ")", text):
+        for piece in (part[:2], part[2:]) if part in markup else (part,):
+            ids += _encode(tokenizer, piece, plain=True, after_text=after_text or bool(ids))
+    return ids
 
 
 PLAIN_TURN = "\nQuestion:"  # a plain prompt's turn marker: the answer ends before a line starting a new question
@@ -174,7 +191,7 @@ def context_rows(
 
     The document is the last piece of ``prompt.prefix_ids``, so its tokens end there; their character offsets
     come from tokenizing the document alone (a template's leading whitespace may shift the first token by
-    one: harmless for a drafter, whose drafts are verified anyway)."""
+    one, escaped markup a few: harmless for a drafter, whose drafts are verified anyway)."""
     enc = tokenizer(document, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
     starts = [a for a, _ in enc["offset_mapping"]]
     ends = [b for _, b in enc["offset_mapping"]]

@@ -474,7 +474,8 @@ def tokenizer_from_gguf(source: str | Path | Any) -> Any:
     ``GGUFVocab``), tokenizing as llama.cpp does (see the module docstring): special tokens registered (so
     ``<|im_start|>`` is one id), BOS / EOS added as the metadata says, ``chat_template`` from
     ``tokenizer.chat_template`` (None where the file has none: a base model), ``model_max_length`` the context
-    length; ``continuation_marker`` (``CONTINUATION``) where a space prefix is added. Raises ``ModelFileError`` for a
+    length; ``continuation_marker`` (``CONTINUATION``) where a space prefix is added; ``markup_texts`` where the
+    vocabulary has markup llama.cpp parses even in plain text (harmony's). Raises ``ModelFileError`` for a
     vocabulary it cannot reproduce."""
     from transformers import PreTrainedTokenizerFast
 
@@ -491,6 +492,9 @@ def tokenizer_from_gguf(source: str | Path | Any) -> Any:
     )
     if v.add_space_prefix:
         tokenizer.continuation_marker = CONTINUATION
+    rendered = _rendered({t: i for i, t in enumerate(v.tokens)})
+    if rendered:  # harmony's markup, parsed wherever it is: caller texts escape it (decoding.speculative.prompt)
+        tokenizer.markup_texts = tuple(v.tokens[i] for i in sorted(rendered))
     logger.debug("tokenizer of %s: %s%s, %d tokens, bos %s%s", v.path, v.model, f"/{v.pre}" if v.pre else "",
                  len(v.tokens), v.token("bos"), " added" if v.add_bos else "")
     return tokenizer
