@@ -19,10 +19,10 @@ output element is computed by the same operations whatever the number of rows in
 file), so a draft-tree node's logits equal its logits decoded alone, bit for bit, at any thread count. Several
 sequences, each on its own cache, run in one forward (``forward_batch``): the linear layers read each weight once
 for all their rows, attention runs per sequence on its cache, and every row is what it is alone.
-Supported: the families of ``decoding.runtime.families`` (Llama 2 / 3, Mistral, Qwen 2 / 3, Qwen3-MoE, Gemma 2 / 3,
-Phi-3): their options (biases, q / k norms, post-norms, GELU, soft-capping, sliding-window layers, a local rope base,
-a mixture of experts for the MLP) are fields of the same forward (``ForwardPlan``); rotary frequencies must not
-depend on the sequence length.
+Supported: the families of ``decoding.runtime.families`` (Llama 2 / 3, Mistral, Mixtral, Qwen 2 / 3, Qwen3-MoE,
+gpt-oss, OLMoE, Gemma 2 / 3, Phi-3): their options (biases, q / k norms, post-norms, GELU, soft-capping,
+sliding-window layers, a local rope base, a mixture of experts for the MLP) are fields of the same forward
+(``ForwardPlan``); rotary frequencies must not depend on the sequence length.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ class QuantizedModel:
         self.shape = CShape(E=e, H=h, G=g, D=d, I=inter, eps=eps, scale=plan.query_scale, act=plan.activation,
                             softcap=plan.attn_softcap, tiles=int(self._tiles_allowed()), n_expert=plan.experts[0],
                             n_expert_used=plan.experts[1], I_expert=plan.experts[2], norm_topk=int(plan.norm_topk),
-                            softmax_topk=int(plan.topk_softmax))
+                            softmax_topk=int(plan.topk_softmax), qk_norm_all=int(plan.qk_norm_all))
         self._rope_tables(min(self.max_positions, ROPE_ROWS))
         self._local = threading.local()
 

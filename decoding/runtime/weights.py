@@ -98,6 +98,8 @@ def check_supported(config: PretrainedConfig) -> Family:
     forward_plan(config)  # its activation
     if getattr(config, "mlp_bias", False) or (not family.qkv_bias and getattr(config, "attention_bias", False)):
         raise ModelFileError("the quantized CPU runtime supports q/k/v biases only (Qwen2)")
+    if getattr(config, "clip_qkv", None) is not None:
+        raise ModelFileError("the quantized CPU runtime does not clip q / k / v (OLMoE's clip_qkv)")
     if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         raise ModelFileError("the quantized CPU runtime rotates whole heads (no partial_rotary_factor)")
     rope = getattr(config, "rope_scaling", None) or {}

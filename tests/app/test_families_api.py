@@ -27,7 +27,8 @@ from tests.decoding.runtime.gguf_vocabs import FAMILY_VOCAB, write_vocab
 
 pytestmark = pytest.mark.real_model
 
-ARCHS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3moe", "olmoe", "gpt-oss", "gemma2", "gemma3",
+         "phi3"]
 # gpt-oss's harmony template makes the answer its final channel alone, which a random model never opens: here its
 # architecture serves with a ChatML vocabulary (every token the answer); harmony itself is served in test_harmony.py
 VOCAB = {**FAMILY_VOCAB, "gpt-oss": "qwen2"}

@@ -92,12 +92,11 @@ WINDOW = 72  # the tiny windowed families' sliding window: crossed by the tests'
 def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int = 3, window: int = WINDOW,
                      **kw: Any) -> torch.nn.Module:
     """A random-weight model of a family the runtime runs (``decoding.runtime.families``), from transformers' own
-    class, as small as ``make_tiny_llama``'s: ``gemma2`` (soft-capped at 20 / 10 so the caps bend, alternate
-    sliding layers), ``gemma3`` (q / k norms, sliding layers with their own rope base, a linear-scaled global one),
-    ``qwen2``, ``qwen3``, ``qwen3moe`` and ``mixtral`` (8 experts, 2 a token), ``gpt-oss`` (8 experts, 2 a token,
-    alternate sliding layers, YaRN x32 from 4096 positions, sinks and every bias moved off zero), ``phi3`` (every
-    layer sliding),
-    ``mistral`` (every layer sliding, from an HF config);
+    class, as small as ``make_tiny_llama``'s: ``gemma2`` (soft-capped at 20 / 10 so the caps bend, alternate sliding
+    layers), ``gemma3`` (q / k norms, sliding layers with their own rope base, a linear-scaled global one),
+    ``qwen2``, ``qwen3``, ``qwen3moe``, ``mixtral`` and ``olmoe`` (8 experts, 2 a token), ``gpt-oss`` (8 experts, 2
+    a token, alternate sliding layers, YaRN x32 from 4096 positions, sinks and every bias moved off zero), ``phi3``
+    (every layer sliding), ``mistral`` (every layer sliding, from an HF config);
     norms and biases moved off their initial values so a misplaced one shows, weights wide enough that greedy
     decoding does not fall into a one-token loop."""
     from transformers import (
@@ -111,6 +110,8 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
         MistralForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -142,6 +143,9 @@ def make_tiny_family(arch: str, seed: int = 0, vocab: int = VOCAB, layers: int =
             "factor": 4.0}, layer_types=None if layers >= 6 else short[:layers])),  # 6+: the model's own 5 : 1
         "mixtral": lambda: MixtralForCausalLM(MixtralConfig(
             **{**shape, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2, sliding_window=None)),
+        "olmoe": lambda: OlmoeForCausalLM(OlmoeConfig(  # all heads keyed, as OLMoE (and llama.cpp's loader) has it
+            **{**shape, "intermediate_size": 32, "head_dim": None,
+               "num_key_value_heads": shape["num_attention_heads"]}, num_experts=8, num_experts_per_tok=2)),
         "gpt-oss": lambda: GptOssForCausalLM(GptOssConfig(
             **{**shape, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2, sliding_window=window,
             layer_types=[short[0], short[1]] * (layers // 2) + short[:layers % 2], rope_theta=150000.0,

@@ -15,6 +15,7 @@ gguf-py's writer: the file's architecture name and metadata keys, its tensor nam
 - ``qwen3moe``: Qwen 3's attention; ``ffn_gate_inp.weight`` (the router, F32) and the experts' matrices stacked as
   3-D tensors ``ffn_{gate,up,down}_exps.weight`` [expert, rows, row], ``expert_count``, ``expert_used_count``,
   ``expert_feed_forward_length``;
+- ``olmoe``: ``attn_{q,k}_norm.weight`` across all heads ([heads x head size]), experts as Qwen3-MoE's;
 - ``gpt-oss``: the same expert tensors (gate and up split from transformers' interleaved ``gate_up_proj``) with their
   biases, the router's bias, q / k / v / output biases, ``attn_sinks.weight``, the pre-MLP norm as
   ``post_attention_norm``, ``attention.sliding_window``, and the YaRN rope as ``rope.scaling.type`` yarn, ``factor``
@@ -37,7 +38,7 @@ from tests.decoding.conftest import gguf_writer, permute
 # transformers model_type -> the converter's architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
-             "mixtral": "llama"}
+             "mixtral": "llama", "olmoe": "olmoe"}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -70,11 +71,11 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
         w.add_float32(f"{arch}.final_logit_softcapping", float(c.final_logit_softcapping))
     if arch == "phi3":
         w.add_rope_dimension_count(head_dim)
-    moe = c.model_type in ("qwen3_moe", "gpt_oss", "mixtral")
-    if moe:  # Mixtral's experts are as wide as its feed_forward_length: llama.cpp's converter writes no other
+    moe = c.model_type in ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+    if moe:  # Mixtral's and OLMoE's experts are as wide as feed_forward_length: the converter writes no other
         w.add_expert_count(getattr(c, "num_experts", None) or c.num_local_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
-        if arch != "llama":
+        if arch not in ("llama", "olmoe"):
             w.add_expert_feed_forward_length(getattr(c, "moe_intermediate_size", None) or c.intermediate_size)
     scaling = getattr(c, "rope_scaling", None)
     if scaling and scaling.get("rope_type") == "yarn":
@@ -122,9 +123,9 @@ def write_family_gguf(path: Path, hf: Any, kind: gguf.GGMLQuantizationType = ggu
             put(b + "attn_q.weight", q)
             put(b + "attn_k.weight", k)
             put(b + "attn_v.weight", _np(at.v_proj.weight))
-            if arch == "qwen3moe" or c.model_type == "mixtral":
+            if arch in ("qwen3moe", "olmoe") or c.model_type == "mixtral":
                 put(b + "ffn_gate_inp.weight", _np(mlp.gate.weight), quantized=False)
-                projs = ("gate_proj", "up_proj", "down_proj") if arch == "qwen3moe" else ("w1", "w3", "w2")
+                projs = ("w1", "w3", "w2") if c.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
                 for name, proj in zip(("gate", "up", "down"), projs, strict=True):
                     put(b + f"ffn_{name}_exps.weight", np.stack([_np(getattr(x, proj).weight) for x in mlp.experts]))
             elif arch == "gpt-oss":

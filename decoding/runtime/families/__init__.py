@@ -1,5 +1,5 @@
-"""The architectures the quantized CPU runtime runs, one module per family (``llama``, ``qwen``, ``gemma``,
-``phi3``, ``gpt_oss``): how a family's GGUF metadata becomes a transformers config, which tensors its layers hold
+"""The architectures the quantized CPU runtime runs, one module per family (``llama``, ``qwen``, ``gemma``, ``phi3``,
+``gpt_oss``, ``olmoe``): how a family's GGUF metadata becomes a transformers config, which tensors its layers hold
 and how the file stores them (``Family``), and what its forward does beyond a Llama's (``ForwardPlan``, read from a
 config, so a model loaded from an HF dir runs the same forward as its GGUF).
 
@@ -8,7 +8,8 @@ what differs is a table of options: q / k / v biases (Qwen2), per-head q / k RMS
 the attention and the MLP (Gemma), GELU for SiLU (Gemma), soft-capped scores and logits (Gemma 2), sliding-window
 layers (Gemma 2 / 3, Phi-3, Mistral from an HF dir), a second rope base on the local layers (Gemma 3), scaled
 embeddings (Gemma), fused tensors (Phi-3), q / k rows permuted by llama.cpp's converter (Llama, Mistral), and a
-mixture of experts for the MLP (Qwen3-MoE; gpt-oss with its biases, attention sinks and clamped SwiGLU).
+mixture of experts for the MLP (Qwen3-MoE, Mixtral, OLMoE with q / k norms across all heads; gpt-oss with its
+biases, attention sinks and clamped SwiGLU).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ForwardPlan:
     norm_topk: bool = False  # the chosen experts' softmax weights renormalized to sum 1
     topk_softmax: bool = False  # the chosen experts' weights a softmax over their logits alone (gpt-oss)
     sinks: bool = False  # an attention sink logit per query head (gpt-oss)
+    qk_norm_all: bool = False  # q / k RMSNorm across all heads at once (OLMoE), not per head
 
 
 def common_config(reader: Any, arch: str) -> dict[str, Any]:
@@ -145,6 +147,7 @@ def forward_plan(config: PretrainedConfig) -> ForwardPlan:
         norm_topk=bool(getattr(config, "norm_topk_prob", True)),  # Mixtral's config has no switch: it renormalizes
         topk_softmax=family.topk_softmax,
         sinks=family.sinks,
+        qk_norm_all=family.qk_norm_all,
     )
 
 

@@ -19,6 +19,7 @@ class Family:
     permuted_qk: bool = False  # q / k rows permuted by llama.cpp's converter (its interleaved rope): put back
     qkv_bias: bool = False  # attn_q / attn_k / attn_v .bias
     qk_norm: bool = False  # attn_q_norm / attn_k_norm [D]
+    qk_norm_all: bool = False  # ... across all heads at once instead: [H*D], [G*D] (OLMoE)
     post_norms: bool = False  # post_attention_norm, post_ffw_norm [E]
     fused: bool = False  # attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows): Phi-3
     norm_offset: float = 0.0  # transformers' RMSNorm multiplies by w + offset (Gemma: 1; a GGUF stores w + 1)

@@ -32,7 +32,7 @@ static const abi_entry LAYOUT[] = {
     SIZE(rs_shape), AT(rs_shape, E), AT(rs_shape, H), AT(rs_shape, G), AT(rs_shape, D), AT(rs_shape, I),
     AT(rs_shape, eps), AT(rs_shape, scale), AT(rs_shape, act), AT(rs_shape, softcap), AT(rs_shape, tiles),
     AT(rs_shape, n_expert), AT(rs_shape, n_expert_used), AT(rs_shape, I_expert), AT(rs_shape, norm_topk),
-    AT(rs_shape, softmax_topk),
+    AT(rs_shape, softmax_topk), AT(rs_shape, qk_norm_all),
 
     SIZE(rs_scratch), AT(rs_scratch, h), AT(rs_scratch, qkv), AT(rs_scratch, q), AT(rs_scratch, att),
     AT(rs_scratch, gu), AT(rs_scratch, act), AT(rs_scratch, xd), AT(rs_scratch, xs), AT(rs_scratch, work),

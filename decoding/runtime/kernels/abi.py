@@ -41,7 +41,7 @@ class CShape(Struct):
     _fields_ = [
         ("E", _i), ("H", _i), ("G", _i), ("D", _i), ("I", _i), ("eps", _f), ("scale", _f), ("act", _i),
         ("softcap", _f), ("tiles", _i), ("n_expert", _i), ("n_expert_used", _i), ("I_expert", _i), ("norm_topk", _i),
-        ("softmax_topk", _i),
+        ("softmax_topk", _i), ("qk_norm_all", _i),
     ]  # fmt: skip
 
 

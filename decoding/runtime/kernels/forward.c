@@ -144,11 +144,13 @@ static void layer_batch(const rs_layer_weights *L, int l, const rs_shape *S, flo
     {
         norm_quantize_part(x, E, M, E, L->attn_norm, S->eps, T->h, E, T->xq, T->xd, T->xs);
         qmatmul_part(T->h, E, T->xq, T->xd, T->xs, M, E, L->wqkv, L->t_qkv, L->ld_qkv, QKV, T->qkv, QKV, L->b_qkv, 0, 0);
+        if (S->qk_norm_all) qk_norm_all_part(T->qkv, M, QKV, H, G, D, L->q_norm, L->k_norm, S->eps);
+        const float *qn = S->qk_norm_all ? 0 : L->q_norm, *kn = S->qk_norm_all ? 0 : L->k_norm; /* per head */
 #pragma omp for schedule(static) /* rotary embedding, keys and values stored: every row of every sequence */
         for (int r = 0; r < M; ++r) {
             const int i = row_seq[r], m = r - row0[i];
             const rs_kv_layer *c = seq[i].kv + l;
-            rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], L->cos_t, L->sin_t, L->q_norm, L->k_norm,
+            rope_store_row(T->qkv + (long)r * QKV, H, G, D, seq[i].pos[m], L->cos_t, L->sin_t, qn, kn,
                            S->eps, T->q + (long)r * H * D, c->kbuf, c->vbuf, c->kv_sh, c->kv_sn,
                            seq[i].start - c->own0 + m, kv_mode);
         }

@@ -10,7 +10,8 @@ typedef struct {
     int t_qkv, t_o, t_gu, t_down;               /* their formats (rs_wtype) */
     long ld_qkv, ld_o, ld_gu, ld_down;          /* bytes per weight row */
     const float *b_qkv;                         /* optional q/k/v biases [(H+2G)*D] (Qwen2) */
-    const float *q_norm, *k_norm;               /* optional per-head RMSNorm weights [D] (Qwen3, Gemma 3) */
+    const float *q_norm, *k_norm;               /* optional per-head RMSNorm weights [D] (Qwen3, Gemma 3), or
+                                                   across all heads [H*D], [G*D] (rs_shape.qk_norm_all: OLMoE) */
     const float *post_attn_norm, *post_ffn_norm; /* optional [E] (Gemma 2 / 3): the block's output normed before
                                                     the residual add */
     const float *cos_t, *sin_t;                 /* the layer's rotary tables [positions, D/2] */
@@ -36,6 +37,7 @@ typedef struct {
     int n_expert, n_expert_used, I_expert; /* a mixture of experts: experts, experts per row, an expert's MLP size */
     int norm_topk;     /* the chosen experts' weights renormalized to sum 1 (Qwen3-MoE) */
     int softmax_topk;  /* the weights a softmax over the chosen experts' logits alone (gpt-oss) */
+    int qk_norm_all;   /* q_norm / k_norm span all heads at once ([H*D], [G*D]; OLMoE), not each head ([D]) */
 } rs_shape;
 
 /* Scratch (floats unless noted), per forward of M rows: h [M*E], qkv [M*(H+2G)*D], q [M*H*D], att [M*H*D],

@@ -136,6 +136,18 @@ void rope_store_row(const float *row, int H, int G, int D, int64_t pos, const fl
     }
 }
 
+/* Each row's queries and keys of qkv [M, (H + 2G) D] (ld floats a row) RMS-normalized across all their heads at once,
+   in place (OLMoE: q_norm [H D], k_norm [G D]), before rope_store_row rotates them. */
+void qk_norm_all_part(float *qkv, int M, long ld, int H, int G, int D, const float *q_norm, const float *k_norm,
+                      float eps) {
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; ++m) {
+        float *r = qkv + (long)m * ld;
+        rmsnorm_row(r, H * D, q_norm, eps, r);
+        rmsnorm_row(r + (long)H * D, G * D, k_norm, eps, r + (long)H * D);
+    }
+}
+
 /* sigmoid(x) elementwise: 1/(1+e) if x >= 0 else e/(1+e), e = exp(-|x|) (no overflow either side). */
 static inline __m256 sigmoid8(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f);

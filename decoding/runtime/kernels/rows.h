@@ -15,6 +15,9 @@ void norm_quantize_part(const float *x, long ldx, int M, int K, const float *wei
 void rope_store_row(const float *row, int H, int G, int D, int64_t pos, const float *cos_t, const float *sin_t,
                     const float *q_norm, const float *k_norm, float eps, float *q, void *kbuf, void *vbuf, long kv_sh,
                     long kv_sn, long at, int kv_mode);
+/* queries and keys of each qkv row RMS-normalized across all their heads at once, in place (OLMoE) */
+void qk_norm_all_part(float *qkv, int M, long ld, int H, int G, int D, const float *q_norm, const float *k_norm,
+                      float eps);
 /* a = act(gate) * up per row (0 SiLU, 1 GELU tanh; 2 gpt-oss's: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, +-7) + 1)),
    then quantized */
 void act_mul_quantize_part(const float *gu, int M, int I, int act, float *a, int8_t *xq, float *xd, float *xs);

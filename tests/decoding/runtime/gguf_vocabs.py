@@ -93,7 +93,8 @@ HARMONY_TOKENS = ("<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|c
 _CHATML_TEXT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi <|im_end|>x<|endoftext|>"
 # each family's kind of tokenizer (the test name -> a vocabulary)
 FAMILY_VOCAB = {"llama": "llama-bpe", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2",
-                "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3", "gpt-oss": "harmony", "mixtral": "mistral"}
+                "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3", "gpt-oss": "harmony", "mixtral": "mistral",
+                "olmoe": "gpt-2"}
 VOCABS = {v.name: v for v in (
     Vocab("llama-bpe", "gpt2", "llama", pre="llama-bpe", template=LLAMA3,
           meta={"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "eot": "<|eot_id|>"},

@@ -36,7 +36,8 @@ from tests.decoding.conftest import (
 )
 from tests.decoding.gguf_families import write_family_gguf
 
-ARCHS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3"]
+ARCHS = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3moe", "olmoe", "gpt-oss", "gemma2", "gemma3",
+         "phi3"]
 HERE = [isa for isa in kernels.ISAS if isa in kernels.available_isas()]
 
 
