@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, Phi3Config
+from transformers import LlamaConfig, OlmoeConfig, Phi3Config
 
 from decoding.cache.slot import SlotCache
 from decoding.errors import ModelFileError
@@ -118,6 +118,7 @@ def test_each_family_plans_its_forward() -> None:
     assert layer_windows(LlamaConfig(sliding_window=None)) == (0,) * 32
     assert plans["mixtral"].experts == plans["qwen3moe"].experts == (8, 2, 32)
     assert plans["mixtral"].norm_topk and not plans["mixtral"].topk_softmax and plans["llama"].experts == (0, 0, 0)
+    assert plans["olmoe"].qk_norm_all and not plans["olmoe"].norm_topk and not plans["qwen3"].qk_norm_all
     oss = plans["gpt-oss"]
     assert oss.windows == (w, 0, w, 0) and oss.activation == 2 and oss.sinks and oss.topk_softmax
 
@@ -133,6 +134,8 @@ def test_what_the_runtime_cannot_run_is_refused_saying_why() -> None:
         check_supported(Phi3Config(partial_rotary_factor=0.5))
     with pytest.raises(ModelFileError, match="biases only"):
         check_supported(LlamaConfig(attention_bias=True))
+    with pytest.raises(ModelFileError, match="clip_qkv"):
+        check_supported(OlmoeConfig(clip_qkv=8.0))
 
 
 @needs_kernels
