@@ -37,8 +37,8 @@ def pack_rows(kind: WeightType, rows: np.ndarray, packed: Callable[[int, int], N
     in groups of 8 (the last one padded with zero rows), per group and block one record holding the 8 blocks' bytes
     rearranged, nothing recomputed (each format's module says how). Packed a chunk of groups at a time into the one
     output array, so loading a large tensor (a stack of experts, a vocabulary's head) holds the packed copy and one
-    chunk's temporaries beside the file's bytes, not several whole-tensor intermediates (measured on a Q6_K head of
-    243 MB: the load's peak 1.3 GB above its settled size before, one chunk's now). ``packed(r0, r1)`` is told when
+    chunk's temporaries beside the file's bytes, not several whole-tensor intermediates (docs/models.md has the load's
+    measured peaks). ``packed(r0, r1)`` is told when
     source rows ``[r0, r1)`` are packed (a GGUF load drops their file pages then)."""
     fmt = format_of(kind)
     n, width = rows.shape

@@ -115,17 +115,27 @@ def quantize_q45_k(w: np.ndarray, fifth: bool = False) -> np.ndarray:
     return np.concatenate([*fields, qs], axis=-1).reshape(n, -1)
 
 
-def quantize_q6_k(w: np.ndarray) -> np.ndarray:
-    """A simple Q6_K quantizer (per 16 an int8 scale of d, q in -32..31): GGUF rows."""
+def _signed_sub_blocks(w: np.ndarray, reach: int, q_min: int, q_max: int,
+                       sc_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K's and Q3_K's scheme: per 16 weights a signed integer scale (at most ``sc_max``) of the super-block's
+    fp16 ``d``, the sub-block's largest |w| at q = ``reach``, q in ``q_min..q_max``. Returns d [n, S, 1] (fp16),
+    the scales [n, S, 16] (int8) and q [n, S, 16, 16] (float, whole numbers)."""
     n, cols = w.shape
     x = w.astype(np.float32).reshape(n, cols // 256, 16, 16)
-    sc_f = np.abs(x).max(-1) / 31
-    d = (sc_f.max(-1, keepdims=True) / 127).astype(np.float16)
+    sub = np.abs(x).max(-1) / reach
+    d = (sub.max(-1, keepdims=True) / sc_max).astype(np.float16)
     df = d.astype(np.float32)
-    sc = np.clip(np.rint(np.divide(sc_f, df, out=np.zeros_like(sc_f), where=df > 0)), -128, 127).astype(np.int8)
-    step = (df * sc)[..., None]
-    q = np.clip(np.rint(np.divide(x, step, out=np.zeros_like(x), where=step != 0)), -32, 31) + 32
-    q = q.astype(np.uint8).reshape(n, -1, 2, 4, 32)  # [n, S, half, quarter, 32]: weight 128h + 32r + l
+    sc = np.clip(np.rint(np.divide(sub, df, out=np.zeros_like(sub), where=df > 0)), -sc_max - 1, sc_max)
+    step = (df * sc.astype(np.int8))[..., None]
+    q = np.clip(np.rint(np.divide(x, step, out=np.zeros_like(x), where=step > 0)), q_min, q_max)
+    return d, sc.astype(np.int8), q
+
+
+def quantize_q6_k(w: np.ndarray) -> np.ndarray:
+    """A simple Q6_K quantizer (per 16 an int8 scale of d, q in -32..31): GGUF rows."""
+    n = w.shape[0]
+    d, sc, q = _signed_sub_blocks(w, 31, -32, 31, 127)
+    q = (q + 32).astype(np.uint8).reshape(n, -1, 2, 4, 32)  # [n, S, half, quarter, 32]: weight 128h + 32r + l
     ql = ((q[:, :, :, 0:2] & 0x0F) | ((q[:, :, :, 2:4] & 0x0F) << 4)).reshape(n, -1, 128)
     qh = sum(((q[:, :, :, r] >> 4) << (2 * r)) for r in range(4)).astype(np.uint8).reshape(n, -1, 64)
     blocks = np.concatenate([ql, qh, sc.view(np.uint8), d.view(np.uint8)], axis=-1)
@@ -194,15 +204,9 @@ def quantize_q2_k(w: np.ndarray) -> np.ndarray:
 
 def quantize_q3_k(w: np.ndarray) -> np.ndarray:
     """A simple Q3_K quantizer (per 16 a 6-bit signed scale of a super-block's d, q in -4..3): GGUF rows."""
-    n, cols = w.shape
-    x = w.astype(np.float32).reshape(n, cols // 256, 16, 16)
-    sub = np.abs(x).max(-1) / 4
-    d = (sub.max(-1, keepdims=True) / 31).astype(np.float16)
-    df = d.astype(np.float32)
-    sc = np.clip(np.rint(np.divide(sub, df, out=np.zeros_like(sub), where=df > 0)), -32, 31).astype(np.int8)
-    step = (df * sc)[..., None]
-    q = np.clip(np.rint(np.divide(x, step, out=np.zeros_like(x), where=step > 0)), -4, 3).astype(np.int8)
-    q = q.reshape(n, -1, 256)
+    n = w.shape[0]
+    d, sc, q = _signed_sub_blocks(w, 4, -4, 3, 31)
+    q = q.astype(np.int8).reshape(n, -1, 256)
     high = (q >= 0).astype(np.uint8)  # the bit set: no offset; clear: q = low bits - 4
     low = (q + 4 * (1 - high.astype(np.int8))).astype(np.uint8)
     hmask = sum(high.reshape(n, -1, 8, 32)[:, :, b] << b for b in range(8)).astype(np.uint8)
