@@ -28,6 +28,7 @@ from decoding.runtime.quant import WeightType
 from decoding.runtime.quantized import QuantizedModel
 from decoding.runtime.torch_runtime import TorchRuntime
 from decoding.runtime.weights import weights_from_hf
+from decoding.speculative.budget import BudgetPolicy
 from decoding.speculative.drafter import BaseDrafter, DraftRequest
 from decoding.speculative.generation import DoneEvent, GenerationConfig, Prompt, TokenEvent
 from decoding.speculative.tree import ROOT, DraftTree
@@ -308,6 +309,20 @@ def naive_greedy(model: Any, ids: Sequence[int], n: int, eos: tuple[int, ...] = 
             out.append(tok)
             seq.append(tok)
     return out
+
+
+# Verify costs in plain steps by nodes, as a 2-core CPU measures them: ``fixed_cost_policy``'s
+CPU_COSTS = {0: 1.0, 1: 1.04, 2: 1.07, 3: 1.15, 4: 1.25, 6: 1.35, 8: 1.44, 12: 1.7, 16: 2.0, 24: 2.5, 32: 3.0,
+             48: 4.2, 64: 5.4}  # fmt: skip
+
+
+def fixed_cost_policy(explore_every: int = 16) -> BudgetPolicy:
+    """A budget policy whose verify costs are ``CPU_COSTS`` and stay so (no timing refines them): what a test
+    asserts about how many steps or tokens a drafter saves does not depend on this box's load."""
+    policy = BudgetPolicy(max_budget=64, explore_every=explore_every)
+    policy.calibrate(lambda n: CPU_COSTS[n])
+    policy.observe_cost = lambda nodes, seconds, context=None: None  # type: ignore[method-assign]  # fixed costs
+    return policy
 
 
 def run(

@@ -23,7 +23,7 @@ from decoding.speculative.drafter import DraftRequest, PromptInfo
 from decoding.speculative.engine import Engine
 from decoding.speculative.generation import Prompt
 from decoding.speculative.tree import ROOT
-from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, naive_greedy, run
+from tests.decoding.conftest import PROMPT, VOCAB, TinyTarget, fixed_cost_policy, naive_greedy, run
 
 
 def brute(text: list[int], most: int) -> int:
@@ -135,7 +135,7 @@ def test_a_repeated_question_is_drafted_from_the_earlier_answer_exactly(tiny: Ti
     prompt = Prompt([5, 17, 3, 42, 8], [23, 61, 9], prefix_key="doc-a")
     reference = naive_greedy(tiny.model, prompt.ids, N)
     tier = InProcessSharedTier(CrossSessionConfig())
-    engine = Engine(tiny)
+    engine = Engine(tiny, policy=fixed_cost_policy())  # the steps saved, not this box's load, decide the chains
     first = run(engine, prompt, N, [SuffixDrafter(tier.cache(tiny.name, "", "acme"))], None)
     assert first.token_ids == reference and first.stats.drafted_by_source.get("suffix.session", 0) == 0
     tier.cache(tiny.name, "", "acme").add_answer("doc-a", first.token_ids)

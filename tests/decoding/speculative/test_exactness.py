@@ -17,7 +17,15 @@ from decoding.speculative.drafter import BaseDrafter, DraftRequest, PromptInfo, 
 from decoding.speculative.engine import Engine, EngineConfig
 from decoding.speculative.generation import DoneEvent, GenerationConfig, PrefillEvent, Prompt, TokenEvent
 from decoding.speculative.tree import ROOT, DraftTree
-from tests.decoding.conftest import PROMPT, VOCAB, RandomTreeDrafter, TinyTarget, naive_greedy, run
+from tests.decoding.conftest import (
+    PROMPT,
+    VOCAB,
+    RandomTreeDrafter,
+    TinyTarget,
+    fixed_cost_policy,
+    naive_greedy,
+    run,
+)
 
 
 class ScriptedDrafter(BaseDrafter):
@@ -127,20 +135,9 @@ def test_policy_budget_and_prompt_lookup(tiny: TinyTarget, reference: list[int])
     assert done.token_ids == reference
 
 
-CPU_COSTS = {0: 1.0, 1: 1.04, 2: 1.07, 3: 1.15, 4: 1.25, 6: 1.35, 8: 1.44, 12: 1.7, 16: 2.0, 24: 2.5, 32: 3.0,
-             48: 4.2, 64: 5.4}  # fmt: skip
-
-
-def _cpu_policy(explore_every: int = 16) -> BudgetPolicy:
-    policy = BudgetPolicy(max_budget=64, explore_every=explore_every)
-    policy.calibrate(lambda n: CPU_COSTS[n])
-    policy.observe_cost = lambda nodes, seconds, context=None: None  # type: ignore[method-assign]  # fixed costs
-    return policy
-
-
 def test_selector_stops_verifying_useless_drafts(tiny: TinyTarget, reference: list[int]) -> None:
     """Always-wrong drafts: after learning, steps verify nothing but exploration probes; output exact."""
-    engine = Engine(tiny, policy=_cpu_policy(explore_every=8))
+    engine = Engine(tiny, policy=fixed_cost_policy(explore_every=8))
     first = run(engine, PROMPT, N, [ScriptedDrafter(reference, right=0, width=3)], None)
     again = run(engine, PROMPT, N, [ScriptedDrafter(reference, right=0, width=3)], None)  # learned engine-wide
     assert first.token_ids == again.token_ids == reference
@@ -150,7 +147,7 @@ def test_selector_stops_verifying_useless_drafts(tiny: TinyTarget, reference: li
 
 
 def test_selector_verifies_more_of_good_drafts(tiny: TinyTarget, reference: list[int]) -> None:
-    engine = Engine(tiny, policy=_cpu_policy())
+    engine = Engine(tiny, policy=fixed_cost_policy())
     run(engine, PROMPT, N, [ScriptedDrafter(reference, right=None)], None)  # teaches: this kind is always right
     done = run(engine, PROMPT, N, [ScriptedDrafter(reference, right=None)], None)
     assert done.token_ids == reference
