@@ -191,6 +191,7 @@ static inline __m512i bcast4z(const int8_t *x) {
             const uint8_t *r0 = w0 + (long)b * REC_Q4_1, *r1 = w1 + (long)b * REC_Q4_1;                         \
             __m512i sums[MB];                                                                                 \
             for (int i = 0; i < MB; ++i) sums[i] = _mm512_setzero_si512();                                    \
+            _Pragma("GCC unroll 4")                                                                           \
             for (int cc = 0; cc < 4; ++cc) {                                                                  \
                 const __m512i raw = concat256(r0 + 32 + 32 * cc, r1 + 32 + 32 * cc);                          \
                 const __m512i lo = _mm512_and_si512(raw, low);                                                \
@@ -217,6 +218,7 @@ static inline __m512i bcast4z(const int8_t *x) {
             const uint8_t *r0 = w0 + (long)b * REC_Q8_0, *r1 = w1 + (long)b * REC_Q8_0;                         \
             __m512i s32[MB];                                                                                  \
             for (int i = 0; i < MB; ++i) s32[i] = _mm512_setzero_si512();                                     \
+            _Pragma("GCC unroll 8")                                                                           \
             for (int c = 0; c < 8; ++c) {                                                                     \
                 const __m512i wc = concat256(r0 + 16 + 32 * c, r1 + 16 + 32 * c);                             \
                 const __m512i aw = _mm512_abs_epi8(wc); /* |q_w| as u8 (-128 -> 128), as the sign trick */     \
@@ -240,13 +242,17 @@ PAIR_KERNEL(3)
 PAIR_KERNEL(4)
 PAIR_KERNEL(5)
 PAIR_KERNEL(6)
+PAIR_KERNEL(7)
+PAIR_KERNEL(8)
 
-#define PAIR_ROWS 6
-#define PAIR_MIN_ROWS 6 /* qgroups: fewer activation rows go one group at a time */
+#define PAIR_ROWS 8 /* 32 registers: a tile's sums, the chunk and its nibbles stay in registers */
+#define PAIR_MIN_ROWS 5 /* qgroups: fewer activation rows go one group at a time */
 typedef void (*pair_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, const uint8_t *, __m512 *,
                         __m512 *);
-static const pair_fn Q41_PAIR[PAIR_ROWS + 1] = {0, q41_pair_1, q41_pair_2, q41_pair_3, q41_pair_4, q41_pair_5, q41_pair_6};
-static const pair_fn Q80_PAIR[PAIR_ROWS + 1] = {0, q80_pair_1, q80_pair_2, q80_pair_3, q80_pair_4, q80_pair_5, q80_pair_6};
+static const pair_fn Q41_PAIR[PAIR_ROWS + 1] = {0, q41_pair_1, q41_pair_2, q41_pair_3, q41_pair_4, q41_pair_5, q41_pair_6,
+                                                 q41_pair_7, q41_pair_8};
+static const pair_fn Q80_PAIR[PAIR_ROWS + 1] = {0, q80_pair_1, q80_pair_2, q80_pair_3, q80_pair_4, q80_pair_5, q80_pair_6,
+                                                 q80_pair_7, q80_pair_8};
 
 /* Weight groups g, g + 1 for every activation row (tiles of PAIR_ROWS rows): y columns 8g .. 8g + 15. */
 static void qpair(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
@@ -254,8 +260,8 @@ static void qpair(const int8_t *xq, const float *xd, const float *xs, int M, int
     const int nb = K / QK, n0 = 8 * g, valid = N - n0 < 16 ? N - n0 : 16;
     const __mmask16 mask = (__mmask16)((1u << valid) - 1);
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-    for (int m = 0; m < M; m += PAIR_ROWS) {
-        const int mb = M - m < PAIR_ROWS ? M - m : PAIR_ROWS;
+    for (int m = 0, tiles = (M + PAIR_ROWS - 1) / PAIR_ROWS, mb; m < M; m += mb, --tiles) {
+        mb = (M - m + tiles - 1) / tiles; /* tiles of even size: each reads the pair's records once from L1 */
         __m512 acc[PAIR_ROWS], mins[PAIR_ROWS];
         for (int i = 0; i < PAIR_ROWS; ++i) acc[i] = mins[i] = _mm512_setzero_ps();
         (wtype == W_Q4_1 ? Q41_PAIR : Q80_PAIR)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb, K,
