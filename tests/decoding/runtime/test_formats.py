@@ -389,7 +389,7 @@ def test_rows_alone_equal_rows_among_64_shuffled_on_every_path(libraries: dict[s
             for i in (0, 1, 17, 62, 63):
                 alone = kernels.qlinear(lib, x[i : i + 1], qm, bias, res[i : i + 1])  # type: ignore[arg-type]
                 assert torch.equal(alone, whole[i : i + 1]), (isa, i)
-            for m in (2, 3, 5, 7):  # every tile size and remainder
+            for m in (2, 3, 4, 5, 7, 8, 9, 13, 17):  # every tile size, remainder and split into even tiles
                 assert torch.equal(kernels.qlinear(lib, x[:m], qm, bias, res[:m]), whole[:m]), (isa, m)  # type: ignore[arg-type]
             torch.set_num_threads(1)
             assert torch.equal(kernels.qlinear(lib, x, qm, bias, res), whole), isa  # type: ignore[arg-type]
