@@ -153,10 +153,15 @@ GROUP_KERNEL(1)
 GROUP_KERNEL(2)
 GROUP_KERNEL(3)
 GROUP_KERNEL(4)
+GROUP_KERNEL(5)
+GROUP_KERNEL(6)
 
+#define GROUP_ROWS 6 /* activation rows per tile of one group */
 typedef void (*group_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, __m256 *, __m256 *);
-static const group_fn Q41_GROUP[5] = {0, q41_group_1, q41_group_2, q41_group_3, q41_group_4};
-static const group_fn Q80_GROUP[5] = {0, q80_group_1, q80_group_2, q80_group_3, q80_group_4};
+static const group_fn Q41_GROUP[GROUP_ROWS + 1] = {0, q41_group_1, q41_group_2, q41_group_3, q41_group_4, q41_group_5,
+                                                   q41_group_6};
+static const group_fn Q80_GROUP[GROUP_ROWS + 1] = {0, q80_group_1, q80_group_2, q80_group_3, q80_group_4, q80_group_5,
+                                                   q80_group_6};
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* ---- 512-bit vectors: a pair of groups (16 weight rows) per register ------------------------------------------
@@ -278,8 +283,8 @@ static void qpair(const int8_t *xq, const float *xd, const float *xs, int M, int
 #define PAIRS 0
 #endif
 
-/* Weight groups [g0, g1) for every activation row (tiles of 4 rows: the group's records stay in L1; pairs of groups
-   on 512-bit vectors where built for them). */
+/* Weight groups [g0, g1) for every activation row (tiles of up to GROUP_ROWS rows, of even size: the group's records
+   stay in L1; pairs of groups on 512-bit vectors where built for them). */
 static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
                     long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
                     long ldr) {
@@ -291,10 +296,10 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
 #endif
     for (int g = g0; g < g1; ++g) {
         const int n0 = 8 * g, valid = N - n0 < 8 ? N - n0 : 8;
-        for (int m = 0; m < M; m += 4) {
-            const int mb = M - m < 4 ? M - m : 4;
-            __m256 acc[4], mins[4];
-            for (int i = 0; i < 4; ++i) acc[i] = mins[i] = _mm256_setzero_ps();
+        for (int m = 0, tiles = (M + GROUP_ROWS - 1) / GROUP_ROWS, mb; m < M; m += mb, --tiles) {
+            mb = (M - m + tiles - 1) / tiles; /* tiles of even size: each reads the group's records once from L1 */
+            __m256 acc[GROUP_ROWS], mins[GROUP_ROWS];
+            for (int i = 0; i < GROUP_ROWS; ++i) acc[i] = mins[i] = _mm256_setzero_ps();
             (wtype == W_Q4_1 ? Q41_GROUP : Q80_GROUP)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb,
                                                           K, w + g * ldg, acc, mins);
             for (int i = 0; i < mb; ++i)
