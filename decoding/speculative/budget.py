@@ -30,6 +30,7 @@ cross-session tier's first continuation) is measured rather than judged by the p
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import threading
@@ -169,23 +170,24 @@ class BudgetPolicy:
         """``[cost(n, context) for n in first..most]``, the tables read once (the selector asks every step)."""
         base, slope = self.cost_s, self.cost_slope
         far = 0 if context is None or self.cost_context is None or not slope else context - self.cost_context
+        base_known, slope_known = sorted(base), sorted(slope)  # once a call, not once a size (asked every step)
         out = []
         for n in range(first, most + 1):
-            b = _interpolate(base, n, extrapolate=True)
-            out.append(max(0.2 * b, b + _interpolate(slope, n, extrapolate=False) * far) if far else b)
+            b = _interpolate(base, n, extrapolate=True, known=base_known)
+            out.append(max(0.2 * b, b + _interpolate(slope, n, False, slope_known) * far) if far else b)
         return out
 
 
-def _interpolate(table: dict[int, float], nodes: int, extrapolate: bool) -> float:
+def _interpolate(table: dict[int, float], nodes: int, extrapolate: bool, known: Sequence[int] | None = None) -> float:
     """``table`` at ``nodes``: linear between the nearest known sizes; beyond them, linear growth from the
-    nearest end (``extrapolate``) or the end value."""
+    nearest end (``extrapolate``) or the end value. ``known``: ``sorted(table)``, where the caller has it."""
     if nodes in table:
         return table[nodes]
-    known = sorted(table)
+    known = sorted(table) if known is None else known
     if not known:
         return 1.0 + 0.03 * nodes if extrapolate else 0.0  # neutral prior: relative units
-    lo = max((k for k in known if k <= nodes), default=known[0])
-    hi = min((k for k in known if k >= nodes), default=known[-1])
+    at = bisect.bisect_left(known, nodes)  # not in the table: known[at - 1] < nodes < known[at], where both exist
+    lo, hi = known[max(at - 1, 0)], known[min(at, len(known) - 1)]
     if lo == hi:  # outside the measured range
         return table[lo] + (_slope(table, known) * (nodes - lo) if extrapolate else 0.0)
     t = (nodes - lo) / (hi - lo)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -14,6 +15,8 @@ from decoding.speculative.budget import (
     AcceptanceModel,
     BudgetPolicy,
     TreeSelector,
+    _interpolate,
+    _slope,
 )
 from decoding.speculative.tree import ROOT, DraftTree
 
@@ -259,3 +262,28 @@ def test_an_lm_drafter_with_a_costly_setup_drafts_only_where_it_pays_back() -> N
     fresh = TreeSelector(policy(CPU))
     assert fresh.plan_depth("new", 1.0, 8) == 3  # untested, no setup: a short chain to measure it
     assert fresh.plan_depth("new", 1.0, 8, setup_s=50.0, remaining=100) == 0
+
+
+def test_interpolation_matches_the_nearest_known_sizes_on_random_tables() -> None:
+    """``_interpolate`` (bisecting the sorted sizes ``costs`` passes once a call) against the definition: linear
+    between the nearest measured sizes at or below and at or above, the nearest end's value (plus the end slope
+    when extrapolating) outside them, a neutral prior on an empty table."""
+    rng = random.Random(5)
+    for _ in range(300):
+        table = {k: rng.random() for k in rng.sample(range(80), rng.randint(0, 8))}
+        known = sorted(table)
+        for n in range(-3, 90):
+            for extrapolate in (True, False):
+                if n in table:
+                    want = table[n]
+                elif not known:
+                    want = 1.0 + 0.03 * n if extrapolate else 0.0
+                else:
+                    lo = max((k for k in known if k <= n), default=known[0])
+                    hi = min((k for k in known if k >= n), default=known[-1])
+                    if lo == hi:
+                        want = table[lo] + (_slope(table, known) * (n - lo) if extrapolate else 0.0)
+                    else:
+                        want = table[lo] + (n - lo) / (hi - lo) * (table[hi] - table[lo])
+                assert _interpolate(table, n, extrapolate) == want
+                assert _interpolate(table, n, extrapolate, known) == want
