@@ -50,7 +50,7 @@ static inline float kq_e8m0_half(uint8_t e) {
     return f;
 }
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task, as formats_q8_0_q4_1.c */
-#define KQ_PAIR_ROWS 6     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
+#define KQ_PAIR_ROWS 5     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
 /* Tiles of at most this many rows sum a block's integer products on two chains each (even and odd chunks) on the
    VNNI paths: one dpbusd waits for the last one's result, so one chain a row leaves the units idle when a tile has
    few rows (a decode step). Integer sums: the split never changes a value. */
@@ -203,8 +203,8 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
                         const uint8_t *g0, const uint8_t *g1, int N, int n0, float *y, long ldy, const float *bias,
                         const float *res, long ldr) {
     const int nb = K / QK, valid = N - n0 < KQ_LANES ? N - n0 : KQ_LANES;
-    for (int m = 0; m < M; m += KQ_MB) {
-        const int mb = M - m < KQ_MB ? M - m : KQ_MB;
+    for (int m = 0, tiles = (M + KQ_MB - 1) / KQ_MB, mb; m < M; m += mb, --tiles) {
+        mb = (M - m + tiles - 1) / tiles; /* tiles of even size: each reads the group's records once from L1 */
         const int8_t *x = xq + (long)m * K;
         const float *d = xd + (long)m * nb, *s = xs + (long)m * nb;
         const int16_t *sm = S ? S + (long)m * (K / 16) : 0;
@@ -214,6 +214,10 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
         case 2: KQ(tile)(2, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 3: KQ(tile)(3, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 4: KQ(tile)(4, wtype, x, d, s, sm, K, g0, g1, acc); break;
+#if KQ_MB > 4
+        case 5: KQ(tile)(5, wtype, x, d, s, sm, K, g0, g1, acc); break;
+        case 6: KQ(tile)(6, wtype, x, d, s, sm, K, g0, g1, acc); break;
+#endif
         }
         for (int i = 0; i < mb; ++i) {
             kvf v = acc[i];

@@ -5,7 +5,7 @@
 #define KQ_LANES_SET
 #if KQ_LANES == 16
 #define KQ(name) name##_16
-#define KQ_MB 4 /* activation rows per tile */
+#define KQ_MB 6 /* activation rows per tile (more spill a format's per-row registers) */
 #define kvi __m512i
 #define kvf __m512
 #define VZERO() _mm512_setzero_si512()
