@@ -57,7 +57,7 @@ static inline kvi KQ(bc4)(const int8_t *x) {
 #define G1(p) (p) /* the second group's pointer */
 #else
 #define KQ(name) name##_8
-#define KQ_MB 4 /* AVX2's 16 registers spill a few accumulators: still faster than reading the weights twice */
+#define KQ_MB 6 /* AVX2's 16 registers spill a few accumulators: still faster than reading the weights again */
 #define kvi __m256i
 #define kvf __m256
 #define VZERO() _mm256_setzero_si256()
