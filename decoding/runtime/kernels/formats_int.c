@@ -204,7 +204,7 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
                         const float *res, long ldr) {
     const int nb = K / QK, valid = N - n0 < KQ_LANES ? N - n0 : KQ_LANES;
     for (int m = 0, tiles = (M + KQ_MB - 1) / KQ_MB, mb; m < M; m += mb, --tiles) {
-        mb = (M - m + tiles - 1) / tiles; /* tiles of even size: each reads the group's records once from L1 */
+        mb = even_tile(M - m, tiles);
         const int8_t *x = xq + (long)m * K;
         const float *d = xd + (long)m * nb, *s = xs + (long)m * nb;
         const int16_t *sm = S ? S + (long)m * (K / 16) : 0;

@@ -259,14 +259,14 @@ static const pair_fn Q41_PAIR[PAIR_ROWS + 1] = {0, q41_pair_1, q41_pair_2, q41_p
 static const pair_fn Q80_PAIR[PAIR_ROWS + 1] = {0, q80_pair_1, q80_pair_2, q80_pair_3, q80_pair_4, q80_pair_5, q80_pair_6,
                                                  q80_pair_7, q80_pair_8};
 
-/* Weight groups g, g + 1 for every activation row (tiles of PAIR_ROWS rows): y columns 8g .. 8g + 15. */
+/* Weight groups g, g + 1 for every activation row (tiles of up to PAIR_ROWS rows): y columns 8g .. 8g + 15. */
 static void qpair(const int8_t *xq, const float *xd, const float *xs, int M, int K, const uint8_t *w, int wtype,
                   long ldg, int N, int g, float *y, long ldy, const float *bias, const float *res, long ldr) {
     const int nb = K / QK, n0 = 8 * g, valid = N - n0 < 16 ? N - n0 : 16;
     const __mmask16 mask = (__mmask16)((1u << valid) - 1);
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
     for (int m = 0, tiles = (M + PAIR_ROWS - 1) / PAIR_ROWS, mb; m < M; m += mb, --tiles) {
-        mb = (M - m + tiles - 1) / tiles; /* tiles of even size: each reads the pair's records once from L1 */
+        mb = even_tile(M - m, tiles);
         __m512 acc[PAIR_ROWS], mins[PAIR_ROWS];
         for (int i = 0; i < PAIR_ROWS; ++i) acc[i] = mins[i] = _mm512_setzero_ps();
         (wtype == W_Q4_1 ? Q41_PAIR : Q80_PAIR)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb, K,
@@ -297,7 +297,7 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
     for (int g = g0; g < g1; ++g) {
         const int n0 = 8 * g, valid = N - n0 < 8 ? N - n0 : 8;
         for (int m = 0, tiles = (M + GROUP_ROWS - 1) / GROUP_ROWS, mb; m < M; m += mb, --tiles) {
-            mb = (M - m + tiles - 1) / tiles; /* tiles of even size: each reads the group's records once from L1 */
+            mb = even_tile(M - m, tiles);
             __m256 acc[GROUP_ROWS], mins[GROUP_ROWS];
             for (int i = 0; i < GROUP_ROWS; ++i) acc[i] = mins[i] = _mm256_setzero_ps();
             (wtype == W_Q4_1 ? Q41_GROUP : Q80_GROUP)[mb](xq + (long)m * K, xd + (long)m * nb, xs + (long)m * nb,

@@ -5,6 +5,10 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* Rows of the next activation tile when `left` rows remain for `tiles` tiles: tiles of even size, so no tile is a row
+ * or two that reads a weight group's records again for little work (the tile a row lands in never changes its bits). */
+static inline int even_tile(int left, int tiles) { return (left + tiles - 1) / tiles; }
+
 /* An 8-column output tile's epilogue, the same for every weight format: v (+ bias) (+ the residual row), stored to
  * y; at the matrix's edge only the first `valid` columns are read and written. bias / res: this tile's columns, or
  * NULL. */
