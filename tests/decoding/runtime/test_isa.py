@@ -167,6 +167,10 @@ def test_attention_on_bf16_products_is_row_invariant_and_close(
             alone = kernels.attention(lib, q[:, :, i : i + 1], k, v, past, path[off[i] : off[i + 1]],  # type: ignore[arg-type]
                                       torch.tensor([0, int(off[i + 1] - off[i])], dtype=torch.int32), scale=d**-0.5)
             assert torch.equal(alone[0, 0], out[0, i]), (isa, i)
+        for m in (2, 3, 5, 7):  # a verify's few nodes: 6, 9, 15, 21 query rows a key head, in tiles of even size
+            some = kernels.attention(lib, q[:, :, :m], k, v, past, path[: off[m]], off[: m + 1],  # type: ignore[arg-type]
+                                     scale=d**-0.5)
+            assert torch.equal(some, out[:, :m]), (isa, m)
     visible = torch.zeros(n, past + n, dtype=torch.bool)
     visible[:, :past] = True
     for i in range(n):
