@@ -589,20 +589,18 @@ static void rows_blocks_dot16(int R, const float *const *q, int D, int cnt, floa
                               const uint16_t *vp, float *const *part, float *const *m, float *const *l,
                               const char *pf_k, const char *pf_v, int pf_lines) {
     const int tiles = (R + DOT16_ROWS - 1) / DOT16_ROWS;
-    const int unrolled = D == 64 && cnt == KEY_BLOCK && R > DOT16_ROWS; /* the common case of a verify */
+    const int whole = D == 64 && cnt == KEY_BLOCK, unrolled = whole && R > DOT16_ROWS; /* the latter: a verify's */
     for (int r = 0, ti = 0, rb; r < R; r += rb, ++ti) {
         const int l0 = ti * pf_lines / tiles, n = (ti + 1) * pf_lines / tiles - l0;
         const char *fk = pf_k && n ? pf_k + 64 * l0 : 0, *fv = pf_v && n ? pf_v + 64 * l0 : 0;
         rb = even_tile(R - r, tiles - ti);
 #define ROWS_DOT16(RB, DD, CNT) rows_dot16(RB, q + r, DD, CNT, scale, kt, vp, part + r, m + r, l + r, fk, fv, n)
-        if (unrolled && rb == 4)
-            ROWS_DOT16(4, 64, KEY_BLOCK);
+        if (whole && rb == DOT16_ROWS)
+            ROWS_DOT16(DOT16_ROWS, 64, KEY_BLOCK);
         else if (unrolled && rb == 3)
             ROWS_DOT16(3, 64, KEY_BLOCK);
         else if (unrolled) /* more than DOT16_ROWS rows in tiles of even size: 2 at least */
             ROWS_DOT16(2, 64, KEY_BLOCK);
-        else if (D == 64 && cnt == KEY_BLOCK && rb == DOT16_ROWS)
-            ROWS_DOT16(DOT16_ROWS, 64, KEY_BLOCK);
         else if (rb == 1)
             ROWS_DOT16(1, D, cnt);
         else if (rb == 2)

@@ -214,10 +214,8 @@ static void KQ(kq_rows)(int wtype, const int8_t *xq, const float *xd, const floa
         case 2: KQ(tile)(2, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 3: KQ(tile)(3, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 4: KQ(tile)(4, wtype, x, d, s, sm, K, g0, g1, acc); break;
-#if KQ_MB > 4
         case 5: KQ(tile)(5, wtype, x, d, s, sm, K, g0, g1, acc); break;
         case 6: KQ(tile)(6, wtype, x, d, s, sm, K, g0, g1, acc); break;
-#endif
         }
         for (int i = 0; i < mb; ++i) {
             kvf v = acc[i];
