@@ -105,9 +105,9 @@ class BudgetPolicy:
         cache. Once two cache lengths are calibrated, costs follow the cache length: ``cost_s`` holds them
         at the longer one, ``cost_slope`` the growth per token in between. Returns ``cost_s``."""
         times = {b: measure(b) for b in (sizes or self.buckets) if b in self.buckets}
-        floor = 0.0
-        for b in sorted(times):  # forwarding more tokens never costs less: a dip is noise
-            times[b] = floor = max(floor, times[b])
+        ceiling = math.inf
+        for b in sorted(times, reverse=True):  # a size costs no more than any larger one (it could be padded to
+            times[b] = ceiling = min(ceiling, times[b])  # it): a size above a larger one met a burst of load
         with self._lock:
             self._calibrated.setdefault(context, {}).update(times)
             lengths = sorted(c for c in self._calibrated if c is not None)

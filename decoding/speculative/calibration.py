@@ -114,18 +114,21 @@ def time_verifies(
     cancel: threading.Event | None = None,
 ) -> dict[int, float] | None:
     """Median seconds of a verify forward over a random chain of each size in ``sizes`` after ``root`` on
-    ``cache`` (left as it was), sizes round-robin; None if ``cancel`` was set on the way."""
+    ``cache`` (left as it was), sizes round-robin after one untimed round (a size's first forward touches its
+    cache rows and scratch memory for the first time: measured cold, a size had looked twice its cost);
+    None if ``cancel`` was set on the way."""
     vocab = engine.model.vocab_size
     base = cache.length
     times: dict[int, list[float]] = {b: [] for b in sizes}
     with torch.inference_mode():
-        for _ in range(repeats):
+        for round_ in range(repeats + 1):
             for nodes, seen in times.items():
                 if cancel is not None and cancel.is_set():
                     return None
                 chain = DraftTree.chain(torch.randint(0, vocab, (nodes,), generator=gen).tolist(), "calibration")
                 t = time.perf_counter()
                 engine.verify(root, chain, cache, SamplingMetadata())  # a greedy step
-                seen.append(time.perf_counter() - t)
+                if round_:
+                    seen.append(time.perf_counter() - t)
                 cache.truncate(base)
     return {b: statistics.median(v) for b, v in times.items()}

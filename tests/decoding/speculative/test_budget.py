@@ -287,3 +287,14 @@ def test_interpolation_matches_the_nearest_known_sizes_on_random_tables() -> Non
                         want = table[lo] + (n - lo) / (hi - lo) * (table[hi] - table[lo])
                 assert _interpolate(table, n, extrapolate) == want
                 assert _interpolate(table, n, extrapolate, known) == want
+
+
+def test_a_size_measured_in_a_burst_of_load_does_not_raise_the_larger_ones() -> None:
+    """A size timed above a larger one met noise (it could be padded to the larger one): it is lowered to it, and
+    no size is raised (a running maximum had made one burst on 2 nodes the cost of 2 to 8 nodes: 1.8 steps)."""
+    spiked = {**CPU, 2: 1.8}
+    p = policy(spiked)
+    assert p.cost_s[2] == CPU[3]  # lowered to the next size's
+    assert all(p.cost_s[b] == CPU[b] for b in CPU if b != 2)
+    costs = [p.cost_s[b] for b in sorted(p.cost_s)]
+    assert costs == sorted(costs)

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from decoding.speculative.budget import DEFAULT_BUCKETS, BudgetPolicy
-from decoding.speculative.calibration import calibrate
+from decoding.speculative.calibration import calibrate, verify_costs
 from decoding.speculative.engine import Engine
 from tests.decoding.conftest import tiny_target
 
@@ -63,3 +63,21 @@ def test_a_cancelled_calibration_teaches_the_policy_nothing(engine: Engine) -> N
     assert engine.policy.calibrated_contexts() == before
     assert calibrate(engine, contexts=(64,), repeats=1, cancel=threading.Event())  # not set: runs
     assert 64 in engine.policy.calibrated_contexts()
+
+
+def test_each_size_forwards_once_untimed_before_its_timed_rounds(engine: Engine,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A size's first forward is cold (its cache rows and scratch memory touched for the first time): it is run
+    once before the rounds that are timed, so a cold first round cannot make a size look dear."""
+    calls: list[int] = []
+    verify = engine.verify
+
+    def counted(root, tree, cache, metadata):  # type: ignore[no-untyped-def]
+        calls.append(len(tree))
+        return verify(root, tree, cache, metadata)
+
+    monkeypatch.setattr(engine, "verify", counted)
+    sizes = (0, 2, 4)
+    _, costs = verify_costs(engine, 24, sizes, repeats=2)
+    assert set(costs) == set(sizes) and all(v > 0 for v in costs.values())
+    assert calls == [*sizes, *sizes, *sizes]  # an untimed round, then two timed ones, round-robin
