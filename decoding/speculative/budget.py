@@ -41,8 +41,13 @@ from dataclasses import dataclass, field
 from decoding.speculative.tree import ROOT, DraftTree
 
 DEFAULT_BUCKETS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-OBSERVED_WINDOW = 31  # a size's latest verify timings kept (``BudgetPolicy.observe_cost``)
-OBSERVED_MIN = 8  # timings of a size before their median replaces its calibrated cost
+OBSERVED_WINDOW = 31  # a size's latest verify timings kept per band of cache lengths (``BudgetPolicy.observe_cost``)
+OBSERVED_MIN = 8  # timings of a size before their median replaces its calibrated cost in that band
+
+
+def cache_band(context: int | None) -> int:
+    """The band of cache lengths whose verify timings are kept together: within a factor of two (0: unknown)."""
+    return 0 if context is None else max(context, 1).bit_length()
 
 
 @dataclass
@@ -94,7 +99,8 @@ class BudgetPolicy:
     served_context: int = 0  # the longest cache a verify step has run on (``observe_cost``)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _calibrated: dict[int | None, dict[int, float]] = field(default_factory=dict, repr=False)
-    _observed: dict[int, deque[float]] = field(default_factory=dict, repr=False)  # size -> latest verify timings
+    _observed: dict[tuple[int, int], deque[float]] = field(default_factory=dict, repr=False)  # (band, size) -> timings
+    _observed_cost: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)  # (band, size) -> median
 
     def __post_init__(self) -> None:
         self.buckets = tuple(b for b in self.buckets if b <= self.max_budget) or (0,)
@@ -125,25 +131,26 @@ class BudgetPolicy:
             return dict(self.cost_s)
 
     def observe_cost(self, nodes: int, seconds: float, context: int | None = None) -> None:
-        """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's
-        cost if it is a bucket: the timing, moved to the reference cache length along the size's slope, joins the
-        size's last ``OBSERVED_WINDOW``, whose median replaces the calibrated cost once there are
-        ``OBSERVED_MIN`` of them. A median moves little for a burst of load elsewhere on the machine (a moving
-        mean drifted: a size it had made look dear was seldom verified again, so it stayed dear). Every step's
-        cache length is recorded: ``calibration_due`` compares the longest with the calibrated ones."""
+        """A verify over ``nodes`` nodes on a ``context``-token cache took ``seconds``; refines that size's cost
+        in the cache length's band (``cache_band``) if it is a bucket: the timing joins the size's last
+        ``OBSERVED_WINDOW`` there, whose median replaces the calibrated cost in that band once there are
+        ``OBSERVED_MIN`` of them (``costs``). A median moves little for a burst of load elsewhere on the machine
+        (a moving mean drifted: a size it had made look dear was seldom verified again, so it stayed dear). Kept
+        per band, not moved to one reference length along the calibrated growth: that line, fitted to short
+        caches, is not how a verify's rows grow at 7.5K (on this box a row's share there doubled): timings moved
+        along it made 1 node cost 2 steps at 3.5K after a few long documents. Every step's cache length is
+        recorded: ``calibration_due`` compares the longest with the calibrated ones."""
         if context is not None and context > self.served_context:
             with self._lock:
                 self.served_context = max(self.served_context, context)
         if nodes not in self.buckets:
             return
+        key = (cache_band(context), nodes)
         with self._lock:
-            if context is not None and self.cost_context is not None:
-                slope = self.cost_slope.get(nodes, 0.0)
-                seconds = max(0.2 * seconds, seconds - slope * (context - self.cost_context))
-            seen = self._observed.setdefault(nodes, deque(maxlen=OBSERVED_WINDOW))
+            seen = self._observed.setdefault(key, deque(maxlen=OBSERVED_WINDOW))
             seen.append(seconds)
             if len(seen) >= OBSERVED_MIN or nodes not in self.cost_s:
-                self.cost_s[nodes] = statistics.median(seen)
+                self._observed_cost[key] = statistics.median(seen)
 
     def calibrated_contexts(self) -> list[int]:
         """The cache lengths measured by ``calibrate`` so far, shortest first."""
@@ -167,15 +174,34 @@ class BudgetPolicy:
         return self.costs(nodes, context, first=nodes)[0]
 
     def costs(self, most: int, context: int | None = None, first: int = 0) -> list[float]:
-        """``[cost(n, context) for n in first..most]``, the tables read once (the selector asks every step)."""
+        """``[cost(n, context) for n in first..most]``, the tables read once (the selector asks every step).
+
+        Per bucket: the calibrated cost followed to this cache length, unless the length's band has observed
+        the size (its median then); calibrated sizes the band has not observed move by the observed ones'
+        median ratio to their calibrated costs (a machine slower or faster than at calibration), and no size
+        costs more than an observed larger one (it could be padded to it)."""
+        table = self._calibrated_at(context)
+        band = cache_band(context)
+        observed = {b: v for (bd, b), v in self._observed_cost.items() if bd == band}
+        if observed:
+            ratios = [v / table[b] for b, v in observed.items() if table.get(b)]
+            scale = statistics.median(ratios) if ratios else 1.0
+            table = {b: observed.get(b, scale * c) for b, c in table.items()} | observed
+            ceiling = math.inf
+            for b in sorted(table, reverse=True):
+                table[b] = min(table[b], ceiling)
+                if b in observed:
+                    ceiling = table[b]
+        known = sorted(table)
+        return [_interpolate(table, n, extrapolate=True, known=known) for n in range(first, most + 1)]
+
+    def _calibrated_at(self, context: int | None) -> dict[int, float]:
+        """The calibrated cost of every calibrated bucket on a ``context``-token cache (along its growth)."""
         base, slope = self.cost_s, self.cost_slope
         far = 0 if context is None or self.cost_context is None or not slope else context - self.cost_context
-        base_known, slope_known = sorted(base), sorted(slope)  # once a call, not once a size (asked every step)
-        out = []
-        for n in range(first, most + 1):
-            b = _interpolate(base, n, extrapolate=True, known=base_known)
-            out.append(max(0.2 * b, b + _interpolate(slope, n, False, slope_known) * far) if far else b)
-        return out
+        if not far:
+            return dict(base)
+        return {b: max(0.2 * c, c + slope.get(b, 0.0) * far) for b, c in base.items()}
 
 
 def _interpolate(table: dict[int, float], nodes: int, extrapolate: bool, known: Sequence[int] | None = None) -> float:

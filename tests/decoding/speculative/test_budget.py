@@ -171,15 +171,14 @@ def test_costs_follow_the_cache_length() -> None:
     sel = TreeSelector(p)
     teach(sel, "ok", 0.5)
     assert len(sel.select(chain(16, "ok"), 256)) > len(sel.select(chain(16, "ok"), 8000)) >= 1
-    # a step timed on a long cache refines the reference cost without counting the length twice
-    before = p.cost(4)
+    # steps timed on a long cache refine the costs of caches within a factor of two of it, not the others'
+    before, at_6000, eight_at_6000 = p.cost(4), p.cost(4, 6000), p.cost(8, 6000)
     for _ in range(OBSERVED_MIN):
-        p.observe_cost(4, p.cost(4, 6000), context=6000)
-    assert p.cost(4) == pytest.approx(before)
-    at_6000 = p.cost(4, 6000)
-    for _ in range(OBSERVED_WINDOW):
-        p.observe_cost(4, 2 * at_6000, context=6000)  # slower than expected there: dearer everywhere
-    assert p.cost(4) > before and p.cost(4, 256) > short[4]
+        p.observe_cost(4, 2 * at_6000, context=6000)  # slower than calibrated there
+    assert p.cost(4, 6000) == pytest.approx(2 * at_6000) == p.cost(4, 4500)  # 4096-8191: one band
+    assert p.cost(8, 6000) == pytest.approx(2 * eight_at_6000)  # unobserved there: moved by the observed ratio
+    assert p.cost(4) == pytest.approx(before) and p.cost(4, 256) == pytest.approx(short[4])
+    assert p.cost(3, 6000) <= p.cost(4, 6000) <= p.cost(6, 6000)
 
 
 def test_costs_refine_and_interpolate() -> None:
@@ -195,10 +194,13 @@ def test_costs_refine_and_interpolate() -> None:
     for _ in range(OBSERVED_WINDOW):  # a lasting change is followed
         p.observe_cost(4, 2 * CPU[4])
     assert p.cost(4) == pytest.approx(2 * CPU[4])
-    before = dict(p.cost_s)
+    before = [p.cost(n) for n in range(65)]
     p.observe_cost(5, 10.0)  # not a bucket: sizes between buckets interpolate, they do not skew a bucket
-    assert p.cost_s == before
+    assert [p.cost(n) for n in range(65)] == before
     assert p.cost(6) < p.cost(7) < p.cost(8)
+    for _ in range(OBSERVED_WINDOW):  # no size costs more than an observed larger one
+        p.observe_cost(2, 5 * CPU[4])
+    assert p.cost(2) == p.cost(3) == p.cost(4) == pytest.approx(2 * CPU[4])
     assert p.cost(100) > p.cost(64)  # beyond the measured range: linear growth
     assert BudgetPolicy(max_budget=8).buckets == (0, 1, 2, 3, 4, 6, 8)
 
