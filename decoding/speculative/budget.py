@@ -182,7 +182,8 @@ class BudgetPolicy:
         costs more than an observed larger one (it could be padded to it)."""
         table = self._calibrated_at(context)
         band = cache_band(context)
-        observed = {b: v for (bd, b), v in self._observed_cost.items() if bd == band}
+        # a snapshot: another thread's step may add a size meanwhile
+        observed = {b: v for (bd, b), v in list(self._observed_cost.items()) if bd == band}
         if observed:
             ratios = [v / table[b] for b, v in observed.items() if table.get(b)]
             scale = statistics.median(ratios) if ratios else 1.0
