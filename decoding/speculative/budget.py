@@ -137,9 +137,9 @@ class BudgetPolicy:
         ``OBSERVED_MIN`` of them (``costs``). A median moves little for a burst of load elsewhere on the machine
         (a moving mean drifted: a size it had made look dear was seldom verified again, so it stayed dear). Kept
         per band, not moved to one reference length along the calibrated growth: that line, fitted to short
-        caches, is not how a verify's rows grow at 7.5K (on this box a row's share there doubled): timings moved
-        along it made 1 node cost 2 steps at 3.5K after a few long documents. Every step's cache length is
-        recorded: ``calibration_due`` compares the longest with the calibrated ones."""
+        caches, need not be how a verify's rows grow on long ones, and timings moved along it skewed the costs of
+        short caches after long documents (docs/benchmarks.md#decoding). Every step's cache length is recorded:
+        ``calibration_due`` compares the longest with the calibrated ones."""
         if context is not None and context > self.served_context:
             with self._lock:
                 self.served_context = max(self.served_context, context)

@@ -115,7 +115,7 @@ def time_verifies(
 ) -> dict[int, float] | None:
     """Median seconds of a verify forward over a random chain of each size in ``sizes`` after ``root`` on
     ``cache`` (left as it was), sizes round-robin after one untimed round (a size's first forward touches its
-    cache rows and scratch memory for the first time: measured cold, a size had looked twice its cost);
+    cache rows and scratch memory for the first time: timed cold, a size looks dearer than it is);
     None if ``cancel`` was set on the way."""
     vocab = engine.model.vocab_size
     base = cache.length
