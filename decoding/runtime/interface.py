@@ -161,3 +161,13 @@ class TargetRuntime(Protocol):
         """Several sequences, each on a cache of its own: each item's kept logits ``[keep, vocab]``, equal to what
         ``forward`` returns for it alone (a causal item takes at most ``CHUNK_ROWS`` rows)."""
         ...
+
+
+@runtime_checkable
+class RowKernels(Protocol):
+    """A runtime whose matrix products have two interchangeable kernels (the same bits, each faster on some CPUs and
+    row counts): ``row_kernels(choice)`` sets the choice per count of a forward's rows where given and returns it
+    (entry ``m`` for ``m`` rows, the last for that many or more; empty: no choice here). The calibration measures
+    it (``decoding.speculative.calibration.choose_row_kernels``)."""
+
+    def row_kernels(self, choice: list[bool] | None = None) -> list[bool]: ...

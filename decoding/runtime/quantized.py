@@ -253,6 +253,13 @@ class QuantizedModel:
         out = kernels.run_on_kernel_thread(self._call, input_ids, position_ids, attention_mask, cache, logits_to_keep)
         return out.logits[0]  # type: ignore[no-any-return]
 
+    def row_kernels(self, choice: list[bool] | None = None) -> list[bool]:
+        """Which of two interchangeable kernels a forward of ``m`` rows runs its matrix products on (entry ``m``, the
+        last for that many or more; True: pairs of weight groups on 512-bit vectors): set to ``choice`` first where
+        given (``decoding.speculative.calibration.choose_row_kernels`` measures it). Empty where there is no choice.
+        The library's, so every model on it shares it; the same bits either way."""
+        return kernels.pair_table(self.lib, choice)
+
     def tree_mask(self, ancestors: torch.Tensor, past: int) -> torch.Tensor:
         """A draft tree's 0 / -inf visibility ``[1, 1, n, past + n]`` (fp32), which the kernels read back as the
         tree's paths."""

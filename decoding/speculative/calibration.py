@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from decoding.cache.slot import SlotCache, fill_random
+from decoding.runtime.interface import RowKernels
 from decoding.speculative.metadata import SamplingMetadata
 from decoding.speculative.prefill import drain
 from decoding.speculative.tree import DraftTree
@@ -45,8 +46,11 @@ def calibrate(
     the machine hits every bucket alike instead of skewing one. ``cancel`` (set when a request arrives)
     stops it between prefill chunks and between measurements; a length cut short teaches the policy nothing.
     ``fill``: random rows instead of a prefill (see the module); None decides by the engine's device.
+    The first calibration of an engine first picks the runtime's row kernels (``choose_row_kernels``).
     """
     costs: dict[int, float] = {}
+    if not engine.policy.calibrated_contexts():  # the first calibration: the kernels first, the costs on them
+        choose_row_kernels(engine, repeats, cancel)
     for context_tokens in contexts:
         measured = _verify_costs(engine, context_tokens, engine.policy.buckets, repeats, cancel, fill)
         if measured is None:
@@ -57,6 +61,49 @@ def calibrate(
         logger.info("verify cost by draft nodes at a %d-token cache (s): %s", base,
                     {k: round(v, 4) for k, v in medians.items()})
     return costs
+
+
+ROW_KERNEL_CONTEXT = 64  # cache tokens while the row kernels are timed: the matrix products differ, not attention
+
+
+def choose_row_kernels(engine: Engine, repeats: int = 3, cancel: threading.Event | None = None) -> list[bool] | None:
+    """Where the runtime has two interchangeable kernels for its matrix products (``RowKernels``: the same bits,
+    each faster on some CPUs: on one EPYC pairs of weight groups on 512-bit vectors made a row from memory twice as
+    slow, on another one group at a time lost from 5 rows on), time a verify of every row count the choice keys
+    under each, round-robin, ``repeats`` rounds with the two alternating first, and keep the faster median per row
+    count. Returns the choice set, or None where there is none or ``cancel`` was set (the choice is then as it
+    was)."""
+    model = engine.model
+    if not isinstance(model, RowKernels):
+        return None
+    start = model.row_kernels()
+    n = len(start)
+    if not n:
+        return None
+    last = max(engine.policy.buckets[-1], n - 2)  # the last entry's (that many rows or more): the widest verify
+    sizes = [*range(n - 2), last]  # draft nodes: rows 1 .. n - 2, then the last entry's
+    times: dict[bool, dict[int, list[float]]] = {False: {s: [] for s in sizes}, True: {s: [] for s in sizes}}
+    vocab = model.vocab_size
+    gen = torch.Generator().manual_seed(ROW_KERNEL_CONTEXT)
+    ctx = torch.randint(0, vocab, (ROW_KERNEL_CONTEXT,), generator=gen).tolist()
+    with torch.inference_mode():
+        cache = model.new_cache(ROW_KERNEL_CONTEXT + last + 2)
+        engine.prefill(ctx, cache)
+        for round_ in range(repeats):
+            for pairs in (round_ % 2 == 0, round_ % 2 == 1):
+                model.row_kernels([pairs] * n)
+                got = time_verifies(engine, cache, ctx[-1], sizes, 1, gen, cancel)
+                if got is None:
+                    model.row_kernels(start)
+                    return None
+                for size, seconds in got.items():
+                    times[pairs][size].append(seconds)
+    faster = {size: statistics.median(times[True][size]) < statistics.median(times[False][size]) for size in sizes}
+    choice = [start[0], *(faster[size] for size in sizes[:-1]), faster[last]]
+    model.row_kernels(choice)
+    logger.info("row kernels: pairs of weight groups for %s of %d rows (+ = or more)",
+                [m if m < n - 1 else f"{m}+" for m in range(1, n) if choice[m]] or "none", n - 1)
+    return choice
 
 
 def verify_costs(

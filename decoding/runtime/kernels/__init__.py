@@ -46,7 +46,7 @@ the module named, so read or patch it there):
 - ``abi``: the structs and entry points crossing into C, declared once (checked at load; ``call`` by name);
 - ``kernel_thread``: ``run_on_kernel_thread``, the one thread every quantized forward runs on;
 - ``ops``: the Python wrappers of the C entry points (``linear``, ``qlinear``, ``dequant_rows``, ``attention`` and
-  its workspace) and the KV storage helpers;
+  its workspace), the kernels' choice by rows (``pair_table``) and the KV storage helpers;
 - ``patching``: a transformers model's ``nn.Linear`` layers switched to ``KernelLinear`` (``use_cpu_kernels``,
   ``kernels_active``, ``disable``, ``KERNEL_FLAG``).
 
@@ -95,6 +95,7 @@ from decoding.runtime.kernels.ops import (
     kv_mode,
     kv_row_width,
     linear,
+    pair_table,
     qlinear,
     tile_rows,
 )
@@ -137,6 +138,7 @@ __all__ = [
     "linear",
     "load",
     "loaded",
+    "pair_table",
     "private_openmp",
     "qlinear",
     "resolve_isa",

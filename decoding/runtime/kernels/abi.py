@@ -85,6 +85,7 @@ FUNCTIONS: dict[str, Signature] = {
     "rs_isa": (ctypes.c_char_p, ()),
     "rs_format_sizes": (_i, (("wtype", _i), ("out", _p))),
     "rs_abi_layout": (_l, (("name", ctypes.c_char_p),)),
+    "rs_pair_table": (_i, (("set", _p), ("got", _p))),
     "rs_forward": (None, (("layers", _p), ("n_layers", _i), ("shape", _p), ("x", _p), ("n_seqs", _i), ("seqs", _p),
                           ("kv_mode", _i), ("scratch", _p), ("threads", _i))),
     "rs_head": (None, (("x", _p), ("M", _i), ("keep", _i), ("E", _i), ("norm", _p), ("eps", _f), ("w", _p),

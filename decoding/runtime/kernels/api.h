@@ -12,6 +12,7 @@
 const char *rs_isa(void);                      /* the ISA path it was built for */
 int rs_format_sizes(int wtype, int *out);      /* formats.h's sizes of a format (0), or -1 */
 long rs_abi_layout(const char *name);          /* sizeof "struct", offsetof "struct.field", or -1 */
+int rs_pair_table(const uint8_t *set, uint8_t *got); /* the pair choice by rows (formats.h): set / read; its size */
 
 /* the quantized runtime's forward (forward.c) */
 void rs_forward(const rs_layer_weights *layers, int n_layers, const rs_shape *shape, float *x, int n_seqs,

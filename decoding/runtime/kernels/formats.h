@@ -56,6 +56,16 @@ void qmatmul_part(const float *x, long ldx, const int8_t *xq, const float *xd, c
                   const uint8_t *w, int wtype, long ldg, int N, float *y, long ldy, const float *bias, const float *res,
                   long ldr);
 
+/* Pairs of weight groups (two groups' records side by side on 512-bit vectors) or one group at a time, by the rows
+   of a matrix product: entry M for M activation rows, the last (RS_PAIR_ROWS - 1) for that many or more. The two
+   give the same bits (each output's operations are the same), so the choice is speed alone, and it differs between
+   CPUs (a pair reads two streams of weights at once; a CPU that runs 512-bit vectors in two halves gains no
+   arithmetic from them): the library starts with pairs from 5 rows, and Python sets what its measurement found
+   (rs_pair_table). Read by every matrix product, written rarely: a forward running meanwhile may take either. */
+#define RS_PAIR_ROWS 18
+extern uint8_t rs_pairs_by_rows[RS_PAIR_ROWS];
+static inline int rs_pairs(int M) { return rs_pairs_by_rows[M < RS_PAIR_ROWS - 1 ? M : RS_PAIR_ROWS - 1]; }
+
 /* A format id no switch knows (never reached: Python only passes registered formats): stop loudly rather than
    compute with another format's layout. */
 __attribute__((noreturn, cold)) void rs_unknown_format(int wtype);

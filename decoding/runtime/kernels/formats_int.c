@@ -50,7 +50,6 @@ static inline float kq_e8m0_half(uint8_t e) {
     return f;
 }
 #define GROUPS_PER_TASK 4 /* 32 weight rows per task, as formats_q8_0_q4_1.c */
-#define KQ_PAIR_ROWS 5     /* activation rows from which AVX-512 runs pairs of groups (kq_groups) */
 /* Tiles of at most this many rows sum a block's integer products on two chains each (even and odd chunks) on the
    VNNI paths: one dpbusd waits for the last one's result, so one chain a row leaves the units idle when a tile has
    few rows (a decode step). Integer sums: the split never changes a value. */
@@ -104,15 +103,14 @@ static inline int32_t kq_pair(const int16_t *s) { /* sums 2b, 2b + 1 as one int3
 #undef KQ_LANES
 #endif
 
-/* Weight groups [g0, g1) for every activation row. On AVX-512, from KQ_PAIR_ROWS rows on, two groups at a time on
-   16 lanes (fewer instructions a weight); fewer rows (a decode step, a small verify), one group at a time: a pair
-   reads two streams of weights at once, which made one row from memory about twice as slow (measured on an EPYC;
-   the two give the same bits, so the choice never changes a result). */
+/* Weight groups [g0, g1) for every activation row. On AVX-512, two groups at a time on 16 lanes (fewer instructions a
+   weight) where the pair table says (formats.h: measured per CPU; a pair reads two streams of weights at once,
+   which made one row from memory about twice as slow on an EPYC), else one group at a time: the same bits. */
 static void kq_groups(int wtype, const int8_t *xq, const float *xd, const float *xs, const int16_t *S, int M, int K,
                       const uint8_t *w, long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias,
                       const float *res, long ldr) {
 #if KQ_VNNI
-    for (; M >= KQ_PAIR_ROWS && g0 + 1 < g1; g0 += 2)
+    for (; rs_pairs(M) && g0 + 1 < g1; g0 += 2)
         kq_rows_16(wtype, xq, xd, xs, S, M, K, w + g0 * ldg, w + (g0 + 1) * ldg, N, 8 * g0, y, ldy, bias, res, ldr);
 #endif
     for (; g0 < g1; ++g0) kq_rows_8(wtype, xq, xd, xs, S, M, K, w + g0 * ldg, 0, N, 8 * g0, y, ldy, bias, res, ldr);

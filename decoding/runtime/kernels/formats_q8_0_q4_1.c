@@ -251,7 +251,6 @@ PAIR_KERNEL(7)
 PAIR_KERNEL(8)
 
 #define PAIR_ROWS 8 /* 32 registers: a tile's sums, the chunk and its nibbles stay in registers */
-#define PAIR_MIN_ROWS 5 /* qgroups: fewer activation rows go one group at a time */
 typedef void (*pair_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, const uint8_t *, __m512 *,
                         __m512 *);
 static const pair_fn Q41_PAIR[PAIR_ROWS + 1] = {0, q41_pair_1, q41_pair_2, q41_pair_3, q41_pair_4, q41_pair_5, q41_pair_6,
@@ -289,9 +288,8 @@ static void qgroups(const int8_t *xq, const float *xd, const float *xs, int M, i
                     long ldg, int N, int g0, int g1, float *y, long ldy, const float *bias, const float *res,
                     long ldr) {
     const int nb = K / QK;
-#if PAIRS /* from PAIR_MIN_ROWS rows on: a pair reads two streams of weights at once, slower for a row or two read
-            from memory (docs/benchmarks.md; the same bits either way, so the choice never changes a result) */
-    for (; M >= PAIR_MIN_ROWS && g0 + 1 < g1; g0 += 2)
+#if PAIRS /* where the table says (formats.h: measured per CPU; the same bits either way) */
+    for (; rs_pairs(M) && g0 + 1 < g1; g0 += 2)
         qpair(xq, xd, xs, M, K, w, wtype, ldg, N, g0, y, ldy, bias, res, ldr);
 #endif
     for (int g = g0; g < g1; ++g) {

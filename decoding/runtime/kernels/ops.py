@@ -69,6 +69,24 @@ def dequant_rows(lib: ctypes.CDLL, weight: QuantMatrix, rows: torch.Tensor) -> t
 KV_MODES = {torch.float32: 0, torch.float16: 1, torch.uint8: 2, torch.bfloat16: 3}  # how the kernels read a cached row
 
 
+def pair_table(lib: ctypes.CDLL, pairs: list[bool] | None = None) -> list[bool]:
+    """The library's choice between pairs of weight groups and one group at a time by a matrix product's rows
+    (formats.h): entry ``m`` for ``m`` rows, the last for that many or more (entry 0 unused); set to ``pairs`` first
+    where given. Empty where the library has no pairs of groups (the choice does not exist). The two give the same
+    bits, so setting it never changes a result."""
+    n = int(lib.rs_pair_table(None, None))
+    if not n:
+        return []
+    if pairs is not None:
+        if len(pairs) != n:
+            raise ValueError(f"the pair table has {n} entries, not {len(pairs)}")
+        wanted = (ctypes.c_uint8 * n)(*(int(bool(p)) for p in pairs))
+        lib.rs_pair_table(ctypes.addressof(wanted), None)
+    got = (ctypes.c_uint8 * n)()
+    lib.rs_pair_table(None, ctypes.addressof(got))
+    return [bool(v) for v in got]
+
+
 def kv_mode(dtype: torch.dtype) -> int:
     """The kernels' code for keys / values stored as ``dtype`` (uint8: int8 rows, each D values quantized per 32
     then its D / 32 fp32 scales)."""

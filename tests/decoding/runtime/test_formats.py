@@ -400,6 +400,32 @@ def test_rows_alone_equal_rows_among_64_shuffled_on_every_path(libraries: dict[s
         assert torch.equal(whole, outputs["avx2"]), f"{isa} differs from avx2"
 
 
+@pytest.mark.parametrize("kind", [k for k in REGISTRY if k not in FLOATS])
+def test_pairs_of_groups_and_groups_alone_give_the_same_bits(libraries: dict[str, object], kind: WeightType) -> None:
+    """The two kernels the pair table chooses between (formats.h; measured per CPU at calibration) at every row count
+    it keys and beyond, on a matrix whose 200 rows end in a lone group: all pairs, no pairs and the library's start
+    table give the same bits, and so does the avx2 path (which has no pairs: its table is empty)."""
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(20, 512, generator=g) * 3
+    qm = QuantMatrix.from_rows(kind, random_blocks(kind, 200, 512, seed=5), 512)
+    bias, res = torch.randn(200, generator=g), torch.randn(20, 200, generator=g)
+    assert kernels.pair_table(libraries["avx2"]) == []  # type: ignore[arg-type]
+    tables = [lib for isa, lib in libraries.items() if isa != "avx2"]
+    if not tables:
+        pytest.skip("no AVX-512 path on this CPU: no pairs of groups to choose")
+    for m in range(1, 21):
+        want = kernels.qlinear(libraries["avx2"], x[:m], qm, bias, res[:m])  # type: ignore[arg-type]
+        for lib in tables:
+            start = kernels.pair_table(lib)  # type: ignore[arg-type]
+            assert len(start) == 18 and start[5] and not start[1]  # the library's own: pairs from 5 rows
+            try:
+                for pairs in (True, False):
+                    assert kernels.pair_table(lib, [pairs] * len(start))[1:] == [pairs] * (len(start) - 1)  # type: ignore[arg-type]
+                    assert torch.equal(kernels.qlinear(lib, x[:m], qm, bias, res[:m]), want), (kind, m, pairs)  # type: ignore[arg-type]
+            finally:
+                kernels.pair_table(lib, start)  # type: ignore[arg-type]
+
+
 def test_a_matrix_of_mixed_formats_computes_each_part_in_its_own(libraries: dict[str, object]) -> None:
     """q / k / v of three formats (and a Q8_0 part): one call equals each part alone, bit for bit, bias and
     residual included; its bytes are its parts'; neighbours of one format are stacked into one part."""
