@@ -77,6 +77,7 @@ from bench.decode_team import run_team
 from bench.llama_ref import open_workers
 from decoding.cache.prefix import PrefixCache
 from decoding.runtime import kernels
+from decoding.runtime.interface import RowKernels
 from decoding.runtime.kernels import kernels_active
 from decoding.runtime.loader import LoadOptions
 from decoding.runtime.torch_runtime import TorchRuntime
@@ -229,6 +230,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "threads": threads,
             "verify_cost_s": {str(k): round(v, 5) for k, v in sorted(engine.policy.cost_s.items())},
             "verify_cost_context": engine.policy.cost_context,
+            # per forward rows (index; the last: that many or more): pairs of weight groups (True) or one group at a
+            # time, as the first calibration measured them on this CPU (empty: one kernel only on this path)
+            "row_kernels": engine.model.row_kernels() if isinstance(engine.model, RowKernels) else [],
             "verify_cost_slope_s_per_1k_tokens": {
                 str(k): round(1000 * v, 5) for k, v in sorted(engine.policy.cost_slope.items())
             },
