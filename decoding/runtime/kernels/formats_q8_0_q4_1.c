@@ -155,13 +155,23 @@ GROUP_KERNEL(3)
 GROUP_KERNEL(4)
 GROUP_KERNEL(5)
 GROUP_KERNEL(6)
+#if defined(__AVX512VL__) /* 32 vector registers: a tile's sums and scales stay in registers up to 8 rows */
+GROUP_KERNEL(7)
+GROUP_KERNEL(8)
+#define GROUP_ROWS 8 /* activation rows per tile of one group */
+#define GROUP_MORE , q41_group_7, q41_group_8
+#define GROUP_MORE_Q80 , q80_group_7, q80_group_8
+#else
+#define GROUP_ROWS 6
+#define GROUP_MORE
+#define GROUP_MORE_Q80
+#endif
 
-#define GROUP_ROWS 6 /* activation rows per tile of one group */
 typedef void (*group_fn)(const int8_t *, const float *, const float *, int, const uint8_t *, __m256 *, __m256 *);
 static const group_fn Q41_GROUP[GROUP_ROWS + 1] = {0, q41_group_1, q41_group_2, q41_group_3, q41_group_4, q41_group_5,
-                                                   q41_group_6};
+                                                   q41_group_6 GROUP_MORE};
 static const group_fn Q80_GROUP[GROUP_ROWS + 1] = {0, q80_group_1, q80_group_2, q80_group_3, q80_group_4, q80_group_5,
-                                                   q80_group_6};
+                                                   q80_group_6 GROUP_MORE_Q80};
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* ---- 512-bit vectors: a pair of groups (16 weight rows) per register ------------------------------------------
