@@ -25,14 +25,28 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cpu_model() -> str:
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key`` line of /proc/cpuinfo (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            name, _, value = line.partition(":")
+            if name.strip() == key:
+                return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_generation() -> str | None:
+    """The CPU's family and model ("25/17": an AMD Zen 4; "26/...": Zen 5), which the model name of a virtual
+    machine's CPU often leaves out ("AMD EPYC"): two boxes with the same flags can run 512-bit vectors whole or in
+    two halves, and the kernels' costs differ."""
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model")
+    return f"{family}/{model}" if family and model else None
 
 
 CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
@@ -42,6 +56,7 @@ def machine_info() -> dict[str, Any]:
     """What the figures were measured on: never compare absolute numbers across different records."""
     info: dict[str, Any] = {
         "cpu": cpu_model(),
+        "cpu_family_model": cpu_generation(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
