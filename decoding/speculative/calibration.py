@@ -84,10 +84,11 @@ def choose_row_kernels(engine: Engine, repeats: int = 3, cancel: threading.Event
     sizes = [*range(n - 2), last]  # draft nodes: rows 1 .. n - 2, then the last entry's
     times: dict[bool, dict[int, list[float]]] = {False: {s: [] for s in sizes}, True: {s: [] for s in sizes}}
     vocab = model.vocab_size
+    context = max(1, min(ROW_KERNEL_CONTEXT, engine.max_context - last - 2))  # a small window holds the widest too
     gen = torch.Generator().manual_seed(ROW_KERNEL_CONTEXT)
-    ctx = torch.randint(0, vocab, (ROW_KERNEL_CONTEXT,), generator=gen).tolist()
+    ctx = torch.randint(0, vocab, (context,), generator=gen).tolist()
     with torch.inference_mode():
-        cache = model.new_cache(ROW_KERNEL_CONTEXT + last + 2)
+        cache = model.new_cache(context + last + 2)
         engine.prefill(ctx, cache)
         for round_ in range(repeats):
             for pairs in (round_ % 2 == 0, round_ % 2 == 1):

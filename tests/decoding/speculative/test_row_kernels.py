@@ -96,3 +96,27 @@ def test_the_first_calibration_chooses_and_the_choice_keeps_the_bits(engine: Eng
             outs.append(model.forward(ids[:, 16 : 16 + rows], cache))
         assert torch.equal(outs[0], outs[1]), rows
     assert kernels.pair_table(kernels.library("avx2")) == []  # the baseline path has one kernel only
+
+
+def test_a_small_window_times_its_widest_verify_inside_it() -> None:
+    """The cache the kernels are timed on shrinks to leave the widest verify room in the window."""
+    eng = Engine(tiny_target(0, quantized=True, max_context=48), policy=BudgetPolicy(max_budget=8))
+    assert isinstance(eng.model, QuantizedModel)
+    start = eng.model.row_kernels()
+    if not start:
+        pytest.skip("this CPU's kernel path has no pairs of weight groups: nothing to choose")
+    lengths: list[int] = []
+    timed = calibration.time_verifies
+
+    def seen(engine, cache, *args, **kw):  # type: ignore[no-untyped-def]
+        lengths.append(cache.length)
+        return timed(engine, cache, *args, **kw)
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(calibration, "time_verifies", seen)
+            choice = choose_row_kernels(eng, repeats=1)
+        assert choice is not None and len(choice) == len(start)
+        assert lengths and all(n + 17 <= 48 for n in lengths)  # the widest: 16 nodes + the root after the cache
+    finally:
+        eng.model.row_kernels(start)
