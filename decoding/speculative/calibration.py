@@ -68,11 +68,10 @@ ROW_KERNEL_CONTEXT = 64  # cache tokens while the row kernels are timed: the mat
 
 def choose_row_kernels(engine: Engine, repeats: int = 3, cancel: threading.Event | None = None) -> list[bool] | None:
     """Where the runtime has two interchangeable kernels for its matrix products (``RowKernels``: the same bits,
-    each faster on some CPUs: on one EPYC pairs of weight groups on 512-bit vectors made a row from memory twice as
-    slow, on another one group at a time lost from 5 rows on), time a verify of every row count the choice keys
-    under each, round-robin, ``repeats`` rounds with the two alternating first, and keep the faster median per row
-    count. Returns the choice set, or None where there is none or ``cancel`` was set (the choice is then as it
-    was)."""
+    which is faster depends on the CPU and the row count: docs/benchmarks.md#decoding), time a verify of every row
+    count the choice keys under each, round-robin, ``repeats`` rounds with the two alternating first, and keep the
+    faster median per row count. Returns the choice set, or None where there is none or ``cancel`` was set (the
+    choice is then as it was)."""
     model = engine.model
     if not isinstance(model, RowKernels):
         return None

@@ -120,3 +120,13 @@ def test_a_small_window_times_its_widest_verify_inside_it() -> None:
         assert lengths and all(n + 17 <= 48 for n in lengths)  # the widest: 16 nodes + the root after the cache
     finally:
         eng.model.row_kernels(start)
+
+
+def test_a_table_of_the_wrong_length_is_refused_and_changes_nothing(engine: Engine) -> None:
+    n = _needs_pairs(engine)
+    model = engine.model
+    assert isinstance(model, QuantizedModel)
+    before = model.row_kernels()
+    with pytest.raises(ValueError, match=f"{n} entries, not 3"):
+        model.row_kernels([True, True, True])
+    assert model.row_kernels() == before
