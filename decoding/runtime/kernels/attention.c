@@ -132,6 +132,12 @@ static inline __attribute__((always_inline)) float score1(const float *q, int dv
     return hsum8(acc) * scale;
 }
 
+/* Phase 1's tasks ahead whose block a verify's rows prefetch into L2. With the next block alone prefetched (into L1,
+   which holds this block and the next, no more) a core had one block's misses in flight, and a verify's products
+   and the cache's reads ran one after the other: at 7.5K a 1-node verify cost 1.4 plain steps, 1.15 with this
+   (min of 15 rounds, interleaved); plain decoding, whose three rows are done before the next block arrives either
+   way, measured no gain and skips it. */
+#define L2_AHEAD 3
 #define KEY_BLOCK 64 /* keys per block, by logical position (the row's visible keys in order: prefix, then path) */
 #define ROW_TILE 3   /* query rows that share each loaded key / value vector (a GQA group of 3 heads fits) */
 
@@ -580,18 +586,28 @@ static inline __attribute__((always_inline)) void rows_dot16(const int RB, const
     }
 }
 
+/* Lines [a, b) of the laid-out keys / values k, v (none where k is 0) into L2 only (Zen 4 and later honour the hint). */
+static inline void prefetch_l2(const char *k, const char *v, int a, int b) {
+    for (int t = a; k && t < b; ++t) {
+        _mm_prefetch(k + 64 * t, _MM_HINT_T1);
+        _mm_prefetch(v + 64 * t, _MM_HINT_T1);
+    }
+}
+
 /* R rows against one block laid out in kt / vp (block_tiles), in tiles of up to DOT16_ROWS rows of even size (the
    tile a row lands in changes nothing); the next block's pf_lines lines (pf_k / pf_v, optional) prefetched evenly
-   over the tiles. A whole block of a verify's rows (more than one tile) runs loops unrolled for its tile size; a
-   single tile (plain decoding's GQA group) keeps the rolled loops, between whose steps the prefetches stream the
-   cache better (unrolled, plain decoding at 7.5K measured ~12% slower). */
+   over the tiles, and as many of the block L2_AHEAD tasks ahead (l2_k / l2_v, optional) into L2. A whole block of
+   a verify's rows (more than one tile) runs loops unrolled for its tile size; a single tile (plain decoding's GQA
+   group) keeps the rolled loops, between whose steps the prefetches stream the cache better (unrolled, plain
+   decoding at 7.5K measured ~12% slower). */
 static void rows_blocks_dot16(int R, const float *const *q, int D, int cnt, float scale, const uint16_t *kt,
                               const uint16_t *vp, float *const *part, float *const *m, float *const *l,
-                              const char *pf_k, const char *pf_v, int pf_lines) {
+                              const char *pf_k, const char *pf_v, int pf_lines, const char *l2_k, const char *l2_v) {
     const int tiles = (R + DOT16_ROWS - 1) / DOT16_ROWS;
     const int whole = D == 64 && cnt == KEY_BLOCK, unrolled = whole && R > DOT16_ROWS; /* the latter: a verify's */
     for (int r = 0, ti = 0, rb; r < R; r += rb, ++ti) {
         const int l0 = ti * pf_lines / tiles, n = (ti + 1) * pf_lines / tiles - l0;
+        prefetch_l2(l2_k, l2_v, l0, l0 + n);
         const char *fk = pf_k && n ? pf_k + 64 * l0 : 0, *fv = pf_v && n ? pf_v + 64 * l0 : 0;
         rb = even_tile(R - r, tiles - ti);
 #define ROWS_DOT16(RB, DD, CNT) rows_dot16(RB, q + r, DD, CNT, scale, kt, vp, part + r, m + r, l + r, fk, fv, n)
@@ -626,9 +642,10 @@ static int cpu_bf16(void) {
 static inline int cpu_bf16(void) { return 0; }
 static inline void rows_blocks_dot16(int R, const float *const *q, int D, int cnt, float scale, const uint16_t *kt,
                                      const uint16_t *vp, float *const *part, float *const *m, float *const *l,
-                                     const char *pf_k, const char *pf_v, int pf_lines) {
+                                     const char *pf_k, const char *pf_v, int pf_lines, const char *l2_k,
+                                     const char *l2_v) {
     (void)R, (void)q, (void)D, (void)cnt, (void)scale, (void)kt, (void)vp, (void)part, (void)m, (void)l;
-    (void)pf_k, (void)pf_v, (void)pf_lines;
+    (void)pf_k, (void)pf_v, (void)pf_lines, (void)l2_k, (void)l2_v;
 }
 #define dot16_layout(kb, ldk, vb, ldv, cnt, D, kt, vp) ((void)0)
 #define DOT16_BLOCK_U16(D) 32L
@@ -753,6 +770,25 @@ static inline void att_segments(const att_seq *s, const att_meta *m, int ns, int
     *count = c;
 }
 
+/* Where phase 1's task `task` (segment t or later) reads its keys / values, for prefetching: its laid-out block
+   (dot16, where kept), else its rows where contiguous; *k = *v = 0 otherwise. */
+static inline void task_block(const att_seq *seqs, const int *seg_s, const int *seg_b0, const int *seg_b1,
+                              const int *seg_first, int t, int task, int D, long kv_sn, long row_len, long esz,
+                              int dot16, const char **k, const char **v) {
+    while (seg_first[t + 1] <= task) ++t;
+    const int nb = seg_b1[t] - seg_b0[t];
+    const int g = (task - seg_first[t]) / nb, b = seg_b0[t] + (task - seg_first[t]) % nb;
+    const att_seq *s = seqs + seg_s[t];
+    int laid = 0;
+    const uint16_t *lay = dot16 ? laid_block(s, g, b, D, 0, &laid) : 0;
+    if (laid) {
+        *k = (const char *)lay, *v = (const char *)(lay + DOT16_BLOCK_U16(D));
+    } else if (kv_sn == row_len) {
+        *k = kv_row(s, s->k, s->k0, g, (long)b * KEY_BLOCK, kv_sn, esz);
+        *v = kv_row(s, s->v, s->v0, g, (long)b * KEY_BLOCK, kv_sn, esz);
+    }
+}
+
 static inline __attribute__((always_inline)) void attention_part(
     const att_seq *seqs, int ns, int H, int D, int G, long q_sh, long q_sn, long kv_sn, float scale, float cap,
     long o_sn, long o_sh, float *work, const int kvm) {
@@ -808,25 +844,15 @@ static inline __attribute__((always_inline)) void attention_part(
         const att_seq *s0 = seqs + seg_s[t];
         const char *kb = kv_row(s0, s0->k, s0->k0, g, (long)b * KEY_BLOCK, kv_sn, esz);
         const char *vb = kv_row(s0, s0->v, s0->v0, g, (long)b * KEY_BLOCK, kv_sn, esz);
-        const char *pf_k = 0, *pf_v = 0;
         /* The next task's block, prefetched as this one computes: one block ahead (16 KB of bf16 keys and values
-           at D = 64) is in L1 when it is read; four ahead overflowed it (plain decoding at 7.5K 5-9% slower). */
-        const int ahead = task + 1;
-        if (ahead < tasks) { /* laid out already, or its rows if contiguous */
-            int u = t;
-            while (seg_first[u + 1] <= ahead) ++u;
-            const int nu = seg_b1[u] - seg_b0[u];
-            const int gu = (ahead - seg_first[u]) / nu, bu = seg_b0[u] + (ahead - seg_first[u]) % nu;
-            const att_seq *su = seqs + seg_s[u];
-            int laid = 0;
-            const uint16_t *lu = dot16 ? laid_block(su, gu, bu, D, kt, &laid) : 0;
-            if (laid) {
-                pf_k = (const char *)lu, pf_v = (const char *)(lu + DOT16_BLOCK_U16(D));
-            } else if (kv_sn == row_len) {
-                pf_k = kv_row(su, su->k, su->k0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
-                pf_v = kv_row(su, su->v, su->v0, gu, (long)bu * KEY_BLOCK, kv_sn, esz);
-            }
-        }
+           at D = 64) is in L1 when it is read; four ahead overflowed it (plain decoding at 7.5K 5-9% slower). A
+           verify's rows also take the block L2_AHEAD ahead into L2. */
+        const char *pf_k = 0, *pf_v = 0, *l2_k = 0, *l2_v = 0;
+        if (task + 1 < tasks)
+            task_block(seqs, seg_s, seg_b0, seg_b1, seg_first, t, task + 1, D, kv_sn, row_len, esz, dot16, &pf_k, &pf_v);
+        if (dot16 && task + L2_AHEAD < tasks && (seg_shared[t] || s0->n > 1)) /* more rows than a decode step's */
+            task_block(seqs, seg_s, seg_b0, seg_b1, seg_first, t, task + L2_AHEAD, D, kv_sn, row_len, esz, dot16, &l2_k,
+                       &l2_v);
         const uint16_t *bk = kt, *bv = vp;
         if (dot16) { /* laid out once for every row reading the block (and kept, where the cache keeps layouts) */
             int laid;
@@ -850,7 +876,7 @@ static inline __attribute__((always_inline)) void attention_part(
                     if (++R == MAX_GROUP) {
                         if (dot16)
                             rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k,
-                                              calls ? 0 : pf_v, lines);
+                                              calls ? 0 : pf_v, lines, calls ? 0 : l2_k, l2_v);
                         else
                             ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, cap, ps, ms, ls, calls ? 0 : pf_k,
                                       calls ? 0 : pf_v, lines);
@@ -860,7 +886,7 @@ static inline __attribute__((always_inline)) void attention_part(
         }
         if (R && dot16)
             rows_blocks_dot16(R, qs, D, KEY_BLOCK, scale, bk, bv, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
-                              lines);
+                              lines, calls ? 0 : l2_k, l2_v);
         else if (R)
             ROWS_FULL(kvm, R, qs, dv, kb, kv_sn, vb, kv_sn, scale, cap, ps, ms, ls, calls ? 0 : pf_k, calls ? 0 : pf_v,
                       lines);
@@ -919,7 +945,7 @@ static inline __attribute__((always_inline)) void attention_part(
                     ms[t] = m->ml + 2 * (r * m->nbmax + b), ls[t] = ms[t] + 1;
                 }
                 if (dot16)
-                    rows_blocks_dot16(R, qs, D, cnt, scale, kt, vp, ps, ms, ls, 0, 0, 0);
+                    rows_blocks_dot16(R, qs, D, cnt, scale, kt, vp, ps, ms, ls, 0, 0, 0, 0, 0);
                 else if (in_place) /* the same values as gathered: loading widens them the same way */
                     ROWS_ANY(kvm, R, qs, dv, kd, kv_sn, vd, kv_sn, scale, cap, ps, ms, ls, cnt);
                 else
