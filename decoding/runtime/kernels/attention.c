@@ -134,9 +134,8 @@ static inline __attribute__((always_inline)) float score1(const float *q, int dv
 
 /* Phase 1's tasks ahead whose block a verify's rows prefetch into L2. With the next block alone prefetched (into L1,
    which holds this block and the next, no more) a core had one block's misses in flight, and a verify's products
-   and the cache's reads ran one after the other: at 7.5K a 1-node verify cost 1.4 plain steps, 1.15 with this
-   (min of 15 rounds, interleaved); plain decoding, whose three rows are done before the next block arrives either
-   way, measured no gain and skips it. */
+   and the cache's reads ran one after the other: at 7.5K a 1-node verify cost 1.4 plain steps, 1.13 with this
+   (min of 15 rounds, interleaved). Plain decoding (one tile of rows a block) measured no gain and skips it. */
 #define L2_AHEAD 3
 #define KEY_BLOCK 64 /* keys per block, by logical position (the row's visible keys in order: prefix, then path) */
 #define ROW_TILE 3   /* query rows that share each loaded key / value vector (a GQA group of 3 heads fits) */
