@@ -92,9 +92,9 @@ QUICK_DOCS = {3500: ("mpl-2.0",), 7500: ("gpl-3.0",)}  # one document per contex
 
 def method_order(names: Sequence[str], turn: int) -> list[str]:
     """The methods in the order a prompt's repetition runs them: ``names`` rotated by ``turn`` (the repetition plus
-    the prompt's index), so over as many prompts as there are methods each runs once in every position. In a fixed
-    order the last method measured a few percent slower than the same decoding run earlier (``rapid@2048``, which
-    drafts nothing here: 0.95x in one run, 0.997x paired in alternating order)."""
+    the prompt's index), so over as many prompts as there are methods each runs once in every position: in a fixed
+    order the method run last of a prompt's measured slower than the same decoding run earlier
+    (docs/benchmarks.md#decoding)."""
     k = turn % len(names)
     return [*names[k:], *names[:k]]
 

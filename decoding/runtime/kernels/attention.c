@@ -585,7 +585,8 @@ static inline __attribute__((always_inline)) void rows_dot16(const int RB, const
     }
 }
 
-/* Lines [a, b) of the laid-out keys / values k, v (none where k is 0) into L2 only (Zen 4 and later honour the hint). */
+/* Lines [a, b) of the laid-out keys / values k, v (none where k is 0) into L2 only (Zen 4 and later honour the
+   hint). */
 static inline void prefetch_l2(const char *k, const char *v, int a, int b) {
     for (int t = a; k && t < b; ++t) {
         _mm_prefetch(k + 64 * t, _MM_HINT_T1);
